@@ -1,0 +1,28 @@
+"""Keeping secrets out of what rayjobs prints."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+MASK = "****"
+
+_SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_KEY$|^KEY$|AUTH)", re.IGNORECASE
+)
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an environment variable's name suggests its value is a secret."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def masked(job: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a submission or job info that is safe to print: secret-looking env var values replaced."""
+    result = copy.deepcopy(job)
+    env_vars = (result.get("runtime_env") or {}).get("env_vars") or {}
+    for name in env_vars:
+        if looks_secret(name):
+            env_vars[name] = MASK
+    return result

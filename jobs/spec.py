@@ -1,0 +1,251 @@
+"""The job spec: every field a spec file may hold, validated strictly.
+
+``JobSpec`` mirrors the arguments of Ray's ``JobSubmissionClient.submit_job`` plus
+rayjobs' own policy (timeouts, retries) and the optional ``workload`` section.
+Unknown keys are errors everywhere, including inside ``runtime_env``, because Ray
+itself ignores misspelled ``runtime_env`` keys without a word.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from jobs.paths import SPEC_DIR_CONTEXT_KEY
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an integer or a size such as ``8GiB``, ``512Mi`` or ``2GB`` (KB/MB/GB are powers of 1000)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 8GiB or a number of bytes, got a boolean")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("must be a finite size")
+        number = int(value)
+    elif isinstance(value, str):
+        match = _SIZE_PATTERN.match(value)
+        unit = match.group(2).lower() if match else None
+        if not match or unit not in _SIZE_UNITS:
+            raise ValueError(f"{value!r} is not a size; write bytes (8589934592) or a size like 8GiB, 512MiB, 2GB")
+        number = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    else:
+        raise ValueError(f"expected a size such as 8GiB or a number of bytes, got {type(value).__name__}")
+    if number < 0:
+        raise ValueError("must not be negative")
+    return number
+
+
+def _finite_non_negative(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+ResourceAmount = Annotated[float, AfterValidator(_finite_non_negative)]
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
+
+
+def _env_value_to_str(value: Any) -> Any:
+    # Environment variables are text. Writing `OMP_NUM_THREADS: 1` in YAML is so common
+    # that plain scalars are converted (true/false as lowercase); anything else is an error.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if value is None:
+        raise ValueError("has no value; write an empty string \"\" to set it empty")
+    if not isinstance(value, str):
+        raise ValueError(f"environment variable values must be text, got a {type(value).__name__}")
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_env_value_to_str)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+def _check_local_path(value: str, info: ValidationInfo) -> str:
+    """A local path must exist; it is made absolute against the spec's directory."""
+    if "://" in value:
+        return value  # a remote URI (s3://, gs://, https://…zip) is the cluster's business
+    spec_dir = (info.context or {}).get(SPEC_DIR_CONTEXT_KEY)
+    path = Path(value).expanduser()
+    if spec_dir is not None and not path.is_absolute():
+        path = Path(spec_dir) / path
+    path = path.resolve()
+    if not path.exists():
+        raise ValueError(f"{value!r} does not exist (looked for {path})")
+    return str(path)
+
+
+class PipConfig(_Strict):
+    packages: list[str]
+    pip_check: bool = False
+    pip_version: str | None = None
+    pip_install_options: list[str] | None = None
+
+
+class UvConfig(_Strict):
+    packages: list[str]
+    uv_check: bool = False
+    uv_version: str | None = None
+    uv_pip_install_options: list[str] | None = None
+
+
+class RuntimeEnvConfig(_Strict):
+    setup_timeout_seconds: int = Field(600, description="Seconds to set up the environment; -1 waits forever.")
+    eager_install: bool = True
+    log_files: list[str] | None = None
+
+
+class RuntimeEnv(_Strict):
+    """Ray's ``runtime_env``: the environment the entrypoint and its workers run in."""
+
+    working_dir: str | None = Field(
+        None, description="Local directory (uploaded; relative to the spec file) or remote zip URI."
+    )
+    py_modules: list[str] | None = Field(None, description="Local module directories or URIs to ship.")
+    py_executable: str | None = None
+    excludes: list[str] | None = Field(
+        None, description="gitignore-style patterns left out of the upload (rayjobs adds .git, venvs, caches)."
+    )
+    pip: list[str] | str | PipConfig | None = None
+    uv: list[str] | str | UvConfig | None = None
+    conda: str | dict[str, Any] | None = None
+    env_vars: dict[str, EnvValue] | None = Field(
+        None, description="Environment of the entrypoint and its workers; plain numbers/booleans become text."
+    )
+    image_uri: str | None = None
+    container: dict[str, Any] | None = None
+    java_jars: list[str] | None = None
+    config: RuntimeEnvConfig | None = None
+    worker_process_setup_hook: str | None = None
+
+    @field_validator("working_dir")
+    @classmethod
+    def _working_dir_exists(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        checked = _check_local_path(value, info)
+        if "://" not in checked and not Path(checked).is_dir():
+            raise ValueError(f"{value!r} is not a directory")
+        return checked
+
+    @field_validator("py_modules")
+    @classmethod
+    def _py_modules_exist(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if value is None:
+            return None
+        return [_check_local_path(item, info) for item in value]
+
+    @field_validator("env_vars")
+    @classmethod
+    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_package_manager(self) -> RuntimeEnv:
+        chosen = [name for name in ("pip", "uv", "conda") if getattr(self, name) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"{' and '.join(chosen)} cannot be used together; Ray installs packages with one of them")
+        if self.image_uri is not None and self.container is not None:
+            raise ValueError("image_uri and container cannot be used together")
+        return self
+
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+class JobSpec(_Strict):
+    """A rayjobs spec file."""
+
+    name: str = Field(description="Job name: lowercase letters, digits and '-', at most 63 characters.")
+    entrypoint: str = Field(description="Shell command the job runs on the cluster (Ray's entrypoint).")
+    runtime_env: RuntimeEnv | None = Field(None, description="Ray runtime_env.")
+    entrypoint_num_cpus: ResourceAmount | None = Field(None, description="CPUs reserved for the entrypoint.")
+    entrypoint_num_gpus: ResourceAmount | None = Field(None, description="GPUs reserved for the entrypoint.")
+    entrypoint_memory: ByteSize | None = Field(None, description="Memory reserved for the entrypoint: bytes or 8GiB.")
+    entrypoint_resources: dict[str, ResourceAmount] | None = Field(None, description="Custom resources reserved.")
+    entrypoint_label_selector: dict[str, str] | None = Field(None, description="Node labels the entrypoint needs.")
+    metadata: dict[str, str] | None = Field(None, description="Text key/values stored with the job.")
+    submission_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$", description="Fixed job id (default: Ray picks one)."
+    )
+    address: str | None = Field(None, description="Dashboard address, e.g. http://head:8265.")
+    timeout_s: float | None = Field(None, gt=0, description="Stop the job when it has run longer than this.")
+    start_timeout_s: float | None = Field(None, gt=0, description="Stop the job when still PENDING after this.")
+    max_retries: int = Field(0, ge=0, le=100, description="Submit again when an attempt fails (see retry_on).")
+    workload: dict[str, Any] | None = Field(
+        None, description="Parameters of the program the entrypoint runs; 'kind' names its parameter model."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a valid name: use lowercase letters, digits and '-', "
+                "start and end with a letter or digit, at most 63 characters"
+            )
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_address(value)
+        return value
+
+
+def check_address(address: str) -> str:
+    """Raise ValueError unless ``address`` is an http(s) dashboard address (``host:port`` means http)."""
+    if "://" in address:
+        scheme = address.split("://", 1)[0].lower()
+        if scheme not in ("http", "https"):
+            hint = " (ray:// is the Ray Client port; jobs use the dashboard, usually http://host:8265)" \
+                if scheme == "ray" else ""
+            raise ValueError(f"address {address!r} has scheme {scheme!r}; use http:// or https://{hint}")
+    rest = address.split("://", 1)[-1]
+    if not rest or rest.startswith(("/", ":")):
+        raise ValueError(f"address {address!r} has no host")
+    return address
+
+
+OutputFormat = Literal["text", "json"]

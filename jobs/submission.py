@@ -1,0 +1,58 @@
+"""What rayjobs sends to Ray for a spec: the keyword arguments of ``submit_job``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from jobs.loader import LoadedSpec
+
+WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
+
+# Left out of every working_dir upload: they are never needed on the cluster and can
+# push an upload past the dashboard's size limit.
+DEFAULT_EXCLUDES = [
+    ".git", ".hg", ".venv", "venv", "env/", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
+    ".ruff_cache", ".hypothesis", "*.egg-info", "node_modules", ".ipynb_checkpoints", ".tox", ".DS_Store",
+]
+
+METADATA_NAME = "rayjobs.name"
+METADATA_SPEC_HASH = "rayjobs.spec_hash"
+
+
+
+def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
+    """Keyword arguments for ``JobSubmissionClient.submit_job`` (runtime_env paths absolute)."""
+    spec = loaded.spec
+    runtime_env = spec.runtime_env.model_dump(exclude_none=True) if spec.runtime_env else {}
+    if loaded.workload is not None:
+        env_vars = runtime_env.setdefault("env_vars", {})
+        env_vars[WORKLOAD_ENV_VAR] = json.dumps(
+            {"kind": loaded.workload_kind, **loaded.workload.model_dump(mode="json")}, sort_keys=True
+        )
+    if "working_dir" in runtime_env and "://" not in runtime_env["working_dir"]:
+        excludes = list(runtime_env.get("excludes", []))
+        runtime_env["excludes"] = excludes + [pattern for pattern in DEFAULT_EXCLUDES if pattern not in excludes]
+    submission: dict[str, Any] = {
+        "entrypoint": spec.entrypoint,
+        "runtime_env": runtime_env or None,
+        "submission_id": spec.submission_id,
+        "entrypoint_num_cpus": spec.entrypoint_num_cpus,
+        "entrypoint_num_gpus": spec.entrypoint_num_gpus,
+        "entrypoint_memory": spec.entrypoint_memory,
+        "entrypoint_resources": spec.entrypoint_resources,
+        "entrypoint_label_selector": spec.entrypoint_label_selector,
+    }
+    submission = {key: value for key, value in submission.items() if value is not None}
+    metadata = dict(spec.metadata or {})
+    metadata[METADATA_NAME] = spec.name
+    metadata[METADATA_SPEC_HASH] = spec_hash(submission)
+    submission["metadata"] = metadata
+    return submission
+
+
+def spec_hash(submission: dict[str, Any]) -> str:
+    """A short, stable hash of what a submission would run (metadata excluded)."""
+    content = {key: value for key, value in submission.items() if key not in ("metadata", "submission_id")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]

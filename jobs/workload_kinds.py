@@ -1,0 +1,33 @@
+"""Which parameter model validates a spec's ``workload`` section.
+
+A workload names its ``kind``: a short name registered here, or ``package.module:Model``
+for a workload of your own. Parameter models import only pydantic, so a spec is
+checked on a laptop without ray or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pydantic import BaseModel
+
+BUILTIN_WORKLOADS = {
+    "hello": "workloads.hello:HelloParams",
+    "vision": "workloads.vision.config:VisionParams",
+}
+
+
+def workload_model(kind: str) -> type[BaseModel]:
+    """Import and return the parameter model for ``kind``; raise ValueError with a hint if unknown."""
+    target = BUILTIN_WORKLOADS.get(kind, kind)
+    module_name, sep, attribute = target.partition(":")
+    if not sep:
+        known = ", ".join(sorted(BUILTIN_WORKLOADS))
+        raise ValueError(f"unknown workload kind {kind!r}; use one of {known}, or 'package.module:Model'")
+    try:
+        model = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load workload parameters {target!r}: {exc}") from None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ValueError(f"{target!r} is not a pydantic model")
+    return model

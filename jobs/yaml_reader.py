@@ -1,0 +1,158 @@
+"""Safe, strict reading of YAML spec files.
+
+PyYAML's ``safe_load`` still silently keeps the last of two duplicate keys,
+expands aliases without bound and says nothing about where a value came from.
+This reader composes the node tree and builds plain Python values itself so it
+can refuse duplicates and custom tags, cap alias expansion, and remember the line
+of every value for error messages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.errors import FieldPath, SpecError
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_VALUES = 100_000
+MAX_DEPTH = 64
+
+_STANDARD_TAG_PREFIX = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {"null", "bool", "int", "float", "str"}
+
+
+class _Builder:
+    def __init__(self, loader: yaml.SafeLoader, file: str) -> None:
+        self.loader = loader
+        self.file = file
+        self.values_built = 0
+        self.lines: dict[FieldPath, int] = {}
+
+    def fail(self, message: str, node: yaml.Node | None, path: FieldPath = ()) -> SpecError:
+        line = node.start_mark.line + 1 if node is not None else None
+        return SpecError.single(self.file, message, path, line)
+
+    def build(self, node: yaml.Node, path: FieldPath) -> Any:
+        self.values_built += 1
+        if self.values_built > MAX_VALUES:
+            raise self.fail(
+                f"the document expands to more than {MAX_VALUES} values (aliases that multiply); refusing to load it",
+                node,
+            )
+        if len(path) > MAX_DEPTH:
+            raise self.fail(f"nested more than {MAX_DEPTH} levels deep", node, path)
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        tag = node.tag or ""
+        if isinstance(node, yaml.MappingNode):
+            return self._build_mapping(node, path)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, (*path, index)) for index, item in enumerate(node.value)]
+        short_tag = tag[len(_STANDARD_TAG_PREFIX):] if tag.startswith(_STANDARD_TAG_PREFIX) else tag
+        if short_tag == "timestamp":
+            # Dates stay text: a spec never needs a datetime object, and metadata must be strings.
+            return node.value
+        if short_tag not in _SCALAR_TAGS:
+            shown = "!!" + short_tag if tag.startswith(_STANDARD_TAG_PREFIX) else tag
+            raise self.fail(f"the YAML tag {shown!r} is not allowed in a spec (only plain values, lists and mappings)",
+                            node, path)
+        return self.loader.construct_object(node)
+
+    def _build_mapping(self, node: yaml.MappingNode, path: FieldPath, merging: bool = False) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        key_lines: dict[str, int] = {}
+        merged: list[yaml.Node] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _STANDARD_TAG_PREFIX + "merge":
+                merged.append(value_node)
+                continue
+            key = self.build(key_node, (*path, "<key>"))
+            if not isinstance(key, str):
+                raise self.fail(f"keys must be text, got {key!r}; quote it", key_node, path)
+            line = key_node.start_mark.line + 1
+            if key in key_lines:
+                raise self.fail(f"duplicate key {key!r} (first defined on line {key_lines[key]})",
+                                key_node, (*path, key))
+            key_lines[key] = line
+            if not merging:
+                self.lines[(*path, key)] = line
+            result[key] = self.build(value_node, (*path, key))
+        # ``<<: *defaults`` fills in keys the mapping does not set itself.
+        for source in merged:
+            sources = source.value if isinstance(source, yaml.SequenceNode) else [source]
+            for mapping_node in sources:
+                if not isinstance(mapping_node, yaml.MappingNode):
+                    raise self.fail("'<<' merges only mappings", mapping_node, path)
+                for key, value in self._build_mapping(mapping_node, path, merging=True).items():
+                    result.setdefault(key, value)
+        self.lines.pop((*path, "<key>"), None)
+        return result
+
+
+def parse_yaml_mapping(text: str, file: str) -> tuple[dict[str, Any], dict[FieldPath, int]]:
+    """Parse YAML text that must hold one mapping; return it with the line of every field."""
+    if not text.strip():
+        raise SpecError.single(file, "the file is empty; a spec needs at least 'name' and 'entrypoint'")
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise SpecError.single(file, f"not valid YAML: {problem}", (), mark.line + 1 if mark else None) from None
+        if root is None:
+            raise SpecError.single(file, "the file holds no YAML document; a spec needs 'name' and 'entrypoint'")
+        builder = _Builder(loader, file)
+        try:
+            data = builder.build(root, ())
+        except RecursionError:
+            raise SpecError.single(file, "the document is nested too deeply") from None
+        except yaml.YAMLError as exc:
+            raise SpecError.single(file, f"not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        kind = "a list" if isinstance(data, list) else f"a single value ({data!r:.40})"
+        raise SpecError.single(file, f"a spec must be a mapping of fields (name: ..., entrypoint: ...), got {kind}")
+    return data, builder.lines
+
+
+def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], dict[FieldPath, int]]:
+    """Read a spec file, refusing anything that is not a small UTF-8 YAML mapping."""
+    file = str(path)
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise SpecError.single(file, "is a directory, not a spec file")
+        if size > MAX_SPEC_BYTES:
+            raise SpecError.single(file, f"is {size} bytes; specs are limited to {MAX_SPEC_BYTES} bytes")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError.single(file, "no such file") from None
+    except PermissionError:
+        raise SpecError.single(file, "permission denied") from None
+    except OSError as exc:
+        raise SpecError.single(file, f"cannot be read: {exc.strerror or exc}") from None
+    if b"\x00" in raw:
+        raise SpecError.single(file, "is a binary file, not YAML text")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError.single(file, f"is not UTF-8 text (invalid byte at offset {exc.start}); save it as UTF-8") from None
+    return parse_yaml_mapping(text, file)
+
+
+def parse_yaml_value(text: str, source: str) -> Any:
+    """Parse one YAML value (as in ``--set key=value``) with the same rules as a spec file."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.YAMLError as exc:
+            raise SpecError.single(source, f"value is not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        return None if node is None else _Builder(loader, source).build(node, ())
+    finally:
+        loader.dispose()

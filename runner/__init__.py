@@ -1,0 +1,1 @@
+"""Client side of rayjobs: cluster management, job submission and following."""

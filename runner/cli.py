@@ -1,0 +1,474 @@
+"""The ``rayjobs`` command.
+
+Every command builds its connection the same way, makes its calls, prints, and
+exits with a code from ``runner.exit_codes``. Errors a user can fix are printed as
+one paragraph, never as a traceback. Heavy imports (ray, pydantic specs) happen
+inside the commands that need them, so ``status``/``logs``/``list`` start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any, Optional, TypeVar
+
+import typer
+
+from runner.errors import BadInput, RayJobsError
+from runner.exit_codes import ExitCode
+
+# Ray binds the machine's external address unless told otherwise; every process that
+# talks to a local cluster needs this.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+app = typer.Typer(
+    name="rayjobs",
+    help="Run declarative YAML job specs on a Ray cluster and follow them to the end.",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+cluster_app = typer.Typer(help="A local single-node Ray cluster on 127.0.0.1 for development and CI.",
+                          no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(cluster_app, name="cluster")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+AddressOption = Annotated[Optional[str], typer.Option(
+    "--address", "-a", help="Dashboard address, e.g. http://127.0.0.1:8265. Overrides the spec's 'address', "
+    "RAY_API_SERVER_ADDRESS and RAY_ADDRESS; default: the local cluster.", show_default=False)]
+HeaderOption = Annotated[Optional[list[str]], typer.Option(
+    "--header", help="Extra HTTP header 'Name: value' for the dashboard (repeatable; adds to RAY_JOB_HEADERS). "
+    "Never printed.", show_default=False)]
+NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Do not verify the dashboard's TLS certificate.")]
+CaCertOption = Annotated[Optional[str], typer.Option("--ca-cert", help="CA bundle to verify the dashboard's TLS "
+                                                     "certificate with.", show_default=False)]
+OutputOption = Annotated[str, typer.Option("--output", "-o", help="text or json.")]
+JobIdArgument = Annotated[str, typer.Argument(help="Submission id (or Ray job id).", show_default=False)]
+GiveUpOption = Annotated[float, typer.Option("--give-up-after", min=1, help="Seconds without an answer from the "
+                                             "cluster before following stops with exit code 4 (the job runs on).")]
+
+
+def _say(text: str) -> None:
+    typer.echo(f"rayjobs: {text}", err=True)
+
+
+def _fail(message: str, code: ExitCode) -> None:
+    typer.echo(f"rayjobs: error: {message}", err=True)
+    raise typer.Exit(int(code))
+
+
+def handles_errors(command: F) -> F:
+    """Turn the library's exceptions into a one-paragraph message and an exit code."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from jobs.errors import SpecError
+
+        try:
+            return command(*args, **kwargs)
+        except SpecError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(int(ExitCode.BAD_INPUT)) from None
+        except RayJobsError as exc:
+            _fail(str(exc), exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_output(output: str) -> None:
+    if output not in ("text", "json"):
+        raise BadInput(f"--output must be 'text' or 'json', not {output!r}")
+
+
+def _api(address: str | None, headers: list[str] | None, no_verify: bool, ca_cert: str | None,
+         spec_address: str | None = None, spec_address_source: str = "the spec"):
+    from runner.api import JobsApi
+    from runner.connection import resolve_connection
+
+    connection = resolve_connection(address, spec_address, spec_address_source, headers, verify=not no_verify,
+                                    ca_cert=ca_cert)
+    return JobsApi(connection)
+
+
+def _address_hint(api: Any) -> str:
+    return "" if api.connection.source == "local cluster" else f" --address {api.address}"
+
+
+def _print_follow_up(api: Any, job_id: str) -> None:
+    hint = _address_hint(api)
+    _say(f"follow it:  rayjobs logs --follow {job_id}{hint}")
+    _say(f"its status: rayjobs status {job_id}{hint}")
+    _say(f"stop it:    rayjobs stop {job_id}{hint}")
+
+
+def _follow(api: Any, job_id: str, *, output: str, stream_logs: bool, give_up_after: float,
+            timeout_s: float | None = None, start_timeout_s: float | None = None,
+            stop_on_interrupt: bool = False, log_tail_on_failure: bool = True) -> ExitCode:
+    from runner.follow import Follower
+    from runner.render import summary_line
+
+    follower = Follower(api, job_id, logs_out=sys.stderr if output == "json" else sys.stdout,
+                        stream_logs=stream_logs, give_up_after_s=give_up_after, timeout_s=timeout_s,
+                        start_timeout_s=start_timeout_s)
+    try:
+        outcome = follower.run()
+    except KeyboardInterrupt:
+        return _interrupted(api, job_id, stop_on_interrupt)
+    summary = summary_line(job_id, outcome.exit_code, outcome.info, outcome.reason)
+    if output == "json":
+        info = outcome.info or {}
+        typer.echo(json.dumps({
+            "submission_id": job_id, "status": outcome.status, "exit_code": int(outcome.exit_code),
+            "summary": summary, "error_type": info.get("error_type"), "message": info.get("message"),
+            "start_time": info.get("start_time"), "end_time": info.get("end_time"), "address": api.address,
+        }))
+    else:
+        _say(summary)
+        if log_tail_on_failure and outcome.status == "FAILED" and outcome.log_tail:
+            _say("last lines of its log:")
+            for line in outcome.log_tail[-10:]:
+                typer.echo(f"  | {line}", err=True)
+    return outcome.exit_code
+
+
+def _interrupted(api: Any, job_id: str, stop_it: bool) -> ExitCode:
+    if not stop_it:
+        _say(f"interrupted: detached from job {job_id}, which keeps running on the cluster")
+        _print_follow_up(api, job_id)
+        return ExitCode.INTERRUPTED
+    _say(f"interrupted: stopping job {job_id} (--stop-on-interrupt)")
+    try:
+        api.stop_job(job_id)
+        _say(f"stop requested; check with: rayjobs status {job_id}{_address_hint(api)}")
+    except RayJobsError as exc:
+        _say(f"could not stop it: {exc}")
+    return ExitCode.INTERRUPTED
+
+
+@app.command()
+@handles_errors
+def submit(
+    spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="Spec file (YAML).", show_default=False)],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field: KEY.PATH=VALUE "
+                    "(value read as YAML, e.g. --set workload.train.epochs=3). Repeatable; beats the file.",
+                    show_default=False)] = None,
+    address: AddressOption = None,
+    header: HeaderOption = None,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the id and return right after submitting.")]
+    = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be submitted (secrets masked); "
+                       "contact no cluster.")] = False,
+    output: OutputOption = "text",
+    local: Annotated[bool, typer.Option("--local", help="Start the local cluster first if none is running and no "
+                     "address is given.")] = False,
+    stop_on_interrupt: Annotated[bool, typer.Option("--stop-on-interrupt", help="Stop the job on Ctrl-C "
+                                 "(default: detach and leave it running).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream the job's log.")] = False,
+    give_up_after: GiveUpOption = 60.0,
+    no_verify: NoVerifyOption = False,
+    ca_cert: CaCertOption = None,
+) -> None:
+    """Validate SPEC, submit it, and follow the job to its end (exit code = outcome)."""
+    from pathlib import Path
+
+    from jobs.loader import load_spec
+    from jobs.secrets import masked
+    from jobs.submission import build_submission
+
+    _check_output(output)
+    loaded = load_spec(Path(spec_file), set_ or [])
+    submission = build_submission(loaded)
+    spec_address_source = "--set address" if any(o.split("=", 1)[0].strip() == "address" for o in set_ or []) \
+        else f"'address' in {spec_file}"
+    if dry_run:
+        typer.echo(json.dumps({"address": address or loaded.spec.address, **masked(submission)}, indent=2)
+                   if output == "json" else _dry_run_text(masked(submission), address or loaded.spec.address))
+        return
+    if local and not (address or loaded.spec.address or os.environ.get("RAY_API_SERVER_ADDRESS")
+                      or os.environ.get("RAY_ADDRESS")):
+        _ensure_local_cluster()
+    api = _api(address, header, no_verify, ca_cert, loaded.spec.address, spec_address_source)
+
+    from runner.submit import submit_job
+
+    job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"))
+    _say(f"submitted {loaded.spec.name} as {job_id} to {api.address} ({api.connection.source})")
+    if no_wait:
+        if loaded.spec.timeout_s or loaded.spec.start_timeout_s:
+            _say("note: timeout_s/start_timeout_s are enforced only while rayjobs follows the job")
+        typer.echo(json.dumps({"submission_id": job_id, "address": api.address}) if output == "json" else job_id)
+        _print_follow_up(api, job_id)
+        return
+    code = _follow(api, job_id, output=output, stream_logs=not quiet, give_up_after=give_up_after,
+                   timeout_s=loaded.spec.timeout_s, start_timeout_s=loaded.spec.start_timeout_s,
+                   stop_on_interrupt=stop_on_interrupt)
+    raise typer.Exit(int(code))
+
+
+def _dry_run_text(submission: dict[str, Any], address: str | None) -> str:
+    import yaml
+
+    header = f"# would submit to {address or 'the resolved cluster (see --address)'}\n"
+    return header + yaml.safe_dump(submission, sort_keys=False, default_flow_style=False, width=100)
+
+
+def _ensure_local_cluster() -> None:
+    from runner import cluster
+
+    if cluster.running_local_cluster() is None:
+        _say("no cluster running: starting a local one on 127.0.0.1 (stop it with `rayjobs cluster down`)")
+        try:
+            started = cluster.start_local_cluster()
+        except cluster.ClusterError as exc:
+            raise RayJobsError(str(exc)) from None
+        _say(f"local cluster is up at {started.dashboard_url}")
+
+
+@app.command()
+@handles_errors
+def status(
+    job_id: JobIdArgument,
+    address: AddressOption = None,
+    header: HeaderOption = None,
+    output: OutputOption = "text",
+    no_verify: NoVerifyOption = False,
+    ca_cert: CaCertOption = None,
+) -> None:
+    """Show a job's status. Exit code: 0 succeeded or still running, 1 failed, 3 stopped."""
+    from jobs.secrets import masked
+    from runner.api import retrying
+    from runner.exit_codes import exit_code_for_status
+    from runner.render import status_report
+
+    _check_output(output)
+    api = _api(address, header, no_verify, ca_cert)
+    info = retrying(lambda: api.get_job(job_id), give_up_after_s=5)
+    typer.echo(json.dumps(masked(info), indent=2) if output == "json" else status_report(info))
+    raise typer.Exit(int(exit_code_for_status(info.get("status", ""))))
+
+
+@app.command()
+@handles_errors
+def logs(
+    job_id: JobIdArgument,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends; exit code = "
+                      "outcome.")] = False,
+    tail: Annotated[Optional[int], typer.Option("--tail", "-n", min=0, help="Print only the last N lines "
+                    "(without --follow).", show_default=False)] = None,
+    address: AddressOption = None,
+    header: HeaderOption = None,
+    give_up_after: GiveUpOption = 60.0,
+    no_verify: NoVerifyOption = False,
+    ca_cert: CaCertOption = None,
+) -> None:
+    """Print a job's log (--follow: stream it until the job ends)."""
+    from runner.api import retrying
+
+    api = _api(address, header, no_verify, ca_cert)
+    if follow:
+        if tail is not None:
+            raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
+        retrying(lambda: api.get_job(job_id), give_up_after_s=5)  # unknown id: clear error before streaming
+        raise typer.Exit(int(_follow(api, job_id, output="text", stream_logs=True, give_up_after=give_up_after,
+                                     log_tail_on_failure=False)))
+    text = retrying(lambda: api.get_logs(job_id), give_up_after_s=5)
+    if tail is not None:
+        lines = text.splitlines(keepends=True)
+        text = "".join(lines[-tail:]) if tail else ""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@app.command()
+@handles_errors
+def stop(
+    job_id: JobIdArgument,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
+    address: AddressOption = None,
+    header: HeaderOption = None,
+    no_verify: NoVerifyOption = False,
+    ca_cert: CaCertOption = None,
+) -> None:
+    """Stop a running job."""
+    from runner.api import TERMINAL_STATUSES, retrying
+
+    api = _api(address, header, no_verify, ca_cert)
+    stopped = retrying(lambda: api.stop_job(job_id), give_up_after_s=5)
+    if not stopped:
+        info = api.get_job(job_id)
+        _say(f"job {job_id} had already ended: {info.get('status')}")
+        return
+    _say(f"stop requested for job {job_id}")
+    if wait:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status_now = retrying(lambda: api.get_job(job_id), give_up_after_s=10).get("status")
+            if status_now in TERMINAL_STATUSES:
+                _say(f"job {job_id} is {status_now}")
+                return
+            time.sleep(0.3)
+        _fail(f"job {job_id} has not stopped after 60s (still {status_now})", ExitCode.FAILED)
+
+
+@app.command("list")
+@handles_errors
+def list_jobs(
+    status_filter: Annotated[Optional[list[str]], typer.Option("--status", "-s", help="Only jobs in this status "
+                             "(repeatable): PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED.", show_default=False)] = None,
+    address: AddressOption = None,
+    header: HeaderOption = None,
+    output: OutputOption = "text",
+    no_verify: NoVerifyOption = False,
+    ca_cert: CaCertOption = None,
+) -> None:
+    """List the jobs on the cluster, newest first."""
+    from jobs.secrets import masked
+    from runner.api import retrying
+    from runner.render import jobs_table
+
+    _check_output(output)
+    wanted = {s.upper() for s in status_filter or []}
+    unknown = wanted - {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"}
+    if unknown:
+        raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use PENDING, RUNNING, SUCCEEDED, FAILED "
+                       "or STOPPED")
+    api = _api(address, header, no_verify, ca_cert)
+    jobs = [job for job in retrying(api.list_jobs, give_up_after_s=5) if not wanted or job.get("status") in wanted]
+    typer.echo(json.dumps([masked(job) for job in jobs], indent=2) if output == "json" else jobs_table(jobs))
+
+
+@app.command()
+@handles_errors
+def delete(
+    job_id: JobIdArgument,
+    address: AddressOption = None,
+    header: HeaderOption = None,
+    no_verify: NoVerifyOption = False,
+    ca_cert: CaCertOption = None,
+) -> None:
+    """Delete a finished job and its record from the cluster."""
+    from runner.api import retrying
+
+    api = _api(address, header, no_verify, ca_cert)
+    info = retrying(lambda: api.get_job(job_id), give_up_after_s=5)
+    if info.get("status") not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
+                       f"(stop it first: rayjobs stop --wait {job_id})")
+    api.delete_job(job_id)
+    _say(f"deleted job {job_id}")
+
+
+@app.command()
+def validate(
+    spec_files: Annotated[list[str], typer.Argument(metavar="SPEC...", help="Spec files to check.",
+                                                    show_default=False)],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field before checking (as in "
+                    "submit).", show_default=False)] = None,
+) -> None:
+    """Check spec files without contacting a cluster (exit code 2 if any is invalid)."""
+    from jobs.errors import SpecError
+    from jobs.loader import load_spec
+
+    failed = 0
+    for spec_file in spec_files:
+        try:
+            loaded = load_spec(spec_file, set_ or [])
+        except SpecError as exc:
+            failed += 1
+            typer.echo(str(exc), err=True)
+            continue
+        kind = f", workload {loaded.workload_kind}" if loaded.workload_kind else ""
+        typer.echo(f"{spec_file}: ok ({loaded.spec.name}{kind})")
+    raise typer.Exit(int(ExitCode.BAD_INPUT) if failed else 0)
+
+
+@app.command()
+def schema(
+    workload: Annotated[Optional[str], typer.Option("--workload", help="Print the schema of this workload kind's "
+                        "parameters instead (e.g. vision).", show_default=False)] = None,
+) -> None:
+    """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml)."""
+    from jobs.spec import JobSpec
+    from jobs.workload_kinds import workload_model
+
+    if workload is None:
+        document = JobSpec.model_json_schema()
+        document["title"] = "rayjobs spec"
+    else:
+        try:
+            document = workload_model(workload).model_json_schema()
+        except ValueError as exc:
+            _fail(str(exc), ExitCode.BAD_INPUT)
+    typer.echo(json.dumps(document, indent=2))
+
+
+ClusterNameOption = Annotated[str, typer.Option("--name", help="Name of the local cluster (several may run).")]
+
+
+@cluster_app.command("up")
+@handles_errors
+def cluster_up(
+    num_cpus: Annotated[Optional[int], typer.Option("--num-cpus", min=1, help="CPUs the cluster offers "
+                        "(default: all).", show_default=False)] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="Start without token authentication (anyone who can "
+                       "reach 127.0.0.1 can then run code on it).")] = False,
+    name: ClusterNameOption = "default",
+) -> None:
+    """Start a single-node Ray head bound to 127.0.0.1 on free ports."""
+    from runner import cluster
+
+    running = cluster.running_local_cluster(name)
+    if running is not None:
+        _say(f"local cluster '{name}' is already running at {running.dashboard_url}")
+        return
+    _say(f"starting local cluster '{name}' on 127.0.0.1 ...")
+    try:
+        started = cluster.start_local_cluster(name=name, num_cpus=num_cpus, auth=not no_auth)
+    except cluster.ClusterError as exc:
+        _fail(str(exc), ExitCode.CLUSTER_UNREACHABLE)
+    auth = f"token auth on (token file {started.token_file})" if started.token_file else "no authentication"
+    _say(f"local cluster '{name}' is up at {started.dashboard_url}; {auth}")
+    _say("rayjobs commands use it when no address is given; stop it with `rayjobs cluster down`")
+
+
+@cluster_app.command("down")
+@handles_errors
+def cluster_down(name: ClusterNameOption = "default") -> None:
+    """Stop the local cluster started by `rayjobs cluster up` (and nothing else)."""
+    from runner import cluster
+
+    if cluster.stop_local_cluster(name):
+        _say(f"local cluster '{name}' stopped")
+    else:
+        _say(f"no local cluster '{name}' is running")
+
+
+@cluster_app.command("status")
+@handles_errors
+def cluster_status(name: ClusterNameOption = "default") -> None:
+    """Show whether the local cluster runs, and where (exit code 4 when it does not)."""
+    from runner import cluster
+
+    running = cluster.running_local_cluster(name)
+    if running is None:
+        _fail(f"no local cluster '{name}' is running; start one with `rayjobs cluster up`",
+              ExitCode.CLUSTER_UNREACHABLE)
+    typer.echo(f"name:      {running.name}\ndashboard: {running.dashboard_url}\ngcs:       {running.gcs_address}\n"
+               f"auth:      {'token (' + running.token_file + ')' if running.token_file else 'none'}\n"
+               f"pid:       {running.pid}\nlog:       {running.log_file}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

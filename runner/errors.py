@@ -1,0 +1,46 @@
+"""The exceptions rayjobs raises on the client side; each carries its exit code.
+
+The library raises; only the CLI decides what to print.
+"""
+
+from __future__ import annotations
+
+from runner.exit_codes import ExitCode
+
+
+class RayJobsError(Exception):
+    """Base class: a problem with a one-paragraph message and an exit code."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+
+class BadInput(RayJobsError):
+    exit_code = ExitCode.BAD_INPUT
+
+
+class ClusterUnreachable(RayJobsError):
+    """No (usable) answer from the cluster; worth retrying for a while."""
+
+    exit_code = ExitCode.CLUSTER_UNREACHABLE
+
+
+class NotADashboard(ClusterUnreachable):
+    """Something answered, but not Ray's job API (an HTML page, a proxy's error page)."""
+
+
+class ClusterRequestFailed(RayJobsError):
+    """The cluster understood the request and failed it (an internal error on its side)."""
+
+    exit_code = ExitCode.CLUSTER_UNREACHABLE
+
+
+class AuthFailed(RayJobsError):
+    exit_code = ExitCode.AUTH_FAILED
+
+
+class JobNotFound(RayJobsError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class NoCluster(ClusterUnreachable):
+    """No address given anywhere and no local cluster running."""

@@ -1,0 +1,104 @@
+"""How jobs and outcomes read in a terminal."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from runner.exit_codes import ExitCode
+
+
+def job_id_of(info: dict[str, Any]) -> str:
+    return info.get("submission_id") or info.get("job_id") or "?"
+
+
+def job_name_of(info: dict[str, Any]) -> str:
+    return (info.get("metadata") or {}).get("rayjobs.name", "")
+
+
+def duration_s(info: dict[str, Any]) -> float | None:
+    start = info.get("start_time")
+    if not start:
+        return None
+    end = info.get("end_time") or time.time() * 1000
+    return max(0.0, (end - start) / 1000)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def format_time(ms: int | float | None) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | None, reason: str = "") -> str:
+    """The one line printed when following a job ends."""
+    status = (info or {}).get("status") or "UNKNOWN"
+    took = format_duration(duration_s(info)) if info else "-"
+    if outcome_code == ExitCode.TIMEOUT:
+        return f"job {job_id} {status} after {took}: {reason}"
+    if outcome_code == ExitCode.CLUSTER_UNREACHABLE:
+        return f"job {job_id} state unknown (last seen {status}): {reason}"
+    line = f"job {job_id} {status} in {took}"
+    if status in ("FAILED", "STOPPED") and info:
+        # Ray's message may carry the whole log tail after its first line; the log is shown separately.
+        message = (info.get("message") or "").strip().splitlines()
+        first = message[0].split(", last available logs")[0] if message else ""
+        detail = " ".join(part for part in (info.get("error_type"), first) if part)
+        if info.get("driver_exit_code") is not None:
+            detail += f" (exit code {info['driver_exit_code']})"
+        if detail:
+            line += f": {detail.strip()}"
+    return line
+
+
+def status_report(info: dict[str, Any]) -> str:
+    """A few aligned lines describing one job."""
+    rows = [
+        ("job", job_id_of(info)),
+        ("status", info.get("status", "?")),
+        ("name", job_name_of(info)),
+        ("entrypoint", info.get("entrypoint") or ""),
+        ("started", format_time(info.get("start_time"))),
+        ("ended", format_time(info.get("end_time"))),
+        ("duration", format_duration(duration_s(info))),
+        ("message", (info.get("message") or "").strip()),
+        ("error type", info.get("error_type") or ""),
+        ("driver exit code", "" if info.get("driver_exit_code") is None else str(info["driver_exit_code"])),
+    ]
+    metadata = info.get("metadata") or {}
+    for key in ("rayjobs.attempt", "rayjobs.parent"):
+        if key in metadata:
+            rows.append((key.split(".", 1)[1], metadata[key]))
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows if value not in ("", "-")
+                     or label in ("job", "status"))
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    """A plain table of jobs, newest first."""
+    header = ("ID", "STATUS", "NAME", "STARTED", "DURATION", "ENTRYPOINT")
+    rows = [header]
+    for info in sorted(jobs, key=lambda job: job.get("start_time") or 0, reverse=True):
+        entrypoint = (info.get("entrypoint") or "").replace("\n", " ")
+        rows.append((
+            job_id_of(info),
+            info.get("status") or "?",
+            job_name_of(info) or "-",
+            format_time(info.get("start_time")),
+            format_duration(duration_s(info)),
+            entrypoint if len(entrypoint) <= 60 else entrypoint[:57] + "...",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1] for row in rows
+    )

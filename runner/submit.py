@@ -1,0 +1,89 @@
+"""Submitting a job with Ray's ``JobSubmissionClient`` (which packages and uploads working_dir)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from runner.connection import Connection
+from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable
+
+# The dashboard refuses request bodies over 100 MiB (aiohttp's client_max_size), and a
+# working_dir is uploaded as one zip in one request.
+UPLOAD_LIMIT_BYTES = 100 * 1024**2
+UPLOAD_WARN_BYTES = UPLOAD_LIMIT_BYTES // 2
+
+
+def working_dir_size(working_dir: str, excludes: list[str]) -> int:
+    """Bytes of the files Ray would upload from ``working_dir`` (its excludes, .gitignore and .rayignore)."""
+    from ray._private.runtime_env import packaging
+
+    total = 0
+
+    def add(path: Path) -> None:
+        nonlocal total
+        if path.is_file():
+            total += path.stat().st_size
+
+    root = Path(working_dir)
+    packaging._dir_travel(root, [packaging._get_excludes(root, excludes)], add, include_gitignore=True,
+                          logger=logging.getLogger("rayjobs.upload"))
+    return total
+
+
+def submit_job(connection: Connection, submission: dict[str, Any],
+               warn: Callable[[str], None] = lambda text: None) -> str:
+    """Submit and return the submission id. Raises a ``RayJobsError`` subclass on failure."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    runtime_env = submission.get("runtime_env") or {}
+    working_dir = runtime_env.get("working_dir")
+    if working_dir and "://" not in working_dir:
+        size = working_dir_size(working_dir, runtime_env.get("excludes", []))
+        if size >= UPLOAD_WARN_BYTES:
+            warn(f"working_dir {working_dir} holds {size / 2**20:.0f} MiB to upload (before compression); the "
+                 f"dashboard refuses uploads over {UPLOAD_LIMIT_BYTES // 2**20} MiB. Leave data out with "
+                 "runtime_env.excludes or a .rayignore file")
+
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    # Ray's SDK logs each packaging step at INFO; rayjobs reports what matters itself.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("ray.dashboard", "ray._private.runtime_env")):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+    try:
+        client = JobSubmissionClient(connection.address, headers=dict(connection.headers), verify=connection.verify)
+        return client.submit_job(**submission)
+    except AuthenticationError as exc:
+        raise AuthFailed(f"the cluster at {connection.address} refused the submission: {_first_line(exc)}") from None
+    except ConnectionError as exc:
+        raise ClusterUnreachable(f"cannot reach the Ray dashboard at {connection.address}: {_first_line(exc)}. "
+                                 "Is the cluster running and the address right?") from None
+    except RuntimeError as exc:
+        text = str(exc)
+        if "status code 413" in text:
+            raise BadInput(f"the working_dir upload is larger than the dashboard accepts "
+                           f"({UPLOAD_LIMIT_BYTES // 2**20} MiB); leave data out with runtime_env.excludes or "
+                           ".rayignore, or ship it separately") from None
+        if "status code 400" in text:
+            raise BadInput(f"the cluster rejected the job: {_ray_reason(text)}") from None
+        if "status code 401" in text or "status code 403" in text:
+            raise AuthFailed(f"the cluster at {connection.address} refused the submission: {_ray_reason(text)}") \
+                from None
+        raise ClusterRequestFailed(f"submitting to {connection.address} failed: {_ray_reason(text)}") from None
+    except (ValueError, TypeError) as exc:
+        raise BadInput(f"Ray refused the submission: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _ray_reason(text: str) -> str:
+    # Ray's errors carry the server's traceback; its last line is the actual reason.
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = lines[-1] if lines else text
+    return reason.rstrip(".")[:500]

@@ -1,0 +1,1 @@
+"""Programs that rayjobs runs on the cluster, one sub-package or module per workload."""

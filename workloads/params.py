@@ -1,0 +1,58 @@
+"""How a workload receives the parameters of its spec's ``workload`` section.
+
+rayjobs validates the section on the client, then hands it to the job as JSON in
+the ``RAYJOBS_WORKLOAD`` environment variable (set through ``runtime_env.env_vars``).
+A workload can also be run by hand with ``--params FILE`` (YAML or JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def load_params(model: type[ModelT], params_file: str | Path | None = None) -> ModelT:
+    """Return the workload's parameters: from ``params_file`` if given, else from
+    ``$RAYJOBS_WORKLOAD``, else the model's defaults."""
+    if params_file is not None:
+        text = Path(params_file).read_text(encoding="utf-8")
+        if str(params_file).endswith((".yaml", ".yml")):
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+        else:
+            raw = json.loads(text)
+        # A params file may be a whole spec: take its workload section.
+        if isinstance(raw, dict) and "entrypoint" in raw and "workload" in raw:
+            raw = raw["workload"]
+        return model.model_validate(_without_kind(raw), context={"spec_dir": Path(params_file).parent})
+    encoded = os.environ.get(WORKLOAD_ENV_VAR)
+    if encoded:
+        return model.model_validate(_without_kind(json.loads(encoded)))
+    return model.model_validate({})
+
+
+def _without_kind(raw: object) -> object:
+    # ``kind`` picks the parameter model; it is not one of the parameters.
+    if isinstance(raw, dict):
+        return {key: value for key, value in raw.items() if key != "kind"}
+    return raw
+
+
+def add_params_argument(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--params FILE`` option every workload entry point accepts."""
+    parser.add_argument(
+        "--params",
+        metavar="FILE",
+        default=None,
+        help=f"YAML/JSON file with the workload parameters (default: ${WORKLOAD_ENV_VAR}, set by rayjobs)",
+    )

@@ -1,0 +1,1 @@
+"""Image classification workload: preprocess → Parquet → Ray Train → batch inference."""
