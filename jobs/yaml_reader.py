@@ -46,15 +46,15 @@ class _Builder:
             raise self.fail(f"nested more than {MAX_DEPTH} levels deep", node, path)
         self.lines.setdefault(path, node.start_mark.line + 1)
         tag = node.tag or ""
-        if isinstance(node, yaml.MappingNode):
-            return self._build_mapping(node, path)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, (*path, index)) for index, item in enumerate(node.value)]
         short_tag = tag[len(_STANDARD_TAG_PREFIX):] if tag.startswith(_STANDARD_TAG_PREFIX) else tag
-        if short_tag == "timestamp":
+        if isinstance(node, yaml.MappingNode) and short_tag == "map":
+            return self._build_mapping(node, path)
+        if isinstance(node, yaml.SequenceNode) and short_tag == "seq":
+            return [self.build(item, (*path, index)) for index, item in enumerate(node.value)]
+        if isinstance(node, yaml.ScalarNode) and short_tag == "timestamp":
             # Dates stay text: a spec never needs a datetime object, and metadata must be strings.
             return node.value
-        if short_tag not in _SCALAR_TAGS:
+        if not isinstance(node, yaml.ScalarNode) or short_tag not in _SCALAR_TAGS:
             shown = "!!" + short_tag if tag.startswith(_STANDARD_TAG_PREFIX) else tag
             raise self.fail(f"the YAML tag {shown!r} is not allowed in a spec (only plain values, lists and mappings)",
                             node, path)

@@ -41,17 +41,17 @@ app.add_typer(cluster_app, name="cluster")
 F = TypeVar("F", bound=Callable[..., Any])
 
 AddressOption = Annotated[Optional[str], typer.Option(
-    "--address", "-a", help="Dashboard address, e.g. http://127.0.0.1:8265. Overrides the spec's 'address', "
+    "--address", "-a", metavar="URL", help="Dashboard address, e.g. http://127.0.0.1:8265. Overrides the spec's 'address', "
     "RAY_API_SERVER_ADDRESS and RAY_ADDRESS; default: the local cluster.", show_default=False)]
 HeaderOption = Annotated[Optional[list[str]], typer.Option(
-    "--header", help="Extra HTTP header 'Name: value' for the dashboard (repeatable; adds to RAY_JOB_HEADERS). "
+    "--header", metavar="'NAME: VALUE'", help="Extra HTTP header 'Name: value' for the dashboard (repeatable; adds to RAY_JOB_HEADERS). "
     "Never printed.", show_default=False)]
 NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Do not verify the dashboard's TLS certificate.")]
-CaCertOption = Annotated[Optional[str], typer.Option("--ca-cert", help="CA bundle to verify the dashboard's TLS "
+CaCertOption = Annotated[Optional[str], typer.Option("--ca-cert", metavar="FILE", help="CA bundle to verify the dashboard's TLS "
                                                      "certificate with.", show_default=False)]
-OutputOption = Annotated[str, typer.Option("--output", "-o", help="text or json.")]
-JobIdArgument = Annotated[str, typer.Argument(help="Submission id (or Ray job id).", show_default=False)]
-GiveUpOption = Annotated[float, typer.Option("--give-up-after", min=1, help="Seconds without an answer from the "
+OutputOption = Annotated[str, typer.Option("--output", "-o", metavar="text|json", help="Output format.")]
+JobIdArgument = Annotated[str, typer.Argument(metavar="ID", help="Submission id (or Ray job id).", show_default=False)]
+GiveUpOption = Annotated[float, typer.Option("--give-up-after", min=1, metavar="SECONDS", help="Seconds without an answer from the "
                                              "cluster before following stops with exit code 4 (the job runs on).")]
 
 
@@ -156,7 +156,7 @@ def _interrupted(api: Any, job_id: str, stop_it: bool) -> ExitCode:
 @handles_errors
 def submit(
     spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="Spec file (YAML).", show_default=False)],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a spec field: KEY.PATH=VALUE "
+    set_: Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field: KEY.PATH=VALUE "
                     "(value read as YAML, e.g. --set workload.train.epochs=3). Repeatable; beats the file.",
                     show_default=False)] = None,
     address: AddressOption = None,
@@ -260,7 +260,7 @@ def logs(
     job_id: JobIdArgument,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends; exit code = "
                       "outcome.")] = False,
-    tail: Annotated[Optional[int], typer.Option("--tail", "-n", min=0, help="Print only the last N lines "
+    tail: Annotated[Optional[int], typer.Option("--tail", "-n", min=0, metavar="N", help="Print only the last N lines "
                     "(without --follow).", show_default=False)] = None,
     address: AddressOption = None,
     header: HeaderOption = None,
@@ -320,7 +320,7 @@ def stop(
 @app.command("list")
 @handles_errors
 def list_jobs(
-    status_filter: Annotated[Optional[list[str]], typer.Option("--status", "-s", help="Only jobs in this status "
+    status_filter: Annotated[Optional[list[str]], typer.Option("--status", "-s", metavar="STATUS", help="Only jobs in this status "
                              "(repeatable): PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED.", show_default=False)] = None,
     address: AddressOption = None,
     header: HeaderOption = None,
@@ -369,7 +369,7 @@ def delete(
 def validate(
     spec_files: Annotated[list[str], typer.Argument(metavar="SPEC...", help="Spec files to check.",
                                                     show_default=False)],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field before checking (as in "
+    set_: Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE", help="Override a field before checking (as in "
                     "submit).", show_default=False)] = None,
 ) -> None:
     """Check spec files without contacting a cluster (exit code 2 if any is invalid)."""
@@ -391,7 +391,7 @@ def validate(
 
 @app.command()
 def schema(
-    workload: Annotated[Optional[str], typer.Option("--workload", help="Print the schema of this workload kind's "
+    workload: Annotated[Optional[str], typer.Option("--workload", metavar="KIND", help="Print the schema of this workload kind's "
                         "parameters instead (e.g. vision).", show_default=False)] = None,
 ) -> None:
     """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml)."""
@@ -409,13 +409,13 @@ def schema(
     typer.echo(json.dumps(document, indent=2))
 
 
-ClusterNameOption = Annotated[str, typer.Option("--name", help="Name of the local cluster (several may run).")]
+ClusterNameOption = Annotated[str, typer.Option("--name", metavar="NAME", help="Name of the local cluster (several may run).")]
 
 
 @cluster_app.command("up")
 @handles_errors
 def cluster_up(
-    num_cpus: Annotated[Optional[int], typer.Option("--num-cpus", min=1, help="CPUs the cluster offers "
+    num_cpus: Annotated[Optional[int], typer.Option("--num-cpus", min=1, metavar="N", help="CPUs the cluster offers "
                         "(default: all).", show_default=False)] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Start without token authentication (anyone who can "
                        "reach 127.0.0.1 can then run code on it).")] = False,

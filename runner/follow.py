@@ -63,7 +63,8 @@ class LogCursor:
         self.tail.extend(lines)
 
     def tail_lines(self) -> list[str]:
-        return list(self.tail) + ([self._partial] if self._partial else [])
+        lines = list(self.tail) + ([self._partial] if self._partial else [])
+        return lines[-(self.tail.maxlen or len(lines)):]
 
 
 class Follower:

@@ -54,7 +54,7 @@ def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | Non
         message = (info.get("message") or "").strip().splitlines()
         first = message[0].split(", last available logs")[0] if message else ""
         detail = " ".join(part for part in (info.get("error_type"), first) if part)
-        if info.get("driver_exit_code") is not None:
+        if info.get("driver_exit_code") is not None and "exit code" not in detail:
             detail += f" (exit code {info['driver_exit_code']})"
         if detail:
             line += f": {detail.strip()}"

@@ -1,0 +1,50 @@
+"""Running the real ``rayjobs`` command in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def rayjobs_command() -> list[str]:
+    script = Path(sys.executable).parent / "rayjobs"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("rayjobs")
+    return [found] if found else [sys.executable, "-m", "runner.cli"]
+
+
+def cli_env(home: Path | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAY_AUTH_TOKEN",
+                        "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    if home is not None:
+        env["RAYJOBS_HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+def run_rayjobs(*args: str, home: Path | None = None, timeout: float = 180, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*rayjobs_command(), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd or REPO_ROOT, env=env or cli_env(home), stdin=subprocess.DEVNULL)
+
+
+def popen_rayjobs(*args: str, home: Path | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([*rayjobs_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO_ROOT, env=cli_env(home), stdin=subprocess.DEVNULL)
+
+
+def write_spec(directory: Path, name: str, body: str) -> Path:
+    """A spec whose working_dir is the project (so `python -m workloads.…` works on the cluster)."""
+    path = directory / f"{name}.yaml"
+    path.write_text(f"name: {name}\nruntime_env:\n  working_dir: {REPO_ROOT}\n{body}")
+    return path

@@ -1,0 +1,111 @@
+"""Shared fixtures: an isolated environment per test and one Ray cluster per session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from runner.cluster import (
+    DEFAULT_CLUSTER_NAME,
+    LocalCluster,
+    loopback_env,
+    start_local_cluster,
+    stop_local_cluster,
+)
+
+# Variables that would silently point code under test at some other cluster.
+_FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS")
+
+
+def wait_for_condition(
+    predicate: Callable[[], object], timeout_s: float = 30, interval_s: float = 0.2
+) -> object:
+    """Poll ``predicate`` until it returns something truthy; return that value.
+
+    Raises AssertionError after ``timeout_s``, naming the last exception the
+    predicate raised, if any.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as exc:  # the condition may not be checkable yet
+            last_error = exc
+        if time.monotonic() >= deadline:
+            detail = f"; last error: {last_error!r}" if last_error else ""
+            raise AssertionError(f"condition not met within {timeout_s} s{detail}")
+        time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def _environ_set(**values: str) -> Iterator[None]:
+    """Set environment variables for a block; session fixtures cannot use monkeypatch."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def ray_cluster_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RAYJOBS_HOME of the session cluster (point CLI subprocesses here)."""
+    return tmp_path_factory.mktemp("rayjobs-home")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(ray_cluster_home: Path) -> Iterator[LocalCluster]:
+    """One token-auth local cluster (2 CPUs) shared by the whole test session."""
+    # The session's own RAYJOBS_HOME keeps it apart from a user's cluster of the same name,
+    # and the default name lets `rayjobs` subprocesses find it without flags.
+    name = DEFAULT_CLUSTER_NAME
+    with _environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
+        cluster = start_local_cluster(name=name, num_cpus=2)
+    try:
+        yield cluster
+    finally:
+        with _environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
+            stop_local_cluster(name)
+
+
+@pytest.fixture
+def ray_cluster_env(ray_cluster: LocalCluster, ray_cluster_home: Path) -> dict[str, str]:
+    """A full environment for a subprocess that talks to the session cluster."""
+    # RAY_AUTH_TOKEN would outrank the cluster's token file in Ray's lookup.
+    dropped = {*_FOREIGN_CLUSTER_ENV, "RAY_AUTH_TOKEN"}
+    env = {key: value for key, value in os.environ.items() if key not in dropped}
+    env.update(loopback_env(ray_cluster))
+    env["RAYJOBS_HOME"] = str(ray_cluster_home)
+    return env
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No stray cluster address from the caller; a private RAYJOBS_HOME per test.
+
+    Tests that use the session cluster get its RAYJOBS_HOME instead, so that
+    ``running_local_cluster`` and CLI subprocesses find it.
+    """
+    for variable in _FOREIGN_CLUSTER_ENV:
+        monkeypatch.delenv(variable, raising=False)
+    if "ray_cluster" in request.fixturenames:
+        home = request.getfixturevalue("ray_cluster_home")
+    else:
+        home = tmp_path / "rayjobs-home"
+    monkeypatch.setenv("RAYJOBS_HOME", str(home))
