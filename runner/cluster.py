@@ -356,6 +356,10 @@ def _launch(
     ray_bin_dir = str(Path(ray_path).parent)
     path_entries = [entry for entry in env.get("PATH", "").split(os.pathsep) if entry]
     env["PATH"] = os.pathsep.join([ray_bin_dir] + [e for e in path_entries if e != ray_bin_dir])
+    # Every process of this cluster (workers included) inherits its own GCS address. Ray
+    # code that finds "the" cluster by scanning the machine (Ray Train's placement group
+    # cleaner, the state API) otherwise fails as soon as a second cluster runs beside it.
+    env["RAY_ADDRESS"] = f"{LOOPBACK_HOST}:{ports['gcs']}"
     if token_file is not None:
         env["RAY_AUTH_MODE"] = "token"
         env["RAY_AUTH_TOKEN_PATH"] = str(token_file)

@@ -1,0 +1,90 @@
+"""The vision workload end to end: `rayjobs submit` of the shipped specs on the session cluster."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cli_helpers import REPO_ROOT, run_rayjobs
+
+pytestmark = pytest.mark.cluster
+
+FOOD101_SAMPLE = REPO_ROOT.parent / "shared" / "data" / "food101-sample"
+
+
+def submit(home: Path, spec: str, *overrides: str, timeout: float = 600):
+    args = ["submit", spec]
+    for override in overrides:
+        args += ["--set", override]
+    return run_rayjobs(*args, home=home, timeout=timeout)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_quickstart_spec_end_to_end(ray_cluster, ray_cluster_home, tmp_path):
+    data_dir, results = tmp_path / "data", tmp_path / "results"
+    result = submit(ray_cluster_home, "specs/quickstart.yaml",
+                    f"workload.data.output_dir={data_dir}", f"workload.storage_path={results}",
+                    "workload.data.synthetic_per_class=60", "workload.train.epochs=2", "workload.train.batch_size=32",
+                    "workload.run_name=e2e")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "SUCCEEDED" in result.stderr
+
+    manifest = json.loads((data_dir / "_manifest.json").read_text())
+    train_rows = pq.ParquetDataset(data_dir / "train").read(columns=["label"]).num_rows
+    val_rows = pq.ParquetDataset(data_dir / "val").read(columns=["label"]).num_rows
+    assert (train_rows, val_rows) == (manifest["counts"]["train"], manifest["counts"]["val"]) == (480, 120)
+
+    run_dir = results / "e2e"
+    metrics = read_metrics(run_dir)
+    assert [int(row["epoch"]) for row in metrics] == [1, 2]
+    assert (run_dir / "loss_curve.png").stat().st_size > 1000
+    assert (run_dir / "confusion_matrix.png").stat().st_size > 1000
+    assert list(run_dir.glob("checkpoint_*"))
+
+    predictions = pq.read_table(run_dir / "predictions").to_pylist()
+    assert len(predictions) == val_rows
+    recomputed = sum(row["label"] == row["predicted_label"] for row in predictions) / len(predictions)
+    reported = json.loads((run_dir / "inference_metrics.json").read_text())
+    assert reported["rows"] == val_rows
+    assert reported["accuracy"] == pytest.approx(recomputed)
+    assert sum(map(sum, reported["confusion_matrix"])) == val_rows
+    assert f"{reported['accuracy']:.4f}" in result.stdout
+    # Well above chance (10 classes) after two short epochs on the generated patterns.
+    assert recomputed > 0.25
+
+    # Same run name, more epochs: training resumes after epoch 2 instead of starting over.
+    again = submit(ray_cluster_home, "specs/quickstart.yaml",
+                   f"workload.data.output_dir={data_dir}", f"workload.storage_path={results}",
+                   "workload.data.synthetic_per_class=60", "workload.train.epochs=3", "workload.train.batch_size=32",
+                   "workload.run_name=e2e",
+                   "workload.stages=[preprocess, train]")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "preprocess: reusing" in again.stdout
+    assert [int(row["epoch"]) for row in read_metrics(run_dir)] == [1, 2, 3]
+
+
+@pytest.mark.skipif(not FOOD101_SAMPLE.is_dir(),
+                    reason=f"the real Food-101 sample photos are not at {FOOD101_SAMPLE}")
+def test_food101_spec_on_real_photos(ray_cluster, ray_cluster_home, tmp_path):
+    # Food-101 folder names are accepted as class names, as are display names.
+    classes = sorted(p.name for p in (FOOD101_SAMPLE / "images").iterdir() if p.is_dir())
+    result = submit(ray_cluster_home, "specs/food101.yaml",
+                    f"workload.data.root={FOOD101_SAMPLE}", f"workload.data.classes={json.dumps(classes)}",
+                    f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
+                    "workload.data.image_size=48", "workload.train.epochs=1", "workload.train.num_workers=2",
+                    "workload.train.cpus_per_worker=1", "workload.train.loader_workers=0",
+                    "workload.train.batch_size=16", "workload.train.warmup_epochs=0",
+                    "workload.infer.num_actors=1", "workload.infer.cpus_per_actor=1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "data" / "_manifest.json").read_text())
+    assert manifest["counts"] == {"train": 72, "val": 24}
+    predictions = pq.read_table(tmp_path / "results" / "food101-lite" / "predictions")
+    assert predictions.num_rows == 24

@@ -1,0 +1,178 @@
+"""Inference stage of the vision workload: batch predictions with Ray Data, single images, entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_vision_train import write_tiny_dataset
+
+CLASSES = ["red", "green", "blue"]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    import shutil
+
+    path = tmp_path_factory.mktemp("vision-infer")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def params(workdir):
+    from workloads.vision.config import VisionParams
+
+    data_dir = write_tiny_dataset(workdir / "data", CLASSES, {"train": 10, "val": 7}, image_size=24,
+                                  rows_per_group=5)
+    return VisionParams.model_validate({
+        "run_name": "infer-test", "storage_path": str(workdir / "runs"),
+        "data": {"output_dir": str(data_dir), "image_size": 24},
+        "train": {"epochs": 1, "batch_size": 10, "num_workers": 1, "lr": 0.003, "optimizer": "adamw"},
+        "infer": {"batch_size": 4, "num_actors": 2, "cpus_per_actor": 1},
+    })
+
+
+@pytest.fixture(scope="module")
+def trained(params):
+    """A one-epoch run, then batch inference over its validation split (one Ray instance for both)."""
+    import ray
+
+    from workloads.vision.inference import run_batch_inference
+    from workloads.vision.train import run_training
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        outcome = run_training(params, CLASSES, Path(params.data.output_dir), 24)
+        metrics = run_batch_inference(params)
+        yield {"outcome": outcome, "metrics": metrics}
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.cluster
+def test_batch_predictions_match_reported_metrics(trained, params):
+    import pyarrow.parquet as pq
+
+    run_dir = trained["outcome"].run_dir
+    metrics = trained["metrics"]
+    table = pq.read_table(run_dir / "predictions")
+    assert set(table.column_names) >= {"path", "label", "predicted_label", "predicted_class", "confidence"}
+    val_rows = sum(pq.read_metadata(f).num_rows for f in (Path(params.data.output_dir) / "val").glob("*.parquet"))
+    assert table.num_rows == val_rows == metrics["rows"] == 21
+    assert sorted(table.column("path").to_pylist()) == sorted(
+        f"val/{name}/{i:04d}.jpg" for name in CLASSES for i in range(7))
+
+    labels = table.column("label").to_pylist()
+    predicted = table.column("predicted_label").to_pylist()
+    assert metrics["accuracy"] == pytest.approx(sum(a == b for a, b in zip(labels, predicted)) / len(labels))
+    assert [CLASSES[i] for i in predicted] == table.column("predicted_class").to_pylist()
+    assert all(0 < c <= 1 for c in table.column("confidence").to_pylist())
+
+    matrix = metrics["confusion_matrix"]
+    assert sum(map(sum, matrix)) == table.num_rows
+    assert [sum(row) for row in matrix] == [7, 7, 7]
+    assert sum(matrix[i][i] for i in range(3)) == metrics["correct"]
+
+    saved = json.loads((run_dir / "inference_metrics.json").read_text())
+    assert saved["accuracy"] == metrics["accuracy"] and saved["confusion_matrix"] == matrix
+    assert (run_dir / "confusion_matrix.png").stat().st_size > 1000
+    assert (run_dir / "loss_curve.png").stat().st_size > 1000
+    assert not list(run_dir.glob(".predictions-*"))  # staging directory gone
+
+
+@pytest.mark.cluster
+def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inference(trained, params):
+    import torch
+
+    from workloads.vision.dataset import ParquetImageDataset, eval_transform, split_files
+    from workloads.vision.inference import load_checkpoint_model
+
+    outcome, metrics = trained["outcome"], trained["metrics"]
+    assert Path(metrics["checkpoint"]) == outcome.best_checkpoint
+    loaded = load_checkpoint_model(outcome.best_checkpoint)
+    dataset = ParquetImageDataset(split_files(Path(params.data.output_dir), "val"), eval_transform(24))
+    with torch.no_grad():
+        logits = loaded.model(torch.stack([dataset[i][0] for i in range(len(dataset))]))
+    correct = int((logits.argmax(1) == torch.tensor([dataset[i][1] for i in range(len(dataset))])).sum())
+    assert correct == metrics["correct"]
+    # Training evaluated the same checkpoint on the same split.
+    assert outcome.best_metrics["val_accuracy"] == pytest.approx(metrics["accuracy"])
+
+
+def test_confusion_helpers():
+    import numpy as np
+
+    from workloads.vision.inference import confusion_matrix
+    from workloads.vision.plots import confusion_table
+
+    matrix = confusion_matrix(np.array([0, 0, 1, 2, 2]), np.array([0, 1, 1, 2, 0]), 3)
+    assert matrix == [[1, 1, 0], [0, 1, 0], [1, 0, 1]]
+    table = confusion_table(matrix, ["pizza", "fried rice", "ramen"])
+    lines = table.splitlines()
+    assert lines[0].startswith("true \\ pred") and len(lines) == 5
+    assert "50.0%" in lines[2] and "100.0%" in lines[3]
+
+
+def _run_module(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAYJOBS_WORKLOAD", None)
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO_ROOT)
+
+
+@pytest.mark.cluster
+def test_single_image_task_and_predict_cli(trained, params, workdir):
+    import ray
+
+    from workloads.vision.inference import classify_image_task
+
+    outcome = trained["outcome"]
+    val_file = sorted((Path(params.data.output_dir) / "val").glob("*.parquet"))[0]
+    import pyarrow.parquet as pq
+
+    image = pq.read_table(val_file, columns=["image"]).column("image")[0].as_py()
+    result = ray.get(classify_image_task.remote(str(outcome.best_checkpoint), image))  # Ray of `trained`
+    assert result["predicted_class"] in CLASSES and CLASSES[result["predicted_label"]] == result["predicted_class"]
+    assert 0 < result["confidence"] <= 1 and result["top"][0][0] == result["predicted_class"]
+
+    image_file = workdir / "one.jpg"
+    image_file.write_bytes(image)
+    params_file = workdir / "params.json"
+    params_file.write_text(params.model_dump_json(), encoding="utf-8")
+    done = _run_module(["workloads.vision.predict", "--params", str(params_file), str(image_file),
+                        f"{val_file}:3"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith((str(image_file), str(val_file)))]
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{image_file}: {result['predicted_class']} ({result['confidence']:.1%})")
+    assert "(true label" in lines[1]
+
+
+def test_entry_point_reports_a_missing_dataset_in_one_line(tmp_path):
+    spec = tmp_path / "params.yaml"
+    spec.write_text(f"stages: [train]\nrun_name: x\nstorage_path: {tmp_path}\ndata:\n  output_dir: {tmp_path / 'none'}\n")
+    done = _run_module(["workloads.vision", "--params", str(spec)], timeout=60)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "preprocess" in error_lines[0]
+
+
+@pytest.mark.cluster
+def test_entry_point_runs_the_infer_stage_alone(trained, params, workdir):
+    params_file = workdir / "infer-only.json"
+    params_file.write_text(json.dumps({**json.loads(params.model_dump_json()), "stages": ["infer"]}), encoding="utf-8")
+    done = _run_module(["workloads.vision", "--params", str(params_file)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Stage 1/1: Infer" in done.stdout
+    assert f"Best checkpoint: {trained['outcome'].best_checkpoint}" in done.stdout
+    assert f"Inference accuracy: {trained['metrics']['accuracy']:.4f}" in done.stdout

@@ -1,0 +1,290 @@
+"""Training stage of the vision workload: Parquet reading, Ray Train loop, checkpoints, resume, recovery."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+PALETTE = [(220, 40, 40), (40, 200, 60), (40, 60, 220), (230, 200, 30), (160, 40, 200)]
+
+
+def write_tiny_dataset(root: Path, classes: list[str], per_class: dict[str, int], image_size: int = 16,
+                       rows_per_group: int = 8, seed: int = 0) -> Path:
+    """Write a small dataset in the preprocess stage's layout: ``<root>/{train,val}/part-*.parquet`` and
+    ``_manifest.json``. Each class is a noisy flat colour, so a network can learn it in an epoch or two."""
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    for split, n_per_class in per_class.items():
+        rows = []
+        for label, name in enumerate(classes):
+            for i in range(n_per_class):
+                base = PALETTE[label % len(PALETTE)]
+                image = Image.new("RGB", (image_size, image_size),
+                                  tuple(max(0, min(255, c + rng.randint(-30, 30))) for c in base))
+                buffer = io.BytesIO()
+                image.save(buffer, format="JPEG", quality=90)
+                rows.append({"image": buffer.getvalue(), "label": label, "class_name": name, "split": split,
+                             "path": f"{split}/{name}/{i:04d}.jpg"})
+        counts[split] = len(rows)
+        out = root / split
+        out.mkdir(parents=True, exist_ok=True)
+        schema = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("class_name", pa.string()),
+                            ("split", pa.string()), ("path", pa.string())])
+        # Two files, so the dataset has to map indices across files as well as row groups.
+        half = (len(rows) + 1) // 2
+        for part, chunk in enumerate([rows[:half], rows[half:]]):
+            if chunk:
+                pq.write_table(pa.Table.from_pylist(chunk, schema=schema), out / f"part-{part:05d}.parquet",
+                               row_group_size=rows_per_group)
+    (root / "_manifest.json").write_text(json.dumps({
+        "classes": classes, "counts": counts, "image_size": image_size, "skipped": {},
+        "fingerprint": "test", "source": "synthetic"}), encoding="utf-8")
+    return root
+
+
+CLASSES = ["red", "green", "blue"]
+TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot split them evenly
+
+
+def _params(storage: Path, run_name: str, **train) -> "VisionParams":
+    from workloads.vision.config import VisionParams
+
+    settings = {"epochs": 2, "batch_size": 8, "num_workers": 2, "cpus_per_worker": 1, "lr": 0.01,
+                "optimizer": "adamw", "num_to_keep": 5, "max_failures": 0, **train}
+    return VisionParams.model_validate({"run_name": run_name, "storage_path": str(storage), "train": settings})
+
+
+def _metric_rows(run_dir: Path) -> list[dict[str, float]]:
+    from workloads.vision.plots import read_metrics_csv
+
+    return read_metrics_csv(run_dir / "metrics.csv")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    # Checkpoints of ResNet-18 weigh ~90 MB each; remove them when the module is done.
+    import shutil
+
+    path = tmp_path_factory.mktemp("vision-train")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(workdir) -> Path:
+    return write_tiny_dataset(workdir / "data", CLASSES, {"train": TRAIN_PER_CLASS, "val": VAL_PER_CLASS})
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def first_run(local_ray, tiny_dataset, workdir):
+    """Two epochs on two workers; returns what was on disk right after, before other tests add to the run."""
+    from workloads.vision.train import run_training
+
+    params = _params(workdir / "runs", "two-workers")
+    outcome = run_training(params, CLASSES, tiny_dataset, 16)
+    return {"params": params, "outcome": outcome, "rows": _metric_rows(outcome.run_dir)}
+
+
+# --------------------------------------------------------------------------- dataset (no Ray)
+
+
+def test_parquet_dataset_maps_indices_to_row_groups_lazily(tiny_dataset):
+    import pyarrow.parquet as pq
+    import torch
+
+    from workloads.vision.dataset import ParquetImageDataset, eval_transform, split_files
+
+    files = split_files(tiny_dataset, "train")
+    expected_labels = [label for f in files for label in pq.read_table(f).column("label").to_pylist()]
+    dataset = ParquetImageDataset(files, eval_transform(16), cache_groups=2)
+    assert len(dataset) == len(expected_labels) == TRAIN_PER_CLASS * len(CLASSES)
+    assert len(files) == 2 and len(dataset.groups) == 6  # 18 rows per file, 8-row groups: 8 + 8 + 2
+    assert dataset.group_reads == 0  # nothing read until a row is asked for
+
+    image, label = dataset[0]
+    assert isinstance(image, torch.Tensor) and image.shape == (3, 16, 16) and label == expected_labels[0]
+    assert dataset.group_reads == 1
+    dataset[7]  # same row group
+    assert dataset.group_reads == 1
+    dataset[8]  # next group
+    assert dataset.group_reads == 2
+    assert dataset.raw(len(dataset) - 1)[1] == expected_labels[-1]  # last group of the second file
+    assert dataset.group_reads == 3
+    assert [dataset.raw(i)[1] for i in range(len(dataset))] == expected_labels
+    assert dataset.labels() == expected_labels
+    with pytest.raises(IndexError):
+        dataset.raw(len(dataset))
+
+
+def test_sampler_shards_cover_every_row_once_and_keep_group_locality(tiny_dataset):
+    from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, split_files
+
+    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"))
+    exact = [list(GroupedShardSampler(dataset, num_replicas=2, rank=r, shuffle=False, pad=False)) for r in (0, 1)]
+    assert sorted(exact[0] + exact[1]) == list(range(len(dataset)))
+    assert [len(s) for s in exact] == [8, 7]
+
+    train = ParquetImageDataset(split_files(tiny_dataset, "train"), cache_groups=4)
+    orders = []
+    for rank in (0, 1):
+        sampler = GroupedShardSampler(train, num_replicas=2, rank=rank, shuffle=True, seed=3, window=4, pad=True)
+        sampler.set_epoch(1)
+        orders.append(list(sampler))
+    assert len(orders[0]) == len(orders[1]) == len(train) // 2
+    assert sorted(orders[0] + orders[1]) == list(range(len(train)))
+    assert orders[0] + orders[1] != list(range(len(train)))  # shuffled
+    for i in orders[0] + orders[1]:
+        train.raw(i)
+    assert train.group_reads <= len(train.groups)  # each group read at most once per epoch
+
+    sampler = GroupedShardSampler(train, num_replicas=2, rank=0, shuffle=True, seed=3)
+    sampler.set_epoch(2)
+    assert list(sampler) != orders[0]  # a new order every epoch
+
+
+def test_learning_rate_schedule_warmup_and_cosine():
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.train import lr_factor
+
+    cfg = TrainConfig(epochs=4, warmup_epochs=1, lr_schedule="cosine")
+    factors = [lr_factor(step, 10, cfg) for step in range(40)]
+    assert factors[0] < factors[5] < factors[9] <= 1.0  # linear warmup over the first epoch
+    assert factors[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # then decays
+    assert factors[-1] < 0.01
+    step_cfg = TrainConfig(epochs=4, lr_schedule="step")
+    assert [lr_factor(s, 10, step_cfg) for s in (0, 19, 20, 30)] == pytest.approx([1, 1, 0.1, 0.01])
+
+
+def test_missing_or_invalid_weights_and_missing_dataset_are_clear_errors(tmp_path, tiny_dataset):
+    from workloads.vision.dataset import DatasetMissingError
+    from workloads.vision.train import TrainingError, run_training
+
+    missing = tmp_path / "resnet18.pth"
+    with pytest.raises(TrainingError, match=r"does not exist.*nothing is downloaded"):
+        run_training(_params(tmp_path, "w", weights=str(missing)), CLASSES, tiny_dataset, 16)
+    missing.write_text("not a state dict")
+    with pytest.raises(TrainingError, match="not a torchvision ResNet-18 state dict"):
+        run_training(_params(tmp_path, "w", weights=str(missing)), CLASSES, tiny_dataset, 16)
+    with pytest.raises(DatasetMissingError, match="preprocess stage"):
+        run_training(_params(tmp_path, "w"), CLASSES, tmp_path / "no-dataset", 16)
+
+
+def test_weights_file_is_loaded_and_head_replaced(tmp_path):
+    import torch
+    from torchvision.models import resnet18
+
+    from workloads.vision.train import build_model, resolve_weights
+
+    pretrained = resnet18(weights=None)
+    torch.save(pretrained.state_dict(), tmp_path / "r18.pth")
+    model = build_model(3, resolve_weights(str(tmp_path / "r18.pth")))
+    assert model.fc.out_features == 3
+    assert torch.equal(model.conv1.weight, pretrained.conv1.weight)
+    assert resolve_weights("none") is None
+
+
+# --------------------------------------------------------------------------- Ray Train
+
+
+@pytest.mark.cluster
+def test_artifacts_and_checkpoint_contents(first_run):
+    import torch
+
+    outcome, rows = first_run["outcome"], first_run["rows"]
+    assert outcome.epochs_trained == [1, 2] and not outcome.skipped
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert set(rows[0]) == {"epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s",
+                            "data_wait_s", "lr"}
+    assert all(r["images_per_s"] > 0 and r["epoch_s"] > 0 and r["data_wait_s"] >= 0 for r in rows)
+    assert outcome.loss_curve.stat().st_size > 1000
+    assert outcome.best_checkpoint.parent == outcome.run_dir
+
+    latest = outcome.run_dir / "checkpoint_epoch_0002"
+    state = torch.load(latest / "state.pt", map_location="cpu", weights_only=False)
+    assert set(state) >= {"model", "optimizer", "scheduler", "epoch", "config", "classes"}
+    assert state["epoch"] == 1 and state["classes"] == CLASSES and state["config"]["image_size"] == 16
+    assert state["config"]["train"]["num_workers"] == 2
+    assert not any(key.startswith("module.") for key in state["model"])  # saved unwrapped from DDP
+    assert state["scheduler"]["last_epoch"] > 0
+    meta = json.loads((latest / "meta.json").read_text())
+    assert meta["epoch"] == 2 and meta["val_rows"] == len(CLASSES) * VAL_PER_CLASS
+
+
+@pytest.mark.cluster
+def test_validation_metrics_over_two_workers_equal_full_split_figures(first_run, tiny_dataset):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from workloads.vision.dataset import ParquetImageDataset, eval_transform, split_files
+    from workloads.vision.train import build_model
+
+    state = torch.load(first_run["outcome"].run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu",
+                       weights_only=False)
+    model = build_model(len(CLASSES))
+    model.load_state_dict(state["model"])
+    model.eval()
+    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"), eval_transform(16))
+    loss_sum, correct = 0.0, 0
+    with torch.no_grad():
+        for images, labels in DataLoader(dataset, batch_size=5):
+            logits = model(images)
+            loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
+            correct += int((logits.argmax(1) == labels).sum())
+    reported = first_run["rows"][1]
+    assert reported["val_accuracy"] == pytest.approx(correct / len(dataset), abs=1e-12)
+    assert reported["val_loss"] == pytest.approx(loss_sum / len(dataset), rel=1e-4)
+
+
+@pytest.mark.cluster
+def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
+    import torch
+
+    from workloads.vision.train import run_training
+
+    params = _params(first_run["params"].storage_path, first_run["params"].run_name, epochs=3)
+    outcome = run_training(params, CLASSES, tiny_dataset, 16)
+    assert outcome.epochs_trained == [3]  # epochs 1 and 2 were not trained again
+    rows = _metric_rows(outcome.run_dir)
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    assert rows[:2] == first_run["rows"]
+    state = torch.load(outcome.run_dir / "checkpoint_epoch_0003" / "state.pt", map_location="cpu", weights_only=False)
+    assert state["epoch"] == 2
+    assert rows[2]["lr"] > 0  # the stretched schedule continues, it does not restart at a finished one's end
+
+    again = run_training(params, CLASSES, tiny_dataset, 16)
+    assert again.skipped and again.epochs_trained == []
+    assert len(_metric_rows(outcome.run_dir)) == 3
+
+
+@pytest.mark.cluster
+def test_worker_killed_mid_run_recovers_from_checkpoint(local_ray, tiny_dataset, workdir, monkeypatch):
+    from workloads.vision.train import FAIL_AT_EPOCH_ENV_VAR, run_training
+
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV_VAR, "1")
+    params = _params(workdir / "runs", "killed-worker", epochs=2, max_failures=1)
+    outcome = run_training(params, CLASSES, tiny_dataset, 16)
+    marker = outcome.run_dir / ".test-fail-marker"
+    assert marker.exists() and "rank 1" in marker.read_text()
+    # The attempt that finished started after the checkpoint of epoch 1 (index 0).
+    assert outcome.epochs_trained == [2]
+    assert [int(r["epoch"]) for r in _metric_rows(outcome.run_dir)] == [1, 2]
+    assert outcome.final_metrics["epoch"] == 2

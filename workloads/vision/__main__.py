@@ -1,0 +1,135 @@
+"""Entry point of the vision workload: ``python -m workloads.vision [--params FILE]``.
+
+Runs the spec's stages in order (preprocess → train → infer) on the Ray cluster the
+job belongs to. A stage can run alone: ``train`` reads the dataset preprocessed
+earlier, ``infer`` uses the best checkpoint of the run named ``run_name``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from workloads.params import add_params_argument, load_params
+from workloads.vision.config import VisionParams
+
+STAGE_TITLES = {
+    "preprocess": "Preprocess: images -> Parquet",
+    "train": "Train: ResNet-18 with Ray Train",
+    "infer": "Infer: batch predictions on the validation split",
+}
+
+
+def _header(index: int, total: int, stage: str) -> None:
+    title = f"Stage {index}/{total}: {STAGE_TITLES[stage]}"
+    print(f"\n{'=' * len(title)}\n{title}\n{'=' * len(title)}", flush=True)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from workloads.vision.dataset import DatasetMissingError
+    from workloads.vision.inference import InferenceError
+    from workloads.vision.sources import DataSourceError
+    from workloads.vision.train import TrainingError
+
+    return DatasetMissingError, InferenceError, DataSourceError, TrainingError
+
+
+def _dataset_info(params: VisionParams):
+    from workloads.vision.dataset import DatasetMissingError
+    from workloads.vision.preprocess import load_dataset_info
+    from workloads.vision.sources import DataSourceError
+
+    try:
+        return load_dataset_info(Path(params.data.output_dir))
+    except DataSourceError as exc:
+        raise DatasetMissingError(str(exc)) from None
+
+
+def run_stages(params: VisionParams) -> dict:
+    """Run ``params.stages`` in order on the connected Ray cluster; return what each produced."""
+    from workloads.vision.train import print_training_summary
+
+    produced: dict = {}
+    info = None
+    training = None
+    for index, stage in enumerate(params.stages, start=1):
+        _header(index, len(params.stages), stage)
+        started = time.perf_counter()
+        if stage == "preprocess":
+            from workloads.vision.preprocess import run_preprocess
+
+            info = run_preprocess(params.data)
+            produced["preprocess"] = info
+        elif stage == "train":
+            from workloads.vision.train import run_training
+
+            info = info or _dataset_info(params)
+            training = run_training(params, info.classes, Path(info.root), info.image_size)
+            produced["train"] = training
+        elif stage == "infer":
+            from workloads.vision.inference import run_batch_inference
+
+            dataset_root = Path(info.root) if info else Path(params.data.output_dir)
+            produced["infer"] = run_batch_inference(params, dataset_root=dataset_root)
+        print(f"Stage {stage} finished in {time.perf_counter() - started:.1f}s", flush=True)
+
+    print("\n== Summary ==", flush=True)
+    if training is None and "infer" in produced:
+        from workloads.vision.train import outcome_from_disk
+
+        training = outcome_from_disk(Path(params.storage_path).expanduser().resolve() / params.run_name, [], True)
+    if training is not None:
+        print_training_summary(training)
+    if "infer" in produced:
+        metrics = produced["infer"]
+        print(f"Inference accuracy: {metrics['accuracy']:.4f} on {metrics['rows']} validation images "
+              f"(predictions in {metrics['predictions']})")
+    sys.stdout.flush()
+    return produced
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, connect to Ray and run the stages; return the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.vision", description=__doc__.splitlines()[0])
+    add_params_argument(parser)
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(VisionParams, args.params)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'workload'}: {e['msg']}" for e in exc.errors())
+        print(f"error: invalid vision parameters: {problems}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read the parameters: {exc}", file=sys.stderr)
+        return 2
+
+    if "preprocess" not in params.stages:
+        # Fail before connecting to the cluster when the dataset a later stage needs is missing.
+        try:
+            _dataset_info(params)
+        except _user_errors() as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Inside a Ray job RAY_ADDRESS points at the job's cluster; run by hand it starts a local one.
+    ray.init()
+    try:
+        run_stages(params)
+    except _user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

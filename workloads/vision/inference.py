@@ -1,0 +1,255 @@
+"""Inference stage: the best checkpoint of a run applied to the validation split.
+
+Batch inference streams the validation Parquet through a pool of Ray Data actors,
+each loading the model once. Single images go through a Ray task that loads the
+model and classifies one image, the pattern of Ray's computer-vision tutorial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from workloads.vision.config import InferConfig, VisionParams
+
+PREDICTIONS_DIR = "predictions"
+METRICS_FILE = "inference_metrics.json"
+CONFUSION_PNG = "confusion_matrix.png"
+
+
+class InferenceError(RuntimeError):
+    """Inference cannot run; the message says why."""
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint's model in eval mode, with what is needed to feed it."""
+
+    model: Any
+    classes: list[str]
+    image_size: int
+    device: Any
+    transform: Any
+
+
+def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> LoadedModel:
+    """Load the model saved by the training stage in ``checkpoint_dir``."""
+    import torch
+
+    from workloads.vision.dataset import eval_transform
+    from workloads.vision.train import STATE_FILE, build_model
+
+    state_path = Path(checkpoint_dir) / STATE_FILE
+    if not state_path.is_file():
+        raise InferenceError(f"{checkpoint_dir} is not a checkpoint of the training stage (no {STATE_FILE} in it).")
+    state = torch.load(state_path, map_location="cpu", weights_only=False)
+    classes = list(state["classes"])
+    image_size = int(state["config"]["image_size"])
+    model = build_model(len(classes))
+    model.load_state_dict(state["model"])
+    device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+    model = model.to(device).eval()
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return LoadedModel(model, classes, image_size, device, eval_transform(image_size))
+
+
+def load_classes(checkpoint_dir: str | Path) -> list[str]:
+    """Class names stored in a checkpoint (without building the model)."""
+    import torch
+
+    from workloads.vision.train import STATE_FILE
+
+    state = torch.load(Path(checkpoint_dir) / STATE_FILE, map_location="cpu", weights_only=False, mmap=True)
+    return list(state["classes"])
+
+
+def classify_tensors(loaded: LoadedModel, images: list) -> tuple[np.ndarray, np.ndarray]:
+    """Return (predicted label, softmax probabilities) for a list of transformed image tensors."""
+    import torch
+
+    batch = torch.stack(images).to(loaded.device, non_blocking=True)
+    on_gpu = loaded.device.type == "cuda"
+    if on_gpu:
+        batch = batch.to(memory_format=torch.channels_last)
+    with torch.inference_mode(), torch.autocast(device_type=loaded.device.type, dtype=torch.bfloat16, enabled=on_gpu):
+        logits = loaded.model(batch)
+    probabilities = torch.softmax(logits.float(), dim=1).cpu().numpy()
+    return probabilities.argmax(axis=1), probabilities
+
+
+class BatchPredictor:
+    """Ray Data actor: loads the checkpoint once, then classifies batches of Parquet rows."""
+
+    def __init__(self, checkpoint_dir: str, use_gpu: bool, cpus: float):
+        import torch
+
+        # Ray reserved `cpus` for this actor; more threads would fight the other actors.
+        torch.set_num_threads(max(1, int(cpus)))
+        self.loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu)
+        self.class_names = np.array(self.loaded.classes, dtype=object)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from workloads.vision.dataset import decode_jpeg
+
+        tensors = [self.loaded.transform(decode_jpeg(data)) for data in batch["image"]]
+        predicted, probabilities = classify_tensors(self.loaded, tensors)
+        return {
+            "path": batch["path"],
+            "label": batch["label"].astype(np.int64),
+            "predicted_label": predicted.astype(np.int64),
+            "predicted_class": self.class_names[predicted],
+            "confidence": probabilities[np.arange(len(predicted)), predicted].astype(np.float32),
+        }
+
+
+def _replace_directory(staged: Path, final: Path) -> None:
+    # Readers see either the old predictions or the new ones, never a mix.
+    previous = final.with_name(f".{final.name}-old-{uuid.uuid4().hex[:8]}")
+    if final.exists():
+        os.replace(final, previous)
+    os.replace(staged, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def resolve_checkpoint(run_dir: Path) -> tuple[Path, dict]:
+    """The best checkpoint of the run in ``run_dir``, or a clear error if it has none."""
+    from workloads.vision.train import best_checkpoint
+
+    best = best_checkpoint(run_dir)
+    if best is None:
+        raise InferenceError(
+            f"No checkpoint found in {run_dir}: run the train stage for this run_name first "
+            "(stages: [train]), or check run_name and storage_path."
+        )
+    return best
+
+
+def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> list[list[int]]:
+    """Counts of (true label, predicted label) pairs."""
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (labels, predicted), 1)
+    return matrix.tolist()
+
+
+def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, run_dir: Path | None = None,
+                        checkpoint_dir: Path | None = None) -> dict:
+    """Classify the validation split with the run's best checkpoint; write predictions and metrics.
+
+    Returns the metrics written to ``inference_metrics.json``. Needs a connected Ray cluster.
+    """
+    import pyarrow.parquet as pq
+    import ray
+
+    from workloads.vision.dataset import split_files
+    from workloads.vision.plots import confusion_table, plot_confusion_matrix
+
+    cfg: InferConfig = params.infer
+    dataset_root = Path(dataset_root or params.data.output_dir)
+    run_dir = Path(run_dir or Path(params.storage_path).expanduser().resolve() / params.run_name)
+    val_files = split_files(dataset_root, "val")
+    if checkpoint_dir is None:
+        checkpoint_dir, checkpoint_metrics = resolve_checkpoint(run_dir)
+        source = f"epoch {int(checkpoint_metrics['epoch'])}, val_accuracy {checkpoint_metrics['val_accuracy']:.4f}"
+    else:
+        source = "given checkpoint"
+    print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
+          f"{cfg.num_actors} actor(s) x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
+    expected_rows = sum(pq.read_metadata(f).num_rows for f in val_files)
+
+    started = time.perf_counter()
+    dataset = ray.data.read_parquet([str(f) for f in val_files]).select_columns(["image", "label", "path"])
+    predictions = dataset.map_batches(
+        BatchPredictor,
+        fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
+                               "cpus": cfg.cpus_per_actor},
+        batch_size=cfg.batch_size,
+        # The pool starts with one actor and grows to num_actors: a fixed pool that takes
+        # every CPU of a small cluster would leave none for the read tasks feeding it.
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.num_actors),
+        num_cpus=cfg.cpus_per_actor,
+        num_gpus=1 if cfg.use_gpu else 0,
+        batch_format="numpy",
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    staged = run_dir / f".{PREDICTIONS_DIR}-tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        predictions.write_parquet(str(staged))
+        seconds = time.perf_counter() - started
+        _replace_directory(staged, run_dir / PREDICTIONS_DIR)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    out_dir = run_dir / PREDICTIONS_DIR
+
+    table = pq.read_table(out_dir, columns=["label", "predicted_label"])
+    labels = table.column("label").to_numpy()
+    predicted = table.column("predicted_label").to_numpy()
+    if len(labels) != expected_rows:
+        raise InferenceError(f"inference wrote {len(labels)} predictions for {expected_rows} validation rows")
+    classes = load_classes(checkpoint_dir)
+    matrix = confusion_matrix(labels, predicted, len(classes))
+    correct = int((labels == predicted).sum())
+    metrics = {
+        "accuracy": correct / max(1, len(labels)),
+        "correct": correct,
+        "rows": int(len(labels)),
+        "images_per_s": len(labels) / max(1e-9, seconds),
+        "seconds": seconds,
+        "checkpoint": str(checkpoint_dir),
+        "predictions": str(out_dir),
+        "classes": classes,
+        "confusion_matrix": matrix,
+        "per_class_recall": {
+            name: (row[i] / sum(row) if sum(row) else None) for i, (name, row) in enumerate(zip(classes, matrix))
+        },
+    }
+    metrics_path = run_dir / METRICS_FILE
+    staged_metrics = metrics_path.with_name(f".{METRICS_FILE}.tmp")
+    staged_metrics.write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    os.replace(staged_metrics, metrics_path)
+    plot_confusion_matrix(matrix, classes, run_dir / CONFUSION_PNG)
+
+    print(confusion_table(matrix, classes), flush=True)
+    print(f"Inference accuracy: {metrics['accuracy']:.4f} ({correct}/{len(labels)}), "
+          f"{metrics['images_per_s']:.1f} images/s", flush=True)
+    print(f"Predictions: {out_dir}", flush=True)
+    print(f"Confusion matrix: {run_dir / CONFUSION_PNG}; metrics: {metrics_path}", flush=True)
+    return metrics
+
+
+# --------------------------------------------------------------------------- single images
+
+
+def classify_image_bytes(checkpoint_dir: str | Path, image: bytes, use_gpu: bool = False, top_k: int = 3) -> dict:
+    """Load the checkpoint and classify one encoded image (JPEG, PNG, ...)."""
+    from workloads.vision.dataset import decode_jpeg
+
+    loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu)
+    try:
+        picture = decode_jpeg(image)
+    except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable input
+        raise InferenceError(f"cannot decode the image ({type(exc).__name__}: {exc})") from None
+    predicted, probabilities = classify_tensors(loaded, [loaded.transform(picture)])
+    ranked = np.argsort(-probabilities[0])[:top_k]
+    return {
+        "predicted_label": int(predicted[0]),
+        "predicted_class": loaded.classes[int(predicted[0])],
+        "confidence": float(probabilities[0, predicted[0]]),
+        "top": [(loaded.classes[int(i)], float(probabilities[0, i])) for i in ranked],
+    }
+
+
+@ray.remote(num_cpus=1, num_gpus=0)
+def classify_image_task(checkpoint_dir: str, image: bytes, use_gpu: bool = False, top_k: int = 3) -> dict:
+    """Ray task: load the checkpoint and classify one image. On GPUs, call it as
+    ``classify_image_task.options(num_gpus=1).remote(checkpoint_dir, image, use_gpu=True)``."""
+    return classify_image_bytes(checkpoint_dir, image, use_gpu=use_gpu, top_k=top_k)

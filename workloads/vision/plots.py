@@ -1,0 +1,103 @@
+"""Charts and tables the vision workload leaves next to its results."""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+
+def _pyplot():
+    import matplotlib
+
+    # The job runs without a display; Agg renders straight to files.
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_atomically(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_metrics_csv(path: Path) -> list[dict[str, float]]:
+    """Rows of a ``metrics.csv`` with every field as a number, in file order."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
+
+
+def plot_loss_curve(metrics_csv: Path, out_path: Path) -> Path:
+    """Draw train/val loss and val accuracy by epoch from ``metrics_csv`` into ``out_path``."""
+    rows = read_metrics_csv(metrics_csv)
+    plt = _pyplot()
+    epochs = [int(r["epoch"]) for r in rows]
+    fig, loss_axis = plt.subplots(figsize=(7, 4))
+    loss_axis.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train loss")
+    loss_axis.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="val loss")
+    loss_axis.set_xlabel("epoch")
+    loss_axis.set_ylabel("cross-entropy loss")
+    accuracy_axis = loss_axis.twinx()
+    accuracy_axis.plot(epochs, [r["val_accuracy"] for r in rows], marker="s", color="tab:green", label="val accuracy")
+    accuracy_axis.set_ylabel("val accuracy")
+    accuracy_axis.set_ylim(0, 1)
+    handles = loss_axis.get_legend_handles_labels()[0] + accuracy_axis.get_legend_handles_labels()[0]
+    labels = loss_axis.get_legend_handles_labels()[1] + accuracy_axis.get_legend_handles_labels()[1]
+    loss_axis.legend(handles, labels, loc="center right")
+    if epochs:
+        loss_axis.set_xticks(epochs if len(epochs) <= 20 else epochs[:: max(1, len(epochs) // 10)])
+    loss_axis.set_title("Training progress")
+    _save_atomically(fig, out_path)
+    plt.close(fig)
+    return out_path
+
+
+def plot_confusion_matrix(matrix: Sequence[Sequence[int]], classes: Sequence[str], out_path: Path) -> Path:
+    """Draw a confusion matrix (rows: true class, columns: predicted class) into ``out_path``."""
+    plt = _pyplot()
+    n = len(classes)
+    size = max(4.0, 0.6 * n + 2)
+    fig, axis = plt.subplots(figsize=(size, size))
+    image = axis.imshow(matrix, cmap="Blues")
+    axis.set_xticks(range(n), labels=classes, rotation=45, ha="right")
+    axis.set_yticks(range(n), labels=classes)
+    axis.set_xlabel("predicted")
+    axis.set_ylabel("true")
+    peak = max((max(row) for row in matrix), default=0)
+    for i in range(n):
+        for j in range(n):
+            value = matrix[i][j]
+            axis.text(j, i, str(value), ha="center", va="center", fontsize=8,
+                      color="white" if peak and value > peak / 2 else "black")
+    fig.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
+    axis.set_title("Confusion matrix")
+    _save_atomically(fig, out_path)
+    plt.close(fig)
+    return out_path
+
+
+def confusion_table(matrix: Sequence[Sequence[int]], classes: Sequence[str]) -> str:
+    """Render a confusion matrix as a fixed-width text table with per-class recall."""
+    names = [str(c) for c in classes]
+    corner = "true \\ pred"
+    label_width = max(len(corner), *(len(n) for n in names))
+    cell = max(5, *(len(str(v)) for row in matrix for v in row)) if matrix else 5
+    short = [n if len(n) <= cell else n[: cell - 1] + "." for n in names]
+    header = f"{corner:<{label_width}} " + " ".join(f"{s:>{cell}}" for s in short) + "  recall"
+    lines = [header, "-" * len(header)]
+    for index, (name, row) in enumerate(zip(names, matrix)):
+        total = sum(row)
+        correct = row[index]
+        recall = f"{correct / total:6.1%}" if total else "     -"
+        lines.append(f"{name:<{label_width}} " + " ".join(f"{v:>{cell}}" for v in row) + f"  {recall}")
+    return "\n".join(lines)

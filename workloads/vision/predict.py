@@ -1,0 +1,105 @@
+"""Classify single images with a trained run: ``python -m workloads.vision.predict [--params FILE | --run-dir DIR] IMAGE...``.
+
+IMAGE is an image file (JPEG, PNG, ...) or ``FILE.parquet:ROW`` for a row of a
+Parquet file in the preprocessed layout. Each image is classified by a Ray task
+that loads the run's best checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from workloads.params import add_params_argument, load_params
+from workloads.vision.config import VisionParams
+
+
+def read_image_argument(argument: str) -> tuple[bytes, int | None]:
+    """Encoded image bytes named by ``argument``, and the true label when it is a Parquet row."""
+    path_text, _, row_text = argument.rpartition(":")
+    if path_text.endswith(".parquet") and row_text.isdigit():
+        import pyarrow.parquet as pq
+
+        path, row = Path(path_text).expanduser(), int(row_text)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        parquet_file = pq.ParquetFile(path)
+        if row >= parquet_file.metadata.num_rows:
+            raise ValueError(f"{path} has {parquet_file.metadata.num_rows} rows; row {row} does not exist")
+        first = 0
+        for group in range(parquet_file.num_row_groups):
+            rows = parquet_file.metadata.row_group(group).num_rows
+            if row < first + rows:
+                table = parquet_file.read_row_group(group, columns=["image", "label"])
+                return table.column("image")[row - first].as_py(), int(table.column("label")[row - first].as_py())
+            first += rows
+    path = Path(argument).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (give an image file or FILE.parquet:ROW)")
+    return path.read_bytes(), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Classify the images on the command line and print class and confidence for each."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.vision.predict", description=__doc__.splitlines()[0])
+    add_params_argument(parser)
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="run directory (<storage_path>/<run_name>); default: from the parameters")
+    parser.add_argument("--gpu", action="store_true", help="run each task on a GPU")
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image file or FILE.parquet:ROW")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.run_dir is not None:
+            run_dir = args.run_dir.expanduser().resolve()
+        else:
+            params = load_params(VisionParams, args.params)
+            run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
+        images = [(argument, *read_image_argument(argument)) for argument in args.images]
+    except ValidationError as exc:
+        print(f"error: invalid vision parameters: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    import ray
+
+    from workloads.vision.inference import InferenceError, classify_image_task, resolve_checkpoint
+
+    try:
+        checkpoint_dir, checkpoint_metrics = resolve_checkpoint(run_dir)
+    except InferenceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init()
+    try:
+        print(f"Checkpoint: {checkpoint_dir} (epoch {int(checkpoint_metrics['epoch'])}, "
+              f"val_accuracy {checkpoint_metrics['val_accuracy']:.4f})")
+        task = classify_image_task.options(num_gpus=1) if args.gpu else classify_image_task
+        pending = [task.remote(str(checkpoint_dir), data, use_gpu=args.gpu) for _, data, _ in images]
+        failed = 0
+        for (argument, _, label), ref in zip(images, pending):
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                failed += 1
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                print(f"{argument}: error: {cause}")
+                continue
+            others = ", ".join(f"{name} {p:.1%}" for name, p in result["top"][1:])
+            truth = f" (true label {label})" if label is not None else ""
+            print(f"{argument}: {result['predicted_class']} ({result['confidence']:.1%}){truth}"
+                  + (f"; then {others}" if others else ""))
+    finally:
+        ray.shutdown()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""Training stage: ResNet-18 on the Parquet dataset with Ray Train's TorchTrainer.
+
+Layout of a run, ``<storage_path>/<run_name>/``:
+
+- ``checkpoint_epoch_NNNN/`` (kept by Ray Train, best ``num_to_keep`` by val accuracy,
+  plus the latest): ``state.pt`` with model, optimizer, scheduler, epoch (0-based
+  index of the last finished epoch), config and classes; ``meta.json`` with the
+  epoch's metrics.
+- ``metrics.csv``: one row per finished epoch, written by rank 0 after every epoch.
+- ``loss_curve.png``: drawn by the driver from ``metrics.csv``.
+
+Running again with the same run name continues after the latest checkpoint: Ray
+Train V2 (the default in Ray 2.60) finds the run's checkpoint snapshot under the
+same ``RunConfig(name, storage_path)`` and hands its latest checkpoint to
+``ray.train.get_checkpoint()``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workloads.vision.config import TrainConfig, VisionParams
+
+METRIC_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s", "data_wait_s", "lr"]
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+METRICS_CSV = "metrics.csv"
+LOSS_CURVE = "loss_curve.png"
+# Test hook: makes rank 1 exit once at the start of this epoch index, to exercise recovery.
+FAIL_AT_EPOCH_ENV_VAR = "RAYJOBS_TEST_FAIL_AT_EPOCH"
+SECONDS_BETWEEN_PROGRESS_LINES = 30.0
+
+
+class TrainingError(RuntimeError):
+    """Training cannot start or did not finish; the message says why."""
+
+
+@dataclass
+class TrainingOutcome:
+    """What a training stage left behind."""
+
+    run_dir: Path
+    best_checkpoint: Path | None
+    best_metrics: dict[str, float]
+    final_metrics: dict[str, float]
+    metrics_csv: Path
+    loss_curve: Path | None
+    epochs_trained: list[int] = field(default_factory=list)  # epoch numbers (1-based) this call trained
+    skipped: bool = False
+
+
+# --------------------------------------------------------------------------- model
+
+
+def resolve_weights(weights: str) -> Path | None:
+    """Return the state-dict path named by ``train.weights`` (``None`` for 'none'); a missing file is an error."""
+    if weights.strip().lower() in ("", "none"):
+        return None
+    path = Path(weights).expanduser()
+    if not path.is_file():
+        raise TrainingError(
+            f"train.weights points at {path}, which does not exist. Give the path of a torchvision ResNet-18 "
+            "state dict (a .pth file copied to the cluster beforehand; nothing is downloaded) or 'none' to "
+            "start from random weights."
+        )
+    return path
+
+
+def build_model(num_classes: int, weights: Path | None = None):
+    """A torchvision ResNet-18 with a ``num_classes``-way head, optionally from a local state dict."""
+    import torch
+    from torchvision.models import resnet18
+
+    if weights is None:
+        return resnet18(weights=None, num_classes=num_classes)
+    model = resnet18(weights=None)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+            state = state["model"]
+        model.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
+        raise TrainingError(
+            f"train.weights {weights} is not a torchvision ResNet-18 state dict ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]})."
+        ) from None
+    # The pretrained head predicts ImageNet's 1000 classes; ours is trained from scratch.
+    model.fc = torch.nn.Linear(model.fc.in_features, num_classes)
+    return model
+
+
+def make_optimizer(model, cfg: TrainConfig):
+    """SGD with momentum (Nesterov) or AdamW, without weight decay on biases and norm layers."""
+    import torch
+
+    decay, no_decay = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+
+
+def lr_factor(step: int, steps_per_epoch: int, cfg: TrainConfig) -> float:
+    """Multiplier of the base learning rate at optimizer ``step`` (linear warmup, then the schedule)."""
+    total = max(1, cfg.epochs * steps_per_epoch)
+    warmup = min(cfg.warmup_epochs * steps_per_epoch, total - 1)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(1, total - warmup)
+    if cfg.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    if cfg.lr_schedule == "step":
+        # The classic recipe: divide by 10 at half and at three quarters of training.
+        return 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
+    return 1.0
+
+
+def make_scheduler(optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    """A per-step ``LambdaLR`` following :func:`lr_factor`."""
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, steps_per_epoch, cfg))
+
+
+# --------------------------------------------------------------------------- worker loop
+
+
+def _write_metrics_csv(path: Path, rows: list[dict[str, float]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".metrics-", suffix=".csv", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=METRIC_FIELDS)
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in METRIC_FIELDS})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _read_metric_rows(path: Path) -> list[dict[str, float]]:
+    if not path.exists():
+        return []
+    from workloads.vision.plots import read_metrics_csv
+
+    return read_metrics_csv(path)
+
+
+def _say(message: str) -> None:
+    # Ray Train V2 reroutes print() in workers through logging and echoes it too,
+    # which doubles every line; writing to stdout directly keeps one copy.
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def _maybe_fail_for_test(config: dict, epoch: int, rank: int) -> None:
+    fail_at = config.get("fail_at_epoch")
+    if fail_at is None or epoch != fail_at or rank != min(1, config["world_size"] - 1):
+        return
+    marker = Path(config["fail_marker"])
+    if marker.exists():
+        return
+    # The controller collects reports every couple of seconds; a worker dying right
+    # after a report can lose that report's checkpoint. Wait until the previous
+    # epoch's checkpoint is registered, so the failure exercises recovery from it.
+    snapshot = Path(config["run_dir"]) / "checkpoint_manager_snapshot.json"
+    previous = f"checkpoint_epoch_{epoch:04d}"
+    deadline = time.monotonic() + 60
+    while epoch > 0 and time.monotonic() < deadline:
+        if snapshot.exists() and previous in snapshot.read_text(encoding="utf-8"):
+            break
+        time.sleep(0.2)
+    marker.write_text(f"worker of rank {rank} exited at epoch index {epoch}\n", encoding="utf-8")
+    _say(f"[test hook] rank {rank} exits at the start of epoch index {epoch}")
+    os._exit(1)
+
+
+def train_loop_per_worker(config: dict) -> dict:
+    """Body of every Ray Train worker: train, evaluate, checkpoint and report each epoch.
+
+    Returns (from rank 0, as ``Result.return_value``) the epoch numbers this attempt trained.
+    """
+    import torch
+    import torch.distributed as dist
+    import ray.train
+    import ray.train.torch
+    from torch.utils.data import DataLoader
+
+    from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, eval_transform, split_files, train_transform
+
+    cfg = TrainConfig.model_validate(config["train"])
+    classes: list[str] = config["classes"]
+    image_size: int = config["image_size"]
+    run_dir = Path(config["run_dir"])
+    dataset_root = Path(config["dataset_root"])
+
+    # One intra-op thread per reserved CPU: Ray reserved cpus_per_worker for this
+    # process, and more threads would contend with the other workers on the node.
+    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    config["world_size"] = world_size
+    torch.manual_seed(cfg.seed + rank)
+    device = ray.train.torch.get_device()
+    on_gpu = device.type == "cuda"
+    use_amp = on_gpu and cfg.amp
+    memory_format = torch.channels_last if (on_gpu and cfg.channels_last) else torch.contiguous_format
+
+    per_worker_batch = max(1, cfg.batch_size // world_size)
+    train_set = ParquetImageDataset(split_files(dataset_root, "train"), train_transform(image_size))
+    val_set = ParquetImageDataset(split_files(dataset_root, "val"), eval_transform(image_size))
+    train_sampler = GroupedShardSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                        seed=cfg.seed, pad=True)
+    # Unpadded shards: each validation row is seen by exactly one rank, so the
+    # summed counts are the exact full-split figures.
+    val_sampler = GroupedShardSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False, pad=False)
+    loader_options: dict[str, Any] = {"num_workers": cfg.loader_workers, "pin_memory": on_gpu}
+    if cfg.loader_workers > 0:
+        loader_options["persistent_workers"] = True
+    train_loader = ray.train.torch.prepare_data_loader(
+        DataLoader(train_set, batch_size=per_worker_batch, sampler=train_sampler, drop_last=False, **loader_options)
+    )
+    val_loader = ray.train.torch.prepare_data_loader(
+        DataLoader(val_set, batch_size=per_worker_batch, sampler=val_sampler, **loader_options)
+    )
+
+    weights = Path(config["weights"]) if config.get("weights") else None
+    model = build_model(len(classes), weights)
+    model = model.to(memory_format=memory_format)
+    model = ray.train.torch.prepare_model(model)
+    optimizer = make_optimizer(_unwrap(model), cfg)
+    steps_per_epoch = max(1, len(train_loader))
+    scheduler = make_scheduler(optimizer, cfg, steps_per_epoch)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    start_epoch = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and config.get("resume_from"):
+        checkpoint = ray.train.Checkpoint.from_directory(config["resume_from"])
+    if checkpoint is not None:
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = torch.load(Path(checkpoint_dir) / STATE_FILE, map_location="cpu", weights_only=False)
+        if list(state["classes"]) != list(classes):
+            raise TrainingError(
+                f"the checkpoint of run {run_dir.name!r} was trained on classes {state['classes']}, "
+                f"but the dataset has {classes}; use a new run_name"
+            )
+        _unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch = int(state["epoch"]) + 1
+        # The optimizer's saved learning rate follows the old schedule; when train.epochs
+        # grew, the schedule stretched, so recompute the rate for the step we resume at.
+        for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base_lr * lr_factor(scheduler.last_epoch, steps_per_epoch, cfg)
+        if rank == 0:
+            _say(f"Resuming run {run_dir.name!r} after epoch {start_epoch} from {checkpoint.path}")
+
+    metrics_csv = run_dir / METRICS_CSV
+    history = [r for r in _read_metric_rows(metrics_csv) if r["epoch"] <= start_epoch] if rank == 0 else []
+
+    def all_reduce(values: list[float], op=None) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        if world_size > 1:
+            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    trained: list[int] = []
+    for epoch in range(start_epoch, cfg.epochs):
+        _maybe_fail_for_test(config, epoch, rank)
+        if world_size > 1:
+            train_loader.sampler.set_epoch(epoch)
+        model.train()
+        lr = optimizer.param_groups[0]["lr"]
+        # Summed on the device so the loop never waits for the accelerator to report a number.
+        loss_total = torch.zeros((), dtype=torch.float64, device=device)
+        seen = 0.0
+        data_wait = 0.0
+        epoch_start = last_progress = time.perf_counter()
+        batches = iter(train_loader)
+        for step in range(len(train_loader)):
+            wait_start = time.perf_counter()
+            images, labels = next(batches)
+            data_wait += time.perf_counter() - wait_start
+            images = images.to(memory_format=memory_format)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
+                logits = model(images)
+                loss = loss_fn(logits.float(), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            batch = labels.shape[0]
+            loss_total += loss.detach().double() * batch
+            seen += batch
+            now = time.perf_counter()
+            if rank == 0 and now - last_progress >= SECONDS_BETWEEN_PROGRESS_LINES:
+                last_progress = now
+                _say(f"  epoch {epoch + 1}/{cfg.epochs} step {step + 1}/{len(train_loader)} "
+                      f"loss {loss_total.item() / seen:.4f} ({seen * world_size / (now - epoch_start):.1f} images/s)")
+        loss_sum = loss_total.item()
+        train_seconds = time.perf_counter() - epoch_start
+
+        val_loss_sum = val_correct = val_seen = 0.0
+        evaluated = _unwrap(model)
+        if world_size > 1:
+            # DDP hands rank 0's batch-norm statistics to the others before each forward
+            # pass, and each rank then updates them with its own last batch. Taking rank
+            # 0's (the ones saved in the checkpoint) makes every rank evaluate the same model.
+            for buffer in evaluated.buffers():
+                dist.broadcast(buffer, src=0)
+        evaluated.eval()
+        with torch.no_grad():
+            for images, labels in val_loader:
+                images = images.to(memory_format=memory_format)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
+                    logits = evaluated(images)
+                logits = logits.float()
+                val_loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
+                val_correct += (logits.argmax(dim=1) == labels).sum().item()
+                val_seen += labels.shape[0]
+        epoch_seconds = time.perf_counter() - epoch_start
+
+        loss_sum, seen, val_loss_sum, val_correct, val_seen, data_wait = all_reduce(
+            [loss_sum, seen, val_loss_sum, val_correct, val_seen, data_wait])
+        (train_seconds, epoch_seconds) = all_reduce([train_seconds, epoch_seconds], dist.ReduceOp.MAX if world_size > 1 else None)
+        metrics = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum / max(1.0, seen),
+            "val_loss": val_loss_sum / max(1.0, val_seen),
+            "val_accuracy": val_correct / max(1.0, val_seen),
+            "val_correct": int(val_correct),
+            "val_rows": int(val_seen),
+            "images_per_s": seen / max(1e-9, train_seconds),
+            "epoch_s": epoch_seconds,
+            "data_wait_s": data_wait / world_size,
+            "lr": lr,
+        }
+
+        with tempfile.TemporaryDirectory(prefix="rayjobs-ckpt-") as tmp:
+            report_checkpoint = None
+            if rank == 0:
+                history = [r for r in history if r["epoch"] < epoch + 1] + [metrics]
+                _write_metrics_csv(metrics_csv, history)
+                torch.save({
+                    "model": _unwrap(model).state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "epoch": epoch,
+                    "config": {"train": cfg.model_dump(mode="json"), "image_size": image_size},
+                    "classes": list(classes),
+                }, Path(tmp) / STATE_FILE)
+                (Path(tmp) / META_FILE).write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+                report_checkpoint = ray.train.Checkpoint.from_directory(tmp)
+                _say(f"epoch {epoch + 1}/{cfg.epochs}: train_loss {metrics['train_loss']:.4f} "
+                      f"val_loss {metrics['val_loss']:.4f} val_accuracy {metrics['val_accuracy']:.4f} "
+                      f"({metrics['images_per_s']:.1f} images/s, {epoch_seconds:.1f}s, "
+                      f"data wait {metrics['data_wait_s']:.1f}s)")
+            ray.train.report(metrics, checkpoint=report_checkpoint, checkpoint_dir_name=f"checkpoint_epoch_{epoch + 1:04d}")
+        trained.append(epoch + 1)
+    return {"start_epoch": start_epoch, "epochs_trained": trained}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _train_v2_enabled() -> bool:
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    return is_v2_enabled()
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[Path, dict[str, float]]]:
+    """The run's kept checkpoints as ``(directory, metrics)``, oldest epoch first.
+
+    Ray Train's own snapshot of the run is authoritative (it lists only complete,
+    kept checkpoints); without one, checkpoint directories with a ``meta.json`` count.
+    """
+    run_dir = Path(run_dir)
+    found: list[tuple[Path, dict[str, float]]] = []
+    if not run_dir.is_dir():
+        return found
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    if (run_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME).exists():
+        import logging
+
+        from ray.train.v2.api.result import Result
+
+        # Reading the snapshot makes Ray log advice meant for starting a trainer; here it is only read.
+        manager_logger = logging.getLogger("ray.train.v2._internal.execution.checkpoint.checkpoint_manager")
+        level = manager_logger.level
+        manager_logger.setLevel(logging.WARNING)
+        try:
+            result = Result.from_path(str(run_dir))
+        finally:
+            manager_logger.setLevel(level)
+        for checkpoint, metrics in result.best_checkpoints or []:
+            path = Path(checkpoint.path)
+            if (path / STATE_FILE).exists():
+                found.append((path, dict(metrics)))
+    else:
+        for meta in run_dir.rglob(META_FILE):
+            if (meta.parent / STATE_FILE).exists():
+                found.append((meta.parent, json.loads(meta.read_text(encoding="utf-8"))))
+    return sorted(found, key=lambda item: item[1].get("epoch", 0))
+
+
+def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, float]] | None:
+    """The kept checkpoint with the highest val accuracy (lower val loss, then later epoch, breaks ties)."""
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        return None
+    return max(checkpoints, key=lambda item: (item[1]["val_accuracy"], -item[1]["val_loss"], item[1]["epoch"]))
+
+
+def outcome_from_disk(run_dir: Path, trained: list[int], skipped: bool) -> TrainingOutcome:
+    """Describe a run from what is on disk: its metrics, curve and best checkpoint."""
+    from workloads.vision.plots import plot_loss_curve
+
+    metrics_csv = run_dir / METRICS_CSV
+    rows = _read_metric_rows(metrics_csv)
+    loss_curve = plot_loss_curve(metrics_csv, run_dir / LOSS_CURVE) if rows else None
+    best = best_checkpoint(run_dir)
+    return TrainingOutcome(
+        run_dir=run_dir,
+        best_checkpoint=best[0] if best else None,
+        best_metrics=best[1] if best else {},
+        final_metrics=rows[-1] if rows else {},
+        metrics_csv=metrics_csv,
+        loss_curve=loss_curve,
+        epochs_trained=trained,
+        skipped=skipped,
+    )
+
+
+def run_training(params: VisionParams, classes: list[str], dataset_root: Path, image_size: int) -> TrainingOutcome:
+    """Train (or continue training) ``params.run_name`` on the Parquet dataset at ``dataset_root``.
+
+    Needs a connected Ray cluster. Raises :class:`TrainingError` with a readable
+    message for problems the user can fix.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from workloads.vision.dataset import split_files
+
+    cfg = params.train
+    split_files(dataset_root, "train")
+    split_files(dataset_root, "val")
+    weights = resolve_weights(cfg.weights)
+    if weights is not None:
+        build_model(len(classes), weights)  # fail here, with one message, rather than in every worker
+    run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
+
+    checkpoints = list_checkpoints(run_dir)
+    latest = checkpoints[-1] if checkpoints else None
+    if latest is not None:
+        done = int(latest[1]["epoch"])
+        if done >= cfg.epochs:
+            print(f"Run {params.run_name!r} already finished {done} of {cfg.epochs} epochs "
+                  f"(latest checkpoint {latest[0]}); nothing to train. Raise train.epochs to train further, "
+                  "or pick a new run_name to start over.", flush=True)
+            return outcome_from_disk(run_dir, [], skipped=True)
+        print(f"Run {params.run_name!r} has a checkpoint after epoch {done}: continuing with epoch {done + 1} "
+              f"of {cfg.epochs}.", flush=True)
+
+    resources = {"CPU": float(cfg.cpus_per_worker), **cfg.resources_per_worker}
+    if cfg.use_gpu:
+        resources.setdefault("GPU", 1.0)
+    fail_at = os.environ.get(FAIL_AT_EPOCH_ENV_VAR)
+    loop_config = {
+        "train": cfg.model_dump(mode="json"),
+        "classes": list(classes),
+        "image_size": int(image_size),
+        "dataset_root": str(Path(dataset_root).resolve()),
+        "run_dir": str(run_dir),
+        "weights": str(weights) if weights else None,
+        # Ray Train V1 does not restore a run by name; there the latest checkpoint is handed over explicitly.
+        "resume_from": str(latest[0]) if latest is not None and not _train_v2_enabled() else None,
+        "fail_at_epoch": int(fail_at) if fail_at not in (None, "") else None,
+        "fail_marker": str(run_dir / ".test-fail-marker"),
+    }
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=params.run_name,
+            storage_path=str(run_dir.parent),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.num_to_keep,
+                                                         checkpoint_score_attribute="val_accuracy",
+                                                         checkpoint_score_order="max"),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause once
+        raise TrainingError(f"training run {params.run_name!r} failed: {_root_cause(exc)}") from None
+    if getattr(result, "error", None) is not None:
+        raise TrainingError(f"training run {params.run_name!r} failed: {_root_cause(result.error)}")
+    returned = getattr(result, "return_value", None) or {}
+    return outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
+
+
+def _root_cause(exc: BaseException) -> str:
+    seen = set()
+    while True:
+        inner = exc.__cause__ or getattr(exc, "cause", None) or exc.__context__
+        nested = getattr(exc, "worker_failures", None)
+        if isinstance(nested, dict) and nested:
+            inner = next(iter(nested.values()))
+        if inner is None or id(inner) in seen or not isinstance(inner, BaseException):
+            break
+        seen.add(id(exc))
+        exc = inner
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+def print_training_summary(outcome: TrainingOutcome) -> None:
+    """Print where the best checkpoint is and the final metrics, for the job's last log lines."""
+    print(f"Run directory: {outcome.run_dir}")
+    print(f"Metrics: {outcome.metrics_csv}")
+    if outcome.loss_curve:
+        print(f"Loss curve: {outcome.loss_curve}")
+    if outcome.best_checkpoint:
+        best = outcome.best_metrics
+        print(f"Best checkpoint: {outcome.best_checkpoint} (epoch {int(best['epoch'])}, "
+              f"val_accuracy {best['val_accuracy']:.4f}, val_loss {best['val_loss']:.4f})")
+    if outcome.final_metrics:
+        final = outcome.final_metrics
+        print("Final metrics: " + ", ".join(
+            f"{key}={final[key]:.4g}" if key != "epoch" else f"epoch={int(final[key])}"
+            for key in METRIC_FIELDS if key in final))
