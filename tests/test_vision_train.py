@@ -200,6 +200,7 @@ def test_weights_file_is_loaded_and_head_replaced(tmp_path):
     assert model.fc.out_features == 3
     assert torch.equal(model.conv1.weight, pretrained.conv1.weight)
     assert resolve_weights("none") is None
+    (tmp_path / "r18.pth").unlink()  # 45 MB
 
 
 # --------------------------------------------------------------------------- Ray Train

@@ -46,6 +46,10 @@ def plot_loss_curve(metrics_csv: Path, out_path: Path) -> Path:
     loss_axis.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train loss")
     loss_axis.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="val loss")
     loss_axis.set_xlabel("epoch")
+    # One early spike (batch-norm statistics before they settle) would flatten a linear axis.
+    losses = [r[key] for r in rows for key in ("train_loss", "val_loss") if r[key] > 0]
+    if losses and max(losses) / min(losses) > 20:
+        loss_axis.set_yscale("log")
     loss_axis.set_ylabel("cross-entropy loss")
     accuracy_axis = loss_axis.twinx()
     accuracy_axis.plot(epochs, [r["val_accuracy"] for r in rows], marker="s", color="tab:green", label="val accuracy")
