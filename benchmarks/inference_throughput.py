@@ -42,16 +42,12 @@ def make_checkpoint(directory: Path, size: int) -> Path:
 
 
 def actor_pool(files: list[str], checkpoint: Path, batch: int, actors: int) -> float:
-    import ray
-
-    from workloads.vision.inference import BatchPredictor
+    from workloads.vision.config import InferConfig
+    from workloads.vision.inference import prediction_dataset
 
     start = time.perf_counter()
-    rows = ray.data.read_parquet(files).select_columns(["image", "label", "path"]).map_batches(
-        BatchPredictor, fn_constructor_kwargs={"checkpoint_dir": str(checkpoint), "use_gpu": False, "cpus": 1},
-        batch_size=batch, compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), num_cpus=1,
-        batch_format="numpy",
-    ).count()
+    config = InferConfig(batch_size=batch, num_actors=actors, cpus_per_actor=1)
+    rows = prediction_dataset(files, checkpoint, config).count()
     return rows / (time.perf_counter() - start)
 
 

@@ -22,7 +22,9 @@ def masked(job: dict[str, Any]) -> dict[str, Any]:
     """A copy of a submission or job info that is safe to print: secret-looking env var values replaced."""
     result = copy.deepcopy(job)
     env_vars = (result.get("runtime_env") or {}).get("env_vars") or {}
+    # The spec's own list travels in the job's metadata, so `status` and `list` honour it too.
+    marked = set(((result.get("metadata") or {}).get("rayjobs.secret_env_vars") or "").split(","))
     for name in env_vars:
-        if looks_secret(name):
+        if name in marked or looks_secret(name):
             env_vars[name] = MASK
     return result

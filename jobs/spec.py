@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobs.errors import did_you_mean
 from jobs.paths import SPEC_DIR_CONTEXT_KEY
 
 _SIZE_UNITS = {
@@ -185,6 +186,26 @@ class RuntimeEnv(_Strict):
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
+# Ray's JobErrorType values (ray.dashboard.modules.job.common), spelled out so that
+# validating a spec does not import ray.
+RAY_ERROR_TYPES = (
+    "RUNTIME_ENV_SETUP_FAILURE",
+    "JOB_SUPERVISOR_ACTOR_START_TIMEOUT",
+    "JOB_SUPERVISOR_ACTOR_START_FAILURE",
+    "JOB_SUPERVISOR_ACTOR_UNSCHEDULABLE",
+    "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE",
+    "JOB_SUPERVISOR_ACTOR_DIED",
+    "JOB_ENTRYPOINT_COMMAND_START_ERROR",
+    "JOB_ENTRYPOINT_COMMAND_ERROR",
+)
+# Failures of the machinery around a job, not of the job's own code: worth another attempt.
+INFRASTRUCTURE_FAILURES = (
+    "JOB_SUPERVISOR_ACTOR_START_TIMEOUT",
+    "JOB_SUPERVISOR_ACTOR_START_FAILURE",
+    "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE",
+    "JOB_SUPERVISOR_ACTOR_DIED",
+)
+
 
 class JobSpec(_Strict):
     """A rayjobs spec file."""
@@ -205,6 +226,15 @@ class JobSpec(_Strict):
     timeout_s: float | None = Field(None, gt=0, description="Stop the job when it has run longer than this.")
     start_timeout_s: float | None = Field(None, gt=0, description="Stop the job when still PENDING after this.")
     max_retries: int = Field(0, ge=0, le=100, description="Submit again when an attempt fails (see retry_on).")
+    retry_on: list[str] = Field(
+        default_factory=lambda: list(INFRASTRUCTURE_FAILURES),
+        description="Failures that trigger a retry: Ray error types, 'exit_code:N' for one driver exit code, "
+        "or JOB_ENTRYPOINT_COMMAND_ERROR for any. Default: infrastructure failures only, not your code's exits.",
+    )
+    secret_env_vars: list[str] = Field(
+        default_factory=list,
+        description="runtime_env.env_vars names to mask in every output, besides names that look secret.",
+    )
     workload: dict[str, Any] | None = Field(
         None, description="Parameters of the program the entrypoint runs; 'kind' names its parameter model."
     )
@@ -225,6 +255,25 @@ class JobSpec(_Strict):
         if not value.strip():
             raise ValueError("must not be blank")
         return value
+
+    @field_validator("retry_on")
+    @classmethod
+    def _retry_on(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item in RAY_ERROR_TYPES or re.fullmatch(r"exit_code:-?\d+", item):
+                continue
+            hint = did_you_mean(item, RAY_ERROR_TYPES)
+            raise ValueError(f"{item!r} is not a Ray error type or exit_code:N{hint}; error types: "
+                             + ", ".join(RAY_ERROR_TYPES))
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_are_env_vars(self) -> JobSpec:
+        env_vars = (self.runtime_env.env_vars if self.runtime_env else None) or {}
+        unknown = [name for name in self.secret_env_vars if name not in env_vars]
+        if unknown:
+            raise ValueError(f"secret_env_vars names {', '.join(unknown)}, which runtime_env.env_vars does not set")
+        return self
 
     @field_validator("address")
     @classmethod

@@ -19,6 +19,9 @@ DEFAULT_EXCLUDES = [
 
 METADATA_NAME = "rayjobs.name"
 METADATA_SPEC_HASH = "rayjobs.spec_hash"
+METADATA_SECRETS = "rayjobs.secret_env_vars"
+METADATA_ATTEMPT = "rayjobs.attempt"
+METADATA_PARENT = "rayjobs.parent"
 
 
 
@@ -48,6 +51,8 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
     metadata = dict(spec.metadata or {})
     metadata[METADATA_NAME] = spec.name
     metadata[METADATA_SPEC_HASH] = spec_hash(submission)
+    if spec.secret_env_vars:
+        metadata[METADATA_SECRETS] = ",".join(spec.secret_env_vars)
     submission["metadata"] = metadata
     return submission
 
@@ -56,3 +61,13 @@ def spec_hash(submission: dict[str, Any]) -> str:
     """A short, stable hash of what a submission would run (metadata excluded)."""
     content = {key: value for key, value in submission.items() if key not in ("metadata", "submission_id")}
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def should_retry(info: dict[str, Any], retry_on: list[str]) -> bool:
+    """Whether a FAILED job's error matches the spec's ``retry_on`` list."""
+    error_type = info.get("error_type") or ""
+    if error_type in retry_on:
+        return True
+    exit_code = info.get("driver_exit_code")
+    return error_type == "JOB_ENTRYPOINT_COMMAND_ERROR" and exit_code is not None and \
+        f"exit_code:{exit_code}" in retry_on

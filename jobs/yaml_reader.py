@@ -9,6 +9,7 @@ of every value for error messages.
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,9 @@ class _Builder:
             return self._build_mapping(node, path)
         if isinstance(node, yaml.SequenceNode) and short_tag == "seq":
             return [self.build(item, (*path, index)) for index, item in enumerate(node.value)]
-        if isinstance(node, yaml.ScalarNode) and short_tag == "timestamp":
+        if isinstance(node, yaml.ScalarNode) and short_tag in ("timestamp", "value", "merge"):
             # Dates stay text: a spec never needs a datetime object, and metadata must be strings.
+            # A plain `=` or `<<` used as a value (not as a merge key) is text as well.
             return node.value
         if not isinstance(node, yaml.ScalarNode) or short_tag not in _SCALAR_TAGS:
             shown = "!!" + short_tag if tag.startswith(_STANDARD_TAG_PREFIX) else tag
@@ -91,14 +93,26 @@ class _Builder:
         return result
 
 
+def _new_loader(text: str, source: str, with_line: bool = True) -> yaml.SafeLoader:
+    # PyYAML checks every character as soon as the loader is made, before any parsing.
+    try:
+        return yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1 if with_line else None
+        raise SpecError.single(source, f"not valid YAML: the unprintable character U+{exc.character:04X} is not "
+                                       "allowed; remove it, or write it as an escape inside double quotes", (), line) from None
+
+
 def parse_yaml_mapping(text: str, file: str) -> tuple[dict[str, Any], dict[FieldPath, int]]:
     """Parse YAML text that must hold one mapping; return it with the line of every field."""
     if not text.strip():
         raise SpecError.single(file, "the file is empty; a spec needs at least 'name' and 'entrypoint'")
-    loader = yaml.SafeLoader(text)
+    loader = _new_loader(text, file)
     try:
         try:
             root = loader.get_single_node()
+        except RecursionError:
+            raise SpecError.single(file, "the document is nested too deeply") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             problem = getattr(exc, "problem", None) or str(exc)
@@ -129,13 +143,19 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], dict[FieldPath, int]]
             raise SpecError.single(file, "is a directory, not a spec file")
         if size > MAX_SPEC_BYTES:
             raise SpecError.single(file, f"is {size} bytes; specs are limited to {MAX_SPEC_BYTES} bytes")
-        raw = path.read_bytes()
+        with path.open("rb") as handle:
+            # Bounded: a pipe or a device (/dev/zero) reports size 0 but may never end.
+            raw = handle.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError.single(file, f"is larger than {MAX_SPEC_BYTES} bytes, the limit for a spec")
     except FileNotFoundError:
         raise SpecError.single(file, "no such file") from None
     except PermissionError:
         raise SpecError.single(file, "permission denied") from None
     except OSError as exc:
         raise SpecError.single(file, f"cannot be read: {exc.strerror or exc}") from None
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # UTF-32 LE starts like UTF-16 LE
+        raise SpecError.single(file, "is UTF-16 or UTF-32 text; save it as UTF-8")
     if b"\x00" in raw:
         raise SpecError.single(file, "is a binary file, not YAML text")
     try:
@@ -147,10 +167,12 @@ def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], dict[FieldPath, int]]
 
 def parse_yaml_value(text: str, source: str) -> Any:
     """Parse one YAML value (as in ``--set key=value``) with the same rules as a spec file."""
-    loader = yaml.SafeLoader(text)
+    loader = _new_loader(text, source, with_line=False)
     try:
         try:
             node = loader.get_single_node()
+        except RecursionError:
+            raise SpecError.single(source, "value is nested too deeply") from None
         except yaml.YAMLError as exc:
             raise SpecError.single(source, f"value is not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
         return None if node is None else _Builder(loader, source).build(node, ())

@@ -7,6 +7,7 @@ working_dir packaging, goes through ``JobSubmissionClient`` in ``runner.submit``
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import ssl
@@ -73,6 +74,12 @@ class JobsApi:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc, job_id, where) from None
+        except http.client.HTTPException as exc:
+            # A connection that ends mid-answer (a short body, a half status line) is not an
+            # OSError but the same transient fault as a refused or reset one.
+            raise ClusterUnreachable(f"the connection to {where} broke off mid-answer "
+                                     f"({type(exc).__name__}); the cluster or the network between is "
+                                     "unsteady") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ssl.SSLCertVerificationError):

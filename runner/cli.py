@@ -110,7 +110,8 @@ def _print_follow_up(api: Any, job_id: str) -> None:
 
 def _follow(api: Any, job_id: str, *, output: str, stream_logs: bool, give_up_after: float,
             timeout_s: float | None = None, start_timeout_s: float | None = None,
-            stop_on_interrupt: bool = False, log_tail_on_failure: bool = True) -> ExitCode:
+            stop_on_interrupt: bool = False, log_tail_on_failure: bool = True) -> tuple[ExitCode, Any, str]:
+    """Follow a job to its end; return its exit code, the follower's outcome and the summary line."""
     from runner.follow import Follower
     from runner.render import summary_line
 
@@ -120,22 +121,16 @@ def _follow(api: Any, job_id: str, *, output: str, stream_logs: bool, give_up_af
     try:
         outcome = follower.run()
     except KeyboardInterrupt:
-        return _interrupted(api, job_id, stop_on_interrupt)
+        return _interrupted(api, job_id, stop_on_interrupt), None, ""
     summary = summary_line(job_id, outcome.exit_code, outcome.info, outcome.reason)
-    if output == "json":
-        info = outcome.info or {}
-        typer.echo(json.dumps({
-            "submission_id": job_id, "status": outcome.status, "exit_code": int(outcome.exit_code),
-            "summary": summary, "error_type": info.get("error_type"), "message": info.get("message"),
-            "start_time": info.get("start_time"), "end_time": info.get("end_time"), "address": api.address,
-        }))
-    else:
+    # With --output json the caller prints one JSON document once it is done.
+    if output != "json":
         _say(summary)
         if log_tail_on_failure and outcome.status == "FAILED" and outcome.log_tail:
             _say("last lines of its log:")
             for line in outcome.log_tail[-10:]:
                 typer.echo(f"  | {line}", err=True)
-    return outcome.exit_code
+    return outcome.exit_code, outcome, summary
 
 
 def _interrupted(api: Any, job_id: str, stop_it: bool) -> ExitCode:
@@ -180,7 +175,7 @@ def submit(
 
     from jobs.loader import load_spec
     from jobs.secrets import masked
-    from jobs.submission import build_submission
+    from jobs.submission import METADATA_ATTEMPT, METADATA_PARENT, build_submission, should_retry
 
     _check_output(output)
     loaded = load_spec(Path(spec_file), set_ or [])
@@ -196,20 +191,73 @@ def submit(
         _ensure_local_cluster()
     api = _api(address, header, no_verify, ca_cert, loaded.spec.address, spec_address_source)
 
-    from runner.submit import submit_job
-
-    job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"))
-    _say(f"submitted {loaded.spec.name} as {job_id} to {api.address} ({api.connection.source})")
+    spec = loaded.spec
+    if spec.max_retries:
+        submission["metadata"][METADATA_ATTEMPT] = "1"
+    job_id = _submit_or_attach(api, submission, spec.name)
     if no_wait:
-        if loaded.spec.timeout_s or loaded.spec.start_timeout_s:
-            _say("note: timeout_s/start_timeout_s are enforced only while rayjobs follows the job")
+        if spec.timeout_s or spec.start_timeout_s or spec.max_retries:
+            _say("note: timeout_s, start_timeout_s and max_retries are applied only while rayjobs follows the job")
         typer.echo(json.dumps({"submission_id": job_id, "address": api.address}) if output == "json" else job_id)
         _print_follow_up(api, job_id)
         return
-    code = _follow(api, job_id, output=output, stream_logs=not quiet, give_up_after=give_up_after,
-                   timeout_s=loaded.spec.timeout_s, start_timeout_s=loaded.spec.start_timeout_s,
-                   stop_on_interrupt=stop_on_interrupt)
-    raise typer.Exit(int(code))
+    attempts = [job_id]
+    while True:
+        code, outcome, summary = _follow(
+            api, job_id, output=output, stream_logs=not quiet, give_up_after=give_up_after, timeout_s=spec.timeout_s,
+            start_timeout_s=spec.start_timeout_s, stop_on_interrupt=stop_on_interrupt)
+        info = outcome.info if outcome is not None else None
+        attempt = len(attempts)
+        if code != ExitCode.FAILED or attempt > spec.max_retries or not should_retry(info or {}, spec.retry_on):
+            if output == "json" and outcome is not None:
+                typer.echo(json.dumps(_json_summary(api, job_id, code, outcome, summary, attempts)))
+            raise typer.Exit(int(code))
+        attempt += 1
+        _say(f"attempt {attempt - 1} failed with {(info or {}).get('error_type')} (in retry_on); "
+             f"submitting attempt {attempt} of {spec.max_retries + 1}")
+        retry = dict(submission, metadata={**submission["metadata"], METADATA_ATTEMPT: str(attempt),
+                                           METADATA_PARENT: attempts[0]})
+        if spec.submission_id:
+            retry["submission_id"] = f"{spec.submission_id}-attempt{attempt}"
+        job_id = _submit_or_attach(api, retry, spec.name)
+        attempts.append(job_id)
+
+
+def _json_summary(api: Any, job_id: str, code: ExitCode, outcome: Any, summary: str,
+                  attempts: list[str]) -> dict[str, Any]:
+    info = outcome.info or {}
+    return {
+        "submission_id": job_id, "status": outcome.status, "exit_code": int(code), "summary": summary,
+        "error_type": info.get("error_type"), "message": info.get("message"), "start_time": info.get("start_time"),
+        "end_time": info.get("end_time"), "address": api.address, "attempts": attempts,
+    }
+
+
+def _submit_or_attach(api: Any, submission: dict[str, Any], name: str) -> str:
+    """Submit; with a fixed submission_id already taken by the same spec, attach to that job instead."""
+    from jobs.submission import METADATA_SPEC_HASH
+    from runner.errors import JobNotFound
+    from runner.submit import submit_job
+
+    wanted = submission.get("submission_id")
+    if wanted:
+        try:
+            existing = api.get_job(wanted)
+        except JobNotFound:
+            existing = None
+        if existing is not None:
+            ours = submission["metadata"][METADATA_SPEC_HASH]
+            theirs = (existing.get("metadata") or {}).get(METADATA_SPEC_HASH)
+            if theirs != ours:
+                raise BadInput(
+                    f"submission_id {wanted!r} is already taken by a job with different content (spec hash "
+                    f"{theirs or 'none: not submitted by rayjobs'}, this spec {ours}); change submission_id, or "
+                    f"delete the old job first (rayjobs delete {wanted})")
+            _say(f"job {wanted} was already submitted from this spec ({existing.get('status')}); attaching to it")
+            return wanted
+    job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"))
+    _say(f"submitted {name} as {job_id} to {api.address} ({api.connection.source})")
+    return job_id
 
 
 def _dry_run_text(submission: dict[str, Any], address: str | None) -> str:
@@ -245,12 +293,17 @@ def status(
     from jobs.secrets import masked
     from runner.api import retrying
     from runner.exit_codes import exit_code_for_status
-    from runner.render import status_report
+    from runner.render import attempts_report, status_report
 
     _check_output(output)
     api = _api(address, header, no_verify, ca_cert)
     info = retrying(lambda: api.get_job(job_id), give_up_after_s=5)
-    typer.echo(json.dumps(masked(info), indent=2) if output == "json" else status_report(info))
+    if output == "json":
+        typer.echo(json.dumps(masked(info), indent=2))
+    else:
+        typer.echo(status_report(info))
+        if "rayjobs.attempt" in (info.get("metadata") or {}):
+            typer.echo(attempts_report(info, retrying(api.list_jobs, give_up_after_s=5)))
     raise typer.Exit(int(exit_code_for_status(info.get("status", ""))))
 
 
@@ -276,8 +329,9 @@ def logs(
         if tail is not None:
             raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
         retrying(lambda: api.get_job(job_id), give_up_after_s=5)  # unknown id: clear error before streaming
-        raise typer.Exit(int(_follow(api, job_id, output="text", stream_logs=True, give_up_after=give_up_after,
-                                     log_tail_on_failure=False)))
+        code, _, _ = _follow(api, job_id, output="text", stream_logs=True, give_up_after=give_up_after,
+                          log_tail_on_failure=False)
+        raise typer.Exit(int(code))
     text = retrying(lambda: api.get_logs(job_id), give_up_after_s=5)
     if tail is not None:
         lines = text.splitlines(keepends=True)

@@ -236,9 +236,22 @@ class Follower:
                 backoff = min(backoff * 2, 5.0)
 
     async def _flush_logs(self) -> None:
-        try:
-            logs = await self._call(self.api.get_logs, self.job_id)
-        except RayJobsError as exc:
-            self.note(f"could not fetch the end of the log: {exc}")
-            return
+        # This one fetch is all that stands between the stream's last chunk and the log's
+        # end (for a job that had already ended, it is the whole log), so a transient
+        # fault is retried like the status poll rather than losing the end of the log.
+        deadline = time.monotonic() + self.give_up_after_s
+        delay = FIRST_POLL_S
+        while True:
+            try:
+                logs = await self._call(self.api.get_logs, self.job_id)
+                break
+            except ClusterUnreachable as exc:
+                if time.monotonic() + delay > deadline:
+                    self.note(f"could not fetch the end of the log: {exc}")
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except RayJobsError as exc:
+                self.note(f"could not fetch the end of the log: {exc}")
+                return
         self.cursor.feed(logs, 0)

@@ -75,10 +75,6 @@ def status_report(info: dict[str, Any]) -> str:
         ("error type", info.get("error_type") or ""),
         ("driver exit code", "" if info.get("driver_exit_code") is None else str(info["driver_exit_code"])),
     ]
-    metadata = info.get("metadata") or {}
-    for key in ("rayjobs.attempt", "rayjobs.parent"):
-        if key in metadata:
-            rows.append((key.split(".", 1)[1], metadata[key]))
     width = max(len(label) for label, _ in rows) + 1
     return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows if value not in ("", "-")
                      or label in ("job", "status"))
@@ -102,3 +98,18 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1] for row in rows
     )
+
+
+def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:
+    """All attempts of a retried job (linked through metadata rayjobs.parent), oldest first."""
+    metadata = info.get("metadata") or {}
+    root = metadata.get("rayjobs.parent") or job_id_of(info)
+    attempts = [job for job in jobs if job_id_of(job) == root
+                or (job.get("metadata") or {}).get("rayjobs.parent") == root]
+    attempts.sort(key=lambda job: int((job.get("metadata") or {}).get("rayjobs.attempt", "1")))
+    lines = ["attempts:"]
+    for job in attempts:
+        number = (job.get("metadata") or {}).get("rayjobs.attempt", "1")
+        error = f" {job['error_type']}" if job.get("error_type") else ""
+        lines.append(f"  {number}. {job_id_of(job)}  {job.get('status')}{error}")
+    return "\n".join(lines)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Real Food-101 photos kept beside the project for development; absent on a user's machine.
+FOOD101_SAMPLE = REPO_ROOT.parent / "shared" / "data" / "food101-sample"
 
 
 def rayjobs_command() -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -109,3 +108,16 @@ def isolated_env(
     else:
         home = tmp_path / "rayjobs-home"
     monkeypatch.setenv("RAYJOBS_HOME", str(home))
+
+
+@pytest.fixture(scope="module")
+def workdir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A scratch folder shared by one test module, removed when the module is done.
+
+    Training checkpoints of ResNet-18 weigh ~90 MB each; they must not pile up in /tmp.
+    """
+    import shutil
+
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

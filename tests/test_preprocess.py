@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
 from tests.fixtures_images import (
     jpeg_bytes,
     make_food101_tree,
@@ -35,8 +36,6 @@ from workloads.vision.preprocess import (
     square_jpeg_from_bytes,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = REPO_ROOT.parent / "shared" / "data" / "food101-sample"
 
 EXPECTED_SCHEMA = pa.schema(
     [("image", pa.binary()), ("label", pa.int64()), ("class_name", pa.string()), ("split", pa.string()), ("path", pa.string())]

@@ -295,3 +295,22 @@ def test_shipped_specs_are_valid():
     assert specs, "the project ships example specs"
     for path in specs:
         load_spec(path)
+
+
+def test_retry_on_accepts_error_types_and_exit_codes(tmp_path):
+    loaded = load_spec(write_spec(tmp_path, MINIMAL + "retry_on: [JOB_SUPERVISOR_ACTOR_DIED, 'exit_code:3']\n"))
+    assert loaded.spec.retry_on == ["JOB_SUPERVISOR_ACTOR_DIED", "exit_code:3"]
+
+
+def test_retry_on_typo_suggests_error_type(tmp_path):
+    message = spec_error(tmp_path, MINIMAL + "retry_on: [JOB_SUPERVISOR_ACTOR_DEAD]\n")
+    assert "did you mean 'JOB_SUPERVISOR_ACTOR_DIED'" in message
+
+
+def test_default_retry_on_leaves_user_exits_alone(tmp_path):
+    assert "JOB_ENTRYPOINT_COMMAND_ERROR" not in load_spec(write_spec(tmp_path, MINIMAL)).spec.retry_on
+
+
+def test_secret_env_vars_must_name_env_vars(tmp_path):
+    message = spec_error(tmp_path, MINIMAL + "secret_env_vars: [NOPE]\n")
+    assert "secret_env_vars names NOPE" in message

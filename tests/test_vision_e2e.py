@@ -9,11 +9,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cli_helpers import REPO_ROOT, run_rayjobs
+from tests.cli_helpers import FOOD101_SAMPLE, run_rayjobs
 
 pytestmark = pytest.mark.cluster
-
-FOOD101_SAMPLE = REPO_ROOT.parent / "shared" / "data" / "food101-sample"
 
 
 def submit(home: Path, spec: str, *overrides: str, timeout: float = 600):

@@ -10,19 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_vision_train import write_tiny_dataset
+from tests.cli_helpers import REPO_ROOT
+from tests.fixtures_images import write_tiny_dataset
 
 CLASSES = ["red", "green", "blue"]
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    import shutil
-
-    path = tmp_path_factory.mktemp("vision-infer")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

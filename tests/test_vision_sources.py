@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
 from tests.fixtures_images import make_food101_tree, make_hf_shards, make_imagefolder_tree
 from workloads.vision.config import DataConfig
 from workloads.vision.sources import (
@@ -18,8 +19,6 @@ from workloads.vision.sources import (
     split_train_val,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = REPO_ROOT.parent / "shared" / "data" / "food101-sample"
 
 FOOD_COUNTS = {"pizza": (6, 2), "hamburger": (4, 2), "fried_rice": (5, 3), "breakfast_burrito": (3, 1)}
 

@@ -2,59 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import random
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
-PALETTE = [(220, 40, 40), (40, 200, 60), (40, 60, 220), (230, 200, 30), (160, 40, 200)]
-
-
-def write_tiny_dataset(root: Path, classes: list[str], per_class: dict[str, int], image_size: int = 16,
-                       rows_per_group: int = 8, seed: int = 0) -> Path:
-    """Write a small dataset in the preprocess stage's layout: ``<root>/{train,val}/part-*.parquet`` and
-    ``_manifest.json``. Each class is a noisy flat colour, so a network can learn it in an epoch or two."""
-    rng = random.Random(seed)
-    counts: dict[str, int] = {}
-    for split, n_per_class in per_class.items():
-        rows = []
-        for label, name in enumerate(classes):
-            for i in range(n_per_class):
-                base = PALETTE[label % len(PALETTE)]
-                image = Image.new("RGB", (image_size, image_size),
-                                  tuple(max(0, min(255, c + rng.randint(-30, 30))) for c in base))
-                buffer = io.BytesIO()
-                image.save(buffer, format="JPEG", quality=90)
-                rows.append({"image": buffer.getvalue(), "label": label, "class_name": name, "split": split,
-                             "path": f"{split}/{name}/{i:04d}.jpg"})
-        counts[split] = len(rows)
-        out = root / split
-        out.mkdir(parents=True, exist_ok=True)
-        schema = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("class_name", pa.string()),
-                            ("split", pa.string()), ("path", pa.string())])
-        # Two files, so the dataset has to map indices across files as well as row groups.
-        half = (len(rows) + 1) // 2
-        for part, chunk in enumerate([rows[:half], rows[half:]]):
-            if chunk:
-                pq.write_table(pa.Table.from_pylist(chunk, schema=schema), out / f"part-{part:05d}.parquet",
-                               row_group_size=rows_per_group)
-    (root / "_manifest.json").write_text(json.dumps({
-        "classes": classes, "counts": counts, "image_size": image_size, "skipped": {},
-        "fingerprint": "test", "source": "synthetic"}), encoding="utf-8")
-    return root
-
+from tests.fixtures_images import write_tiny_dataset
 
 CLASSES = ["red", "green", "blue"]
 TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot split them evenly
 
 
-def _params(storage: Path, run_name: str, **train) -> "VisionParams":
+def _params(storage: Path, run_name: str, **train):
     from workloads.vision.config import VisionParams
 
     settings = {"epochs": 2, "batch_size": 8, "num_workers": 2, "cpus_per_worker": 1, "lr": 0.01,
@@ -66,16 +26,6 @@ def _metric_rows(run_dir: Path) -> list[dict[str, float]]:
     from workloads.vision.plots import read_metrics_csv
 
     return read_metrics_csv(run_dir / "metrics.csv")
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    # Checkpoints of ResNet-18 weigh ~90 MB each; remove them when the module is done.
-    import shutil
-
-    path = tmp_path_factory.mktemp("vision-train")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,25 @@ class BatchPredictor:
         }
 
 
+def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferConfig):
+    """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors."""
+    # Reading Parquet (and writing the results) is light next to the model; on 0 CPUs the
+    # reads never hold a core the model actors could use.
+    dataset = ray.data.read_parquet(files, num_cpus=0).select_columns(["image", "label", "path"])
+    return dataset.map_batches(
+        BatchPredictor,
+        fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
+                               "cpus": cfg.cpus_per_actor},
+        batch_size=cfg.batch_size,
+        # The pool starts with one actor and grows to num_actors: a fixed pool that takes
+        # every CPU of a small cluster at once would starve the file-listing task before it.
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.num_actors),
+        num_cpus=cfg.cpus_per_actor,
+        num_gpus=1 if cfg.use_gpu else 0,
+        batch_format="numpy",
+    )
+
+
 def _replace_directory(staged: Path, final: Path) -> None:
     # Readers see either the old predictions or the new ones, never a mix.
     previous = final.with_name(f".{final.name}-old-{uuid.uuid4().hex[:8]}")
@@ -148,7 +167,6 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
     Returns the metrics written to ``inference_metrics.json``. Needs a connected Ray cluster.
     """
     import pyarrow.parquet as pq
-    import ray
 
     from workloads.vision.dataset import split_files
     from workloads.vision.plots import confusion_table, plot_confusion_matrix
@@ -167,23 +185,11 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
     expected_rows = sum(pq.read_metadata(f).num_rows for f in val_files)
 
     started = time.perf_counter()
-    dataset = ray.data.read_parquet([str(f) for f in val_files]).select_columns(["image", "label", "path"])
-    predictions = dataset.map_batches(
-        BatchPredictor,
-        fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
-                               "cpus": cfg.cpus_per_actor},
-        batch_size=cfg.batch_size,
-        # The pool starts with one actor and grows to num_actors: a fixed pool that takes
-        # every CPU of a small cluster would leave none for the read tasks feeding it.
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.num_actors),
-        num_cpus=cfg.cpus_per_actor,
-        num_gpus=1 if cfg.use_gpu else 0,
-        batch_format="numpy",
-    )
+    predictions = prediction_dataset([str(f) for f in val_files], checkpoint_dir, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     staged = run_dir / f".{PREDICTIONS_DIR}-tmp-{uuid.uuid4().hex[:8]}"
     try:
-        predictions.write_parquet(str(staged))
+        predictions.write_parquet(str(staged), ray_remote_args={"num_cpus": 0})
         seconds = time.perf_counter() - started
         _replace_directory(staged, run_dir / PREDICTIONS_DIR)
     finally:

@@ -1,0 +1,76 @@
+"""Spec policies that need a cluster: retries, idempotent submission ids, masked secrets."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from tests.cli_helpers import run_rayjobs, write_spec
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def rj(ray_cluster, ray_cluster_home):
+    def run(*args: str, **kwargs):
+        return run_rayjobs(*args, home=ray_cluster_home, **kwargs)
+
+    return run
+
+
+def test_retry_on_exit_code_resubmits_with_linked_attempts(rj, tmp_path):
+    marker = tmp_path / "first-attempt-done"
+    # Fails with exit code 3 the first time, succeeds the second.
+    entrypoint = (f"python -c \"import os, sys; m='{marker}'; first = not os.path.exists(m); "
+                  f"open(m, 'w').close(); print('attempt', 'first' if first else 'again'); sys.exit(3 if first else 0)\"")
+    spec = write_spec(tmp_path, "flaky", f"entrypoint: {entrypoint}\nmax_retries: 2\nretry_on: ['exit_code:3']\n")
+    result = rj("submit", str(spec), "--output", "json")
+    assert result.returncode == 0, result.stderr
+    assert "submitting attempt 2 of 3" in result.stderr
+    second_id = json.loads(result.stdout)["submission_id"]
+    status = rj("status", second_id)
+    assert "attempts:" in status.stdout
+    lines = [line.strip() for line in status.stdout.split("attempts:")[1].strip().splitlines()]
+    assert lines[0].startswith("1. ") and "FAILED JOB_ENTRYPOINT_COMMAND_ERROR" in lines[0]
+    assert lines[1] == f"2. {second_id}  SUCCEEDED"
+    info = json.loads(rj("status", second_id, "--output", "json").stdout)
+    assert info["metadata"]["rayjobs.attempt"] == "2"
+    assert info["metadata"]["rayjobs.parent"] == lines[0].split()[1]
+
+
+def test_user_code_failure_is_not_retried_by_default(rj, tmp_path):
+    spec = write_spec(tmp_path, "no-retry", "entrypoint: python -c \"import sys; sys.exit(3)\"\nmax_retries: 2\n")
+    result = rj("submit", str(spec))
+    assert result.returncode == 1
+    assert "submitting attempt" not in result.stderr
+
+
+def test_fixed_submission_id_attaches_or_conflicts(rj, tmp_path):
+    job_id = f"fixed-{uuid.uuid4().hex[:8]}"
+    spec = write_spec(tmp_path, "fixed", f"entrypoint: echo fixed-id-job\nsubmission_id: {job_id}\n")
+    first = rj("submit", str(spec))
+    assert first.returncode == 0, first.stderr
+    again = rj("submit", str(spec))
+    assert again.returncode == 0, again.stderr
+    assert f"job {job_id} was already submitted from this spec" in again.stderr
+    assert "fixed-id-job" in again.stdout
+    changed = write_spec(tmp_path, "fixed", f"entrypoint: echo something else\nsubmission_id: {job_id}\n")
+    conflict = rj("submit", str(changed))
+    assert conflict.returncode == 2
+    assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
+
+
+def test_secrets_masked_in_status_and_list(rj, tmp_path):
+    spec = tmp_path / "secrets.yaml"
+    spec.write_text("name: secrets\nentrypoint: echo done\nruntime_env:\n  env_vars:\n    DB_PASSWORD: hunter2\n"
+                    "    PLAIN_BUT_PRIVATE: swordfish\n    VISIBLE: shown\nsecret_env_vars: [PLAIN_BUT_PRIVATE]\n")
+    result = rj("submit", str(spec), "--output", "json")
+    assert result.returncode == 0, result.stderr
+    job_id = json.loads(result.stdout)["submission_id"]
+    for output in (rj("status", job_id, "--output", "json").stdout, rj("list", "--output", "json").stdout):
+        assert "hunter2" not in output and "swordfish" not in output
+    env = json.loads(rj("status", job_id, "--output", "json").stdout)["runtime_env"]["env_vars"]
+    assert env == {"DB_PASSWORD": "****", "PLAIN_BUT_PRIVATE": "****", "VISIBLE": "shown"}
+    assert "hunter2" not in result.stdout + result.stderr
