@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, ValidationInfo
 
 SPEC_DIR_CONTEXT_KEY = "spec_dir"
 
 
+def resolve_spec_path(value: str | Path, spec_dir: Any = None) -> Path:
+    """``~`` expanded and, when ``spec_dir`` is given, a relative path anchored there and resolved.
+
+    Raises ValueError (which pydantic reports against the field) for paths no filesystem accepts.
+    """
+    try:
+        path = Path(value).expanduser()
+        if spec_dir is not None and not path.is_absolute():
+            path = (Path(spec_dir) / path).resolve()
+        return path
+    except RuntimeError:  # expanduser: ~name where no user has that name
+        raise ValueError(f"{str(value)!r} starts with ~ but names no user on this machine") from None
+    except (OSError, ValueError) as exc:  # a name too long for the filesystem, a NUL byte
+        raise ValueError(f"{str(value)!r} cannot be used as a path: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+
+
 def _resolve_against_spec_dir(value: Path, info: ValidationInfo) -> Path:
     # A spec must run the same from any working directory, so relative paths are
     # anchored at the spec file. Without a spec (e.g. on the cluster, where the
     # client already made them absolute) they are left as written.
-    value = value.expanduser()
-    spec_dir = (info.context or {}).get(SPEC_DIR_CONTEXT_KEY)
-    if spec_dir is not None and not value.is_absolute():
-        value = (Path(spec_dir) / value).resolve()
-    return value
+    return resolve_spec_path(value, (info.context or {}).get(SPEC_DIR_CONTEXT_KEY))
 
 
 SpecPath = Annotated[Path, AfterValidator(_resolve_against_spec_dir)]

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from jobs.errors import did_you_mean
-from jobs.paths import SPEC_DIR_CONTEXT_KEY
+from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -67,7 +67,8 @@ def _finite_non_negative(value: float) -> float:
     return value
 
 
-ResourceAmount = Annotated[float, AfterValidator(_finite_non_negative)]
+# Strict: YAML `true` or "2" is not a CPU count.
+ResourceAmount = Annotated[float, Field(strict=True), AfterValidator(_finite_non_negative)]
 ByteSize = Annotated[int, BeforeValidator(parse_size)]
 
 
@@ -96,12 +97,12 @@ def _check_local_path(value: str, info: ValidationInfo) -> str:
     """A local path must exist; it is made absolute against the spec's directory."""
     if "://" in value:
         return value  # a remote URI (s3://, gs://, https://…zip) is the cluster's business
-    spec_dir = (info.context or {}).get(SPEC_DIR_CONTEXT_KEY)
-    path = Path(value).expanduser()
-    if spec_dir is not None and not path.is_absolute():
-        path = Path(spec_dir) / path
-    path = path.resolve()
-    if not path.exists():
+    path = resolve_spec_path(value, (info.context or {}).get(SPEC_DIR_CONTEXT_KEY) or Path.cwd())
+    try:
+        found = path.exists()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{value!r} cannot be used as a path: {getattr(exc, 'strerror', None) or exc}") from None
+    if not found:
         raise ValueError(f"{value!r} does not exist (looked for {path})")
     return str(path)
 

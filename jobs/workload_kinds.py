@@ -11,6 +11,8 @@ import importlib
 
 from pydantic import BaseModel
 
+from jobs.errors import did_you_mean
+
 BUILTIN_WORKLOADS = {
     "hello": "workloads.hello:HelloParams",
     "vision": "workloads.vision.config:VisionParams",
@@ -23,10 +25,11 @@ def workload_model(kind: str) -> type[BaseModel]:
     module_name, sep, attribute = target.partition(":")
     if not sep:
         known = ", ".join(sorted(BUILTIN_WORKLOADS))
-        raise ValueError(f"unknown workload kind {kind!r}; use one of {known}, or 'package.module:Model'")
+        hint = did_you_mean(kind, BUILTIN_WORKLOADS)
+        raise ValueError(f"unknown workload kind {kind!r}{hint}; use one of {known}, or 'package.module:Model'")
     try:
         model = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # importing runs the module's code: any failure there is the spec's to fix
         raise ValueError(f"cannot load workload parameters {target!r}: {exc}") from None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise ValueError(f"{target!r} is not a pydantic model")

@@ -314,3 +314,8 @@ def test_default_retry_on_leaves_user_exits_alone(tmp_path):
 def test_secret_env_vars_must_name_env_vars(tmp_path):
     message = spec_error(tmp_path, MINIMAL + "secret_env_vars: [NOPE]\n")
     assert "secret_env_vars names NOPE" in message
+
+
+def test_booleans_are_not_resource_amounts(tmp_path):
+    assert "entrypoint_num_cpus" in spec_error(tmp_path, MINIMAL + "entrypoint_num_cpus: true\n")
+    assert load_spec(write_spec(tmp_path, MINIMAL + "entrypoint_num_cpus: 2\n")).spec.entrypoint_num_cpus == 2

@@ -367,6 +367,7 @@ def _hf_label_names(schema_metadata: dict | None) -> list[str] | None:
 
 
 def _list_hf_parquet(data: DataConfig) -> SourceListing:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     root = _require_root(data, "food101 (the folder holding data/train-*.parquet)")
@@ -402,6 +403,12 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
                 raise DataSourceError(
                     f"{str(shard)!r} is not a Hugging Face food101 shard: expected columns 'image' "
                     f"(struct of bytes and path) and 'label', found {schema.names}"
+                )
+            label_type = schema.field("label").type
+            if not pa.types.is_integer(label_type):
+                raise DataSourceError(
+                    f"{str(shard)!r} has a 'label' column of type {label_type}; a Hugging Face food101 shard "
+                    "holds integer class indices there"
                 )
             label_names = label_names or _hf_label_names(schema.metadata)
             signature.append(_stat_signature(shard, base))
