@@ -64,6 +64,17 @@ class JobsApi:
     def delete_job(self, job_id: str) -> bool:
         return bool(self._request("DELETE", f"/api/jobs/{_quote(job_id)}", job_id=job_id).get("deleted"))
 
+    def node_resources(self) -> list[dict[str, float]]:
+        """Total resources of each alive node (Ray's logical resources: CPU, GPU, memory, custom)."""
+        nodes = self._request("GET", "/nodes?view=summary").get("data", {}).get("summary", [])
+        return [node.get("raylet", {}).get("resourcesTotal", {}) for node in nodes
+                if node.get("raylet", {}).get("state") == "ALIVE"]
+
+    def has_autoscaler(self) -> bool:
+        """Whether an autoscaler reports on this cluster (then more nodes may come)."""
+        data = self._request("GET", "/api/cluster_status").get("data", {})
+        return bool(data.get("autoscalingStatus") or data.get("clusterStatus"))
+
     def _request(self, method: str, path: str, job_id: str | None = None) -> Any:
         url = self.connection.address + path
         request = urllib.request.Request(url, method=method, headers={"Accept": "application/json",

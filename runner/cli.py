@@ -237,6 +237,7 @@ def _submit_or_attach(api: Any, submission: dict[str, Any], name: str) -> str:
     """Submit; with a fixed submission_id already taken by the same spec, attach to that job instead."""
     from jobs.submission import METADATA_SPEC_HASH
     from runner.errors import JobNotFound
+    from runner.preflight import check_entrypoint_fits
     from runner.submit import submit_job
 
     wanted = submission.get("submission_id")
@@ -255,6 +256,7 @@ def _submit_or_attach(api: Any, submission: dict[str, Any], name: str) -> str:
                     f"delete the old job first (rayjobs delete {wanted})")
             _say(f"job {wanted} was already submitted from this spec ({existing.get('status')}); attaching to it")
             return wanted
+    check_entrypoint_fits(api, submission, warn=lambda text: _say(f"warning: {text}"))
     job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"))
     _say(f"submitted {name} as {job_id} to {api.address} ({api.connection.source})")
     return job_id

@@ -74,3 +74,13 @@ def test_secrets_masked_in_status_and_list(rj, tmp_path):
     env = json.loads(rj("status", job_id, "--output", "json").stdout)["runtime_env"]["env_vars"]
     assert env == {"DB_PASSWORD": "****", "PLAIN_BUT_PRIVATE": "****", "VISIBLE": "shown"}
     assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_entrypoint_no_node_can_host_is_refused_before_submission(rj, tmp_path):
+    before = {job.get("submission_id") for job in json.loads(rj("list", "--output", "json").stdout)}
+    spec = write_spec(tmp_path, "needs-gpu", "entrypoint: echo never\nentrypoint_num_gpus: 1\n")
+    result = rj("submit", str(spec))
+    assert result.returncode == 2, result.stderr
+    assert "the entrypoint asks for GPU 1, but the largest of the cluster's 1 node(s) offers GPU 0" in result.stderr
+    after = {job.get("submission_id") for job in json.loads(rj("list", "--output", "json").stdout)}
+    assert after == before
