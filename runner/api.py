@@ -71,9 +71,14 @@ class JobsApi:
                 if node.get("raylet", {}).get("state") == "ALIVE"]
 
     def has_autoscaler(self) -> bool:
-        """Whether an autoscaler reports on this cluster (then more nodes may come)."""
-        data = self._request("GET", "/api/cluster_status").get("data", {})
-        return bool(data.get("autoscalingStatus") or data.get("clusterStatus"))
+        """Whether the cluster can add nodes: its autoscaler lists worker node types it may launch.
+
+        Every head runs a monitor that reports status, so a report alone proves nothing; a
+        plain `ray start --head` cluster reports an empty "Worker node types:" section.
+        """
+        status = self._request("GET", "/api/cluster_status").get("data", {}).get("autoscalingStatus") or ""
+        _, _, worker_types = status.partition("Worker node types:")
+        return any(line.strip() for line in worker_types.splitlines())
 
     def _request(self, method: str, path: str, job_id: str | None = None) -> Any:
         url = self.connection.address + path

@@ -109,7 +109,7 @@ def _print_follow_up(api: Any, job_id: str) -> None:
 
 
 def _follow(api: Any, job_id: str, *, output: str, stream_logs: bool, give_up_after: float,
-            timeout_s: float | None = None, start_timeout_s: float | None = None,
+            timeout_s: float | None = None, start_timeout_s: float | None = None, demand: dict | None = None,
             stop_on_interrupt: bool = False, log_tail_on_failure: bool = True) -> tuple[ExitCode, Any, str]:
     """Follow a job to its end; return its exit code, the follower's outcome and the summary line."""
     from runner.follow import Follower
@@ -117,7 +117,7 @@ def _follow(api: Any, job_id: str, *, output: str, stream_logs: bool, give_up_af
 
     follower = Follower(api, job_id, logs_out=sys.stderr if output == "json" else sys.stdout,
                         stream_logs=stream_logs, give_up_after_s=give_up_after, timeout_s=timeout_s,
-                        start_timeout_s=start_timeout_s)
+                        start_timeout_s=start_timeout_s, demand=demand)
     try:
         outcome = follower.run()
     except KeyboardInterrupt:
@@ -166,6 +166,8 @@ def submit(
     stop_on_interrupt: Annotated[bool, typer.Option("--stop-on-interrupt", help="Stop the job on Ctrl-C "
                                  "(default: detach and leave it running).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream the job's log.")] = False,
+    no_preflight: Annotated[bool, typer.Option("--no-preflight", help="Submit even if no node offers the "
+                            "entrypoint's resources (e.g. nodes that will join later).")] = False,
     give_up_after: GiveUpOption = 60.0,
     no_verify: NoVerifyOption = False,
     ca_cert: CaCertOption = None,
@@ -176,6 +178,7 @@ def submit(
     from jobs.loader import load_spec
     from jobs.secrets import masked
     from jobs.submission import METADATA_ATTEMPT, METADATA_PARENT, build_submission, should_retry
+    from runner.preflight import entrypoint_demand
 
     _check_output(output)
     loaded = load_spec(Path(spec_file), set_ or [])
@@ -194,7 +197,7 @@ def submit(
     spec = loaded.spec
     if spec.max_retries:
         submission["metadata"][METADATA_ATTEMPT] = "1"
-    job_id = _submit_or_attach(api, submission, spec.name)
+    job_id = _submit_or_attach(api, submission, spec.name, preflight=not no_preflight)
     if no_wait:
         if spec.timeout_s or spec.start_timeout_s or spec.max_retries:
             _say("note: timeout_s, start_timeout_s and max_retries are applied only while rayjobs follows the job")
@@ -205,7 +208,8 @@ def submit(
     while True:
         code, outcome, summary = _follow(
             api, job_id, output=output, stream_logs=not quiet, give_up_after=give_up_after, timeout_s=spec.timeout_s,
-            start_timeout_s=spec.start_timeout_s, stop_on_interrupt=stop_on_interrupt)
+            start_timeout_s=spec.start_timeout_s, demand=entrypoint_demand(submission),
+            stop_on_interrupt=stop_on_interrupt)
         info = outcome.info if outcome is not None else None
         attempt = len(attempts)
         if code != ExitCode.FAILED or attempt > spec.max_retries or not should_retry(info or {}, spec.retry_on):
@@ -219,7 +223,7 @@ def submit(
                                            METADATA_PARENT: attempts[0]})
         if spec.submission_id:
             retry["submission_id"] = f"{spec.submission_id}-attempt{attempt}"
-        job_id = _submit_or_attach(api, retry, spec.name)
+        job_id = _submit_or_attach(api, retry, spec.name, preflight=False)
         attempts.append(job_id)
 
 
@@ -233,7 +237,7 @@ def _json_summary(api: Any, job_id: str, code: ExitCode, outcome: Any, summary: 
     }
 
 
-def _submit_or_attach(api: Any, submission: dict[str, Any], name: str) -> str:
+def _submit_or_attach(api: Any, submission: dict[str, Any], name: str, preflight: bool) -> str:
     """Submit; with a fixed submission_id already taken by the same spec, attach to that job instead."""
     from jobs.submission import METADATA_SPEC_HASH
     from runner.errors import JobNotFound
@@ -256,7 +260,8 @@ def _submit_or_attach(api: Any, submission: dict[str, Any], name: str) -> str:
                     f"delete the old job first (rayjobs delete {wanted})")
             _say(f"job {wanted} was already submitted from this spec ({existing.get('status')}); attaching to it")
             return wanted
-    check_entrypoint_fits(api, submission, warn=lambda text: _say(f"warning: {text}"))
+    if preflight:
+        check_entrypoint_fits(api, submission, warn=lambda text: _say(f"warning: {text}"))
     job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"))
     _say(f"submitted {name} as {job_id} to {api.address} ({api.connection.source})")
     return job_id

@@ -81,6 +81,7 @@ class Follower:
         give_up_after_s: float = DEFAULT_GIVE_UP_S,
         timeout_s: float | None = None,
         start_timeout_s: float | None = None,
+        demand: dict[str, float] | None = None,
     ) -> None:
         self.api = api
         self.job_id = job_id
@@ -90,6 +91,7 @@ class Follower:
         self.give_up_after_s = give_up_after_s
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        self.demand = demand or {}  # the entrypoint's resources, named in the start-timeout message
         self.requests = 0
         self._wake = asyncio.Event()
         self._over = False
@@ -173,6 +175,12 @@ class Follower:
                     except RayJobsError as exc:
                         self.note(f"could not stop the job: {exc}")
                     stop_sent_at = time.monotonic()
+                    if status == "PENDING":
+                        # Ray delivers a stop to the job's supervisor actor, which has not been
+                        # scheduled yet: the stop takes effect once it gets its resources.
+                        return Outcome(ExitCode.TIMEOUT, status, info,
+                                       f"{stop_reason}. The stop is queued: Ray applies it as soon as the job "
+                                       "gets its resources")
             elif stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_S:
                 return Outcome(ExitCode.TIMEOUT, status, info,
                                f"{stop_reason}; a stop was requested but the job is still {status}")
@@ -186,8 +194,7 @@ class Follower:
         age_s = time.time() - started_ms / 1000
         status = info.get("status")
         if self.start_timeout_s is not None and status == "PENDING" and age_s > self.start_timeout_s:
-            wanted = {k: info.get(k) for k in ("entrypoint_num_cpus", "entrypoint_num_gpus", "entrypoint_memory",
-                                               "entrypoint_resources") if info.get(k)}
+            wanted = ", ".join(f"{name} {amount:g}" for name, amount in self.demand.items())
             return (f"the job was still PENDING after {self.start_timeout_s:g}s (start_timeout_s): the cluster could "
                     f"not start its entrypoint" + (f", which asks for {wanted}" if wanted else "")
                     + (f" — {info['message']}" if info.get("message") else ""))

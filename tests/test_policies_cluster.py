@@ -84,3 +84,19 @@ def test_entrypoint_no_node_can_host_is_refused_before_submission(rj, tmp_path):
     assert "the entrypoint asks for GPU 1, but the largest of the cluster's 1 node(s) offers GPU 0" in result.stderr
     after = {job.get("submission_id") for job in json.loads(rj("list", "--output", "json").stdout)}
     assert after == before
+
+
+def test_start_timeout_stops_a_job_left_pending(rj, tmp_path):
+    # The blocker holds both of the cluster's CPUs, so the second job cannot start.
+    blocker = write_spec(tmp_path, "blocker", "entrypoint: python -c \"import time; time.sleep(120)\"\n"
+                                              "entrypoint_num_cpus: 2\n")
+    blocker_id = rj("submit", str(blocker), "--no-wait").stdout.strip()
+    try:
+        waiting = write_spec(tmp_path, "waiting", "entrypoint: echo never\nentrypoint_num_cpus: 2\n"
+                                                  "start_timeout_s: 3\n")
+        result = rj("submit", str(waiting))
+        assert result.returncode == 5, result.stderr
+        assert "still PENDING after 3s (start_timeout_s)" in result.stderr
+        assert "which asks for CPU 2" in result.stderr and "The stop is queued" in result.stderr
+    finally:
+        rj("stop", blocker_id, "--wait")

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.cli_helpers import FOOD101_SAMPLE, run_rayjobs
+from tests.conftest import wait_for_condition
 
 pytestmark = pytest.mark.cluster
 
@@ -86,3 +87,31 @@ def test_food101_spec_on_real_photos(ray_cluster, ray_cluster_home, tmp_path):
     assert manifest["counts"] == {"train": 72, "val": 24}
     predictions = pq.read_table(tmp_path / "results" / "food101-lite" / "predictions")
     assert predictions.num_rows == 24
+
+
+def test_stopped_mid_training_then_resubmitted_resumes(ray_cluster, ray_cluster_home, tmp_path):
+    results = tmp_path / "results"
+    run_dir = results / "stopped"
+    overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={results}",
+                 "workload.data.synthetic_per_class=24", "workload.data.image_size=24", "workload.train.epochs=4",
+                 "workload.train.batch_size=32", "workload.run_name=stopped", "workload.stages=[preprocess, train]"]
+    args = [arg for override in overrides for arg in ("--set", override)]
+    submitted = run_rayjobs("submit", "specs/quickstart.yaml", *args, "--no-wait", home=ray_cluster_home)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+
+    def first_epoch_checkpointed() -> bool:
+        snapshot = run_dir / "checkpoint_manager_snapshot.json"
+        return snapshot.exists() and "checkpoint_epoch_0001" in snapshot.read_text()
+
+    wait_for_condition(first_epoch_checkpointed, timeout_s=240, interval_s=0.5)
+    stopped = run_rayjobs("stop", job_id, "--wait", home=ray_cluster_home)
+    assert stopped.returncode == 0, stopped.stderr
+    done_before_stop = [int(row["epoch"]) for row in read_metrics(run_dir)]
+    assert done_before_stop and done_before_stop[-1] < 4, "the job was meant to be stopped mid-training"
+
+    again = submit(ray_cluster_home, "specs/quickstart.yaml", *overrides)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "Resuming run 'stopped' after epoch" in again.stdout
+    epochs = [int(row["epoch"]) for row in read_metrics(run_dir)]
+    assert epochs == [1, 2, 3, 4], "every epoch once: resumed, not restarted"
