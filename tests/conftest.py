@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -121,3 +122,14 @@ def workdir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the real `rayjobs` command against the session cluster: ``rj("status", job_id)``."""
+    from tests.cli_helpers import run_rayjobs
+
+    def run(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return run_rayjobs(*args, home=ray_cluster_home, **kwargs)
+
+    return run

@@ -19,14 +19,6 @@ SLOW_JOB = ("entrypoint: python -c \"import time; [(print('tick', i, flush=True)
             "for i in range(600)]\"\n")
 
 
-@pytest.fixture
-def rj(ray_cluster, ray_cluster_home):
-    def run(*args: str, **kwargs):
-        return run_rayjobs(*args, home=ray_cluster_home, **kwargs)
-
-    return run
-
-
 def job_status(rj, job_id: str) -> str:
     return json.loads(rj("status", job_id, "--output", "json").stdout)["status"]
 

@@ -7,17 +7,9 @@ import uuid
 
 import pytest
 
-from tests.cli_helpers import run_rayjobs, write_spec
+from tests.cli_helpers import write_spec
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def rj(ray_cluster, ray_cluster_home):
-    def run(*args: str, **kwargs):
-        return run_rayjobs(*args, home=ray_cluster_home, **kwargs)
-
-    return run
 
 
 def test_retry_on_exit_code_resubmits_with_linked_attempts(rj, tmp_path):
