@@ -133,3 +133,20 @@ def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subpr
         return run_rayjobs(*args, home=ray_cluster_home, **kwargs)
 
     return run
+
+
+@contextlib.contextmanager
+def private_ray(num_cpus: int = 2, **init_args: Any) -> Iterator[None]:
+    """A private in-process Ray instance for workload tests; shut down afterwards.
+
+    ``address="local"`` ignores any RAY_ADDRESS. Token auth is off: Ray 2.60 would
+    otherwise write a token to the user's ~/.ray/auth_token for a new local instance.
+    """
+    import ray
+
+    with _environ_set(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled"):
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **init_args)
+        try:
+            yield
+        finally:
+            ray.shutdown()

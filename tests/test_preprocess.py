@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
+from tests.conftest import private_ray
 from tests.fixtures_images import (
     jpeg_bytes,
     make_food101_tree,
@@ -44,13 +44,8 @@ EXPECTED_SCHEMA = pa.schema(
 
 @pytest.fixture(scope="module")
 def ray_local():
-    import ray
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    # address="local" always starts a private instance, even if RAY_ADDRESS points elsewhere.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with private_ray(log_to_driver=False):
+        yield
 
 
 def read_split(root: Path, split: str) -> list[dict]:

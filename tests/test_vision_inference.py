@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO_ROOT
+from tests.conftest import private_ray
 from tests.fixtures_images import write_tiny_dataset
 
 CLASSES = ["red", "green", "blue"]
@@ -33,19 +34,13 @@ def params(workdir):
 @pytest.fixture(scope="module")
 def trained(params):
     """A one-epoch run, then batch inference over its validation split (one Ray instance for both)."""
-    import ray
-
     from workloads.vision.inference import run_batch_inference
     from workloads.vision.train import run_training
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
+    with private_ray():
         outcome = run_training(params, CLASSES, Path(params.data.output_dir), 24)
         metrics = run_batch_inference(params)
         yield {"outcome": outcome, "metrics": metrics}
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.cluster

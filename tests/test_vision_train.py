@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import private_ray
 from tests.fixtures_images import write_tiny_dataset
 
 CLASSES = ["red", "green", "blue"]
@@ -35,12 +35,8 @@ def tiny_dataset(workdir) -> Path:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    import ray
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+    with private_ray():
+        yield
 
 
 @pytest.fixture(scope="module")
