@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobs.address import normalize_address
 from jobs.errors import did_you_mean
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 
@@ -280,22 +281,5 @@ class JobSpec(_Strict):
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         if value is not None:
-            check_address(value)
+            normalize_address(value)
         return value
-
-
-def check_address(address: str) -> str:
-    """Raise ValueError unless ``address`` is an http(s) dashboard address (``host:port`` means http)."""
-    if "://" in address:
-        scheme = address.split("://", 1)[0].lower()
-        if scheme not in ("http", "https"):
-            hint = " (ray:// is the Ray Client port; jobs use the dashboard, usually http://host:8265)" \
-                if scheme == "ray" else ""
-            raise ValueError(f"address {address!r} has scheme {scheme!r}; use http:// or https://{hint}")
-    rest = address.split("://", 1)[-1]
-    if not rest or rest.startswith(("/", ":")):
-        raise ValueError(f"address {address!r} has no host")
-    return address
-
-
-OutputFormat = Literal["text", "json"]

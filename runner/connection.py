@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobs.address import normalize_address
 from runner.errors import BadInput, NoCluster
 
 
@@ -32,22 +33,6 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection(address={self.address!r}, source={self.source!r}, headers=<{len(self.headers)} hidden>)"
-
-
-def normalize_address(address: str) -> str:
-    """``host:port`` → ``http://host:port``; refuses schemes other than http(s)."""
-    address = address.strip().rstrip("/")
-    if "://" not in address:
-        address = "http://" + address
-    scheme, rest = address.split("://", 1)
-    if scheme.lower() not in ("http", "https"):
-        hint = " (ray:// is the Ray Client port; jobs go to the dashboard, usually http://HOST:8265)" \
-            if scheme.lower() == "ray" else ""
-        raise BadInput(f"address {address!r} has scheme {scheme!r}; rayjobs talks to the dashboard over "
-                       f"http:// or https://{hint}")
-    if not rest or rest.startswith((":", "/")):
-        raise BadInput(f"address {address!r} has no host")
-    return f"{scheme.lower()}://{rest}"
 
 
 def parse_header(text: str) -> tuple[str, str]:
@@ -108,7 +93,10 @@ def resolve_connection(
         (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"),
     ):
         if value:
-            address, chosen = normalize_address(value), source
+            try:
+                address, chosen = normalize_address(value), source
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
             break
     else:
         if local is None:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from runner.connection import normalize_address, parse_header, resolve_connection
+from jobs.address import normalize_address
+from runner.connection import parse_header, resolve_connection
 from runner.errors import BadInput, NoCluster
 
 
@@ -45,8 +46,10 @@ def test_host_port_means_http():
 
 
 def test_ray_client_scheme_refused():
-    with pytest.raises(BadInput, match="Ray Client port"):
+    with pytest.raises(ValueError, match="Ray Client port"):
         normalize_address("ray://head:10001")
+    with pytest.raises(BadInput, match="Ray Client port"):
+        resolve_connection("ray://head:10001")
 
 
 def test_headers_from_env_and_flags(monkeypatch):
