@@ -33,11 +33,15 @@ def make_checkpoint(directory: Path, size: int) -> Path:
     """A checkpoint in the training stage's format (random weights: speed does not depend on them)."""
     import torch
 
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.images import ImageLayout
     from workloads.vision.train import STATE_FILE, build_model
 
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": build_model(10).state_dict(), "classes": [f"class{i}" for i in range(10)],
-                "config": {"image_size": size}, "epoch": 0}, directory / STATE_FILE)
+    layout = ImageLayout.photos(size)
+    model = build_model(TrainConfig(), 10, layout)
+    torch.save({"model": model.state_dict(), "classes": [f"class{i}" for i in range(10)],
+                "config": {"image_size": size, "layout": layout.to_dict()}, "epoch": 0}, directory / STATE_FILE)
     return directory
 
 
@@ -67,7 +71,7 @@ def single_process(files: list[str], checkpoint: Path, batch: int, threads: int)
     import pyarrow.parquet as pq
     import torch
 
-    from workloads.vision.dataset import decode_jpeg
+    from workloads.vision.images import decode_batch
     from workloads.vision.inference import classify_tensors, load_checkpoint_model
 
     previous = torch.get_num_threads()
@@ -82,7 +86,7 @@ def single_process(files: list[str], checkpoint: Path, batch: int, threads: int)
                 images = parquet_file.read_row_group(group, columns=["image"]).column("image").to_pylist()
                 for first in range(0, len(images), batch):
                     chunk = images[first:first + batch]
-                    classify_tensors(loaded, [loaded.transform(decode_jpeg(b)) for b in chunk])
+                    classify_tensors(loaded, decode_batch(chunk, loaded.layout))
                     rows += len(chunk)
         return rows / (time.perf_counter() - start)
     finally:

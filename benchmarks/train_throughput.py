@@ -52,6 +52,9 @@ def write_dataset(root: Path, train_images: int, val_images: int, size: int, cla
             rows["path"].append(f"{split}/{i}.jpg")
         (root / split).mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table(rows), root / split / "part-00000.parquet", row_group_size=256)
+    manifest = {"classes": [f"class{i}" for i in range(classes)], "image_size": size,
+                "counts": {"train": train_images, "val": val_images}}
+    (root / "_manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     return root
 
 
@@ -65,7 +68,8 @@ def ddp_worker(args) -> None:
     from torch.utils.data import DataLoader
 
     from workloads.vision.config import TrainConfig
-    from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, split_files, train_transform
+    from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
+    from workloads.vision.images import ImageLayout, normalize
     from workloads.vision.train import build_model, make_optimizer, make_scheduler
 
     dist.init_process_group("gloo")
@@ -73,10 +77,12 @@ def ddp_worker(args) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(rank)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch, optimizer="sgd", lr=0.05)
-    dataset = ParquetImageDataset(split_files(Path(args.data), "train"), train_transform(args.size))
+    layout = ImageLayout.photos(args.size)
+    dataset = ParquetImageDataset(split_files(Path(args.data), "train"), layout)
     sampler = GroupedShardSampler(dataset, num_replicas=world, rank=rank, shuffle=True, pad=True)
-    loader = DataLoader(dataset, batch_size=args.batch // world, sampler=sampler)
-    model = torch.nn.parallel.DistributedDataParallel(build_model(10))
+    loader = DataLoader(dataset, batch_size=args.batch // world, sampler=sampler,
+                        collate_fn=AugmentingCollate(layout.augment))
+    model = torch.nn.parallel.DistributedDataParallel(build_model(cfg, 10, layout))
     optimizer = make_optimizer(model.module, cfg)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -88,7 +94,7 @@ def ddp_worker(args) -> None:
         seen = 0
         start = time.perf_counter()
         for images, labels in loader:
-            loss = loss_fn(model(images), labels)
+            loss = loss_fn(model(normalize(images, layout)), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -117,6 +123,7 @@ def run_torchrun(data: Path, args) -> float:
 
 def run_ray_train(data: Path, storage: Path, name: str, args) -> float:
     from workloads.vision.config import VisionParams
+    from workloads.vision.preprocess import load_dataset_info
     from workloads.vision.train import run_training
 
     params = VisionParams.model_validate({
@@ -124,7 +131,7 @@ def run_ray_train(data: Path, storage: Path, name: str, args) -> float:
         "train": {"epochs": args.epochs, "batch_size": args.batch, "num_workers": 2, "cpus_per_worker": 1,
                   "optimizer": "sgd", "lr": 0.05, "num_to_keep": 1, "max_failures": 0},
     })
-    outcome = run_training(params, [f"class{i}" for i in range(10)], data, args.size)
+    outcome = run_training(params, load_dataset_info(data))
     rate = outcome.final_metrics["images_per_s"]
     shutil.rmtree(outcome.run_dir, ignore_errors=True)
     return rate
@@ -139,17 +146,19 @@ def data_path_rates(data: Path, args) -> tuple[float, float]:
     from torch.utils.data import DataLoader
 
     from workloads.vision.config import TrainConfig
-    from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, split_files, train_transform
+    from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
+    from workloads.vision.images import ImageLayout, normalize
     from workloads.vision.train import build_model, make_optimizer
 
     torch.set_num_threads(1)
     per_worker = args.batch // 2
-    dataset = ParquetImageDataset(split_files(data, "train"), train_transform(args.size))
-    loader = DataLoader(dataset, batch_size=per_worker,
+    layout = ImageLayout.photos(args.size)
+    dataset = ParquetImageDataset(split_files(data, "train"), layout)
+    loader = DataLoader(dataset, batch_size=per_worker, collate_fn=AugmentingCollate(layout.augment),
                         sampler=GroupedShardSampler(dataset, num_replicas=1, rank=0, shuffle=True))
-    synthetic = [(torch.randn(per_worker, 3, args.size, args.size), torch.randint(0, 10, (per_worker,)))
-                 for _ in range(8)]
-    model = build_model(10)
+    synthetic = [(torch.randint(0, 256, (per_worker, 3, args.size, args.size), dtype=torch.uint8),
+                  torch.randint(0, 10, (per_worker,))) for _ in range(8)]
+    model = build_model(TrainConfig(), 10, layout)
     optimizer = make_optimizer(model, TrainConfig(optimizer="sgd", lr=0.01))
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -159,7 +168,7 @@ def data_path_rates(data: Path, args) -> tuple[float, float]:
         for images, labels in batches:
             if count == 3:  # skip warm-up steps
                 start = time.perf_counter()
-            loss = loss_fn(model(images), labels)
+            loss = loss_fn(model(normalize(images, layout)), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -208,11 +208,11 @@ def test_failure_mid_write_leaves_previous_dataset_intact(ray_local, tmp_path, m
     real_write = preprocess._write_part
     calls = []
 
-    def write_then_fail(path, table, rows_per_file):
+    def write_then_fail(path, table, *args):
         if calls:
             raise OSError("disk full (simulated)")
         calls.append(path)
-        real_write(path, table, rows_per_file)
+        real_write(path, table, *args)
 
     monkeypatch.setattr(preprocess, "_write_part", write_then_fail)
     with pytest.raises(OSError, match="simulated"):

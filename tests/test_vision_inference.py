@@ -38,7 +38,9 @@ def trained(params):
     from workloads.vision.train import run_training
 
     with private_ray():
-        outcome = run_training(params, CLASSES, Path(params.data.output_dir), 24)
+        from workloads.vision.preprocess import load_dataset_info
+
+        outcome = run_training(params, load_dataset_info(Path(params.data.output_dir)))
         metrics = run_batch_inference(params)
         yield {"outcome": outcome, "metrics": metrics}
 
@@ -78,15 +80,16 @@ def test_batch_predictions_match_reported_metrics(trained, params):
 def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inference(trained, params):
     import torch
 
-    from workloads.vision.dataset import ParquetImageDataset, eval_transform, split_files
+    from workloads.vision.dataset import ParquetImageDataset, split_files
+    from workloads.vision.images import normalize
     from workloads.vision.inference import load_checkpoint_model
 
     outcome, metrics = trained["outcome"], trained["metrics"]
     assert Path(metrics["checkpoint"]) == outcome.best_checkpoint
     loaded = load_checkpoint_model(outcome.best_checkpoint)
-    dataset = ParquetImageDataset(split_files(Path(params.data.output_dir), "val"), eval_transform(24))
+    dataset = ParquetImageDataset(split_files(Path(params.data.output_dir), "val"), loaded.layout)
     with torch.no_grad():
-        logits = loaded.model(torch.stack([dataset[i][0] for i in range(len(dataset))]))
+        logits = loaded.model(normalize(torch.stack([dataset[i][0] for i in range(len(dataset))]), loaded.layout))
     correct = int((logits.argmax(1) == torch.tensor([dataset[i][1] for i in range(len(dataset))])).sum())
     assert correct == metrics["correct"]
     # Training evaluated the same checkpoint on the same split.

@@ -22,6 +22,12 @@ def _params(storage: Path, run_name: str, **train):
     return VisionParams.model_validate({"run_name": run_name, "storage_path": str(storage), "train": settings})
 
 
+def _info(dataset_root: Path):
+    from workloads.vision.preprocess import load_dataset_info
+
+    return load_dataset_info(dataset_root)
+
+
 def _metric_rows(run_dir: Path) -> list[dict[str, float]]:
     from workloads.vision.plots import read_metrics_csv
 
@@ -45,7 +51,7 @@ def first_run(local_ray, tiny_dataset, workdir):
     from workloads.vision.train import run_training
 
     params = _params(workdir / "runs", "two-workers")
-    outcome = run_training(params, CLASSES, tiny_dataset, 16)
+    outcome = run_training(params, _info(tiny_dataset))
     return {"params": params, "outcome": outcome, "rows": _metric_rows(outcome.run_dir)}
 
 
@@ -56,17 +62,19 @@ def test_parquet_dataset_maps_indices_to_row_groups_lazily(tiny_dataset):
     import pyarrow.parquet as pq
     import torch
 
-    from workloads.vision.dataset import ParquetImageDataset, eval_transform, split_files
+    from workloads.vision.dataset import ParquetImageDataset, split_files
+    from workloads.vision.images import ImageLayout
 
     files = split_files(tiny_dataset, "train")
     expected_labels = [label for f in files for label in pq.read_table(f).column("label").to_pylist()]
-    dataset = ParquetImageDataset(files, eval_transform(16), cache_groups=2)
+    dataset = ParquetImageDataset(files, ImageLayout.photos(16), cache_groups=2)
     assert len(dataset) == len(expected_labels) == TRAIN_PER_CLASS * len(CLASSES)
     assert len(files) == 2 and len(dataset.groups) == 6  # 18 rows per file, 8-row groups: 8 + 8 + 2
     assert dataset.group_reads == 0  # nothing read until a row is asked for
 
     image, label = dataset[0]
-    assert isinstance(image, torch.Tensor) and image.shape == (3, 16, 16) and label == expected_labels[0]
+    assert isinstance(image, torch.Tensor) and image.shape == (3, 16, 16) and image.dtype == torch.uint8
+    assert label == expected_labels[0]
     assert dataset.group_reads == 1
     dataset[7]  # same row group
     assert dataset.group_reads == 1
@@ -82,13 +90,14 @@ def test_parquet_dataset_maps_indices_to_row_groups_lazily(tiny_dataset):
 
 def test_sampler_shards_cover_every_row_once_and_keep_group_locality(tiny_dataset):
     from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, split_files
+    from workloads.vision.images import ImageLayout
 
-    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"))
+    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"), ImageLayout.photos(16))
     exact = [list(GroupedShardSampler(dataset, num_replicas=2, rank=r, shuffle=False, pad=False)) for r in (0, 1)]
     assert sorted(exact[0] + exact[1]) == list(range(len(dataset)))
     assert [len(s) for s in exact] == [8, 7]
 
-    train = ParquetImageDataset(split_files(tiny_dataset, "train"), cache_groups=4)
+    train = ParquetImageDataset(split_files(tiny_dataset, "train"), ImageLayout.photos(16), cache_groups=4)
     orders = []
     for rank in (0, 1):
         sampler = GroupedShardSampler(train, num_replicas=2, rank=rank, shuffle=True, seed=3, window=4, pad=True)
@@ -126,25 +135,35 @@ def test_missing_or_invalid_weights_and_missing_dataset_are_clear_errors(tmp_pat
 
     missing = tmp_path / "resnet18.pth"
     with pytest.raises(TrainingError, match=r"does not exist.*nothing is downloaded"):
-        run_training(_params(tmp_path, "w", weights=str(missing)), CLASSES, tiny_dataset, 16)
+        run_training(_params(tmp_path, "w", weights=str(missing)), _info(tiny_dataset))
     missing.write_text("not a state dict")
     with pytest.raises(TrainingError, match="not a torchvision ResNet-18 state dict"):
-        run_training(_params(tmp_path, "w", weights=str(missing)), CLASSES, tiny_dataset, 16)
+        run_training(_params(tmp_path, "w", weights=str(missing)), _info(tiny_dataset))
+    missing_dataset = _info(tiny_dataset)
+    missing_dataset.root = tmp_path / "no-dataset"
     with pytest.raises(DatasetMissingError, match="preprocess stage"):
-        run_training(_params(tmp_path, "w"), CLASSES, tmp_path / "no-dataset", 16)
+        run_training(_params(tmp_path, "w"), missing_dataset)
 
 
 def test_weights_file_is_loaded_and_head_replaced(tmp_path):
     import torch
     from torchvision.models import resnet18
 
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.images import ImageLayout
     from workloads.vision.train import build_model, resolve_weights
 
     pretrained = resnet18(weights=None)
     torch.save(pretrained.state_dict(), tmp_path / "r18.pth")
-    model = build_model(3, resolve_weights(str(tmp_path / "r18.pth")))
+    model = build_model(TrainConfig(), 3, ImageLayout.photos(32), resolve_weights(str(tmp_path / "r18.pth")))
     assert model.fc.out_features == 3
     assert torch.equal(model.conv1.weight, pretrained.conv1.weight)
+    # One-channel images: the pretrained stem's colour filters are summed, not dropped.
+    grey = ImageLayout("raw", 28, 28, 1, (0.5,), (0.5,), "shift")
+    model = build_model(TrainConfig(), 10, grey, resolve_weights(str(tmp_path / "r18.pth")))
+    assert model.conv1.in_channels == 1
+    assert torch.allclose(model.conv1.weight, pretrained.conv1.weight.sum(dim=1, keepdim=True))
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
     assert resolve_weights("none") is None
     (tmp_path / "r18.pth").unlink()  # 45 MB
 
@@ -160,8 +179,9 @@ def test_artifacts_and_checkpoint_contents(first_run):
     assert outcome.epochs_trained == [1, 2] and not outcome.skipped
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert set(rows[0]) == {"epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s",
-                            "data_wait_s", "lr"}
-    assert all(r["images_per_s"] > 0 and r["epoch_s"] > 0 and r["data_wait_s"] >= 0 for r in rows)
+                            "data_wait_s", "compute_s", "lr"}
+    assert all(r["images_per_s"] > 0 and r["epoch_s"] > 0 and r["data_wait_s"] >= 0 and r["compute_s"] > 0
+               for r in rows)
     assert outcome.loss_curve.stat().st_size > 1000
     assert outcome.best_checkpoint.parent == outcome.run_dir
 
@@ -181,19 +201,22 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(first_run,
     import torch
     from torch.utils.data import DataLoader
 
-    from workloads.vision.dataset import ParquetImageDataset, eval_transform, split_files
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.dataset import ParquetImageDataset, split_files
+    from workloads.vision.images import ImageLayout, normalize
     from workloads.vision.train import build_model
 
     state = torch.load(first_run["outcome"].run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu",
                        weights_only=False)
-    model = build_model(len(CLASSES))
+    layout = ImageLayout.photos(16)
+    model = build_model(TrainConfig(), len(CLASSES), layout)
     model.load_state_dict(state["model"])
     model.eval()
-    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"), eval_transform(16))
+    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"), layout)
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
         for images, labels in DataLoader(dataset, batch_size=5):
-            logits = model(images)
+            logits = model(normalize(images, layout))
             loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(1) == labels).sum())
     reported = first_run["rows"][1]
@@ -208,7 +231,7 @@ def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
     from workloads.vision.train import run_training
 
     params = _params(first_run["params"].storage_path, first_run["params"].run_name, epochs=3)
-    outcome = run_training(params, CLASSES, tiny_dataset, 16)
+    outcome = run_training(params, _info(tiny_dataset))
     assert outcome.epochs_trained == [3]  # epochs 1 and 2 were not trained again
     rows = _metric_rows(outcome.run_dir)
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
@@ -217,7 +240,7 @@ def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
     assert state["epoch"] == 2
     assert rows[2]["lr"] > 0  # the stretched schedule continues, it does not restart at a finished one's end
 
-    again = run_training(params, CLASSES, tiny_dataset, 16)
+    again = run_training(params, _info(tiny_dataset))
     assert again.skipped and again.epochs_trained == []
     assert len(_metric_rows(outcome.run_dir)) == 3
 
@@ -228,7 +251,7 @@ def test_worker_killed_mid_run_recovers_from_checkpoint(local_ray, tiny_dataset,
 
     monkeypatch.setenv(FAIL_AT_EPOCH_ENV_VAR, "1")
     params = _params(workdir / "runs", "killed-worker", epochs=2, max_failures=1)
-    outcome = run_training(params, CLASSES, tiny_dataset, 16)
+    outcome = run_training(params, _info(tiny_dataset))
     marker = outcome.run_dir / ".test-fail-marker"
     assert marker.exists() and "rank 1" in marker.read_text()
     # The attempt that finished started after the checkpoint of epoch 1 (index 0).

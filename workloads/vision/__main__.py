@@ -20,7 +20,7 @@ from workloads.vision.config import VisionParams
 
 STAGE_TITLES = {
     "preprocess": "Preprocess: images -> Parquet",
-    "train": "Train: ResNet-18 with Ray Train",
+    "train": "Train: distributed training with Ray Train",
     "infer": "Infer: batch predictions on the validation split",
 }
 
@@ -69,7 +69,7 @@ def run_stages(params: VisionParams) -> dict:
             from workloads.vision.train import run_training
 
             info = info or _dataset_info(params)
-            training = run_training(params, info.classes, Path(info.root), info.image_size)
+            training = run_training(params, info)
             produced["train"] = training
         elif stage == "infer":
             from workloads.vision.inference import run_batch_inference

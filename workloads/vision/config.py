@@ -26,6 +26,13 @@ FOOD101_LITE_CLASSES = [
     "caesar salad",
 ]
 
+# Class names of the datasets whose class list is fixed by the data itself.
+MNIST_CLASSES = [str(digit) for digit in range(10)]
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+# Sources that hold decoded pixel arrays of a fixed size; they are written to Parquet
+# as raw uint8 arrays at that size instead of being re-encoded as JPEG.
+ARRAY_SOURCES = {"mnist": (28, MNIST_CLASSES), "cifar10": (32, CIFAR10_CLASSES)}
+
 Stage = Literal["preprocess", "train", "infer"]
 
 
@@ -36,18 +43,25 @@ class _Strict(BaseModel):
 class DataConfig(_Strict):
     """Where images come from and how they are turned into Parquet."""
 
-    source: Literal["food101", "hf_parquet", "imagefolder", "synthetic"] = Field(
+    source: Literal["food101", "hf_parquet", "imagefolder", "synthetic", "mnist", "cifar10"] = Field(
         "synthetic", description="Input format: official Food-101 layout, Hugging Face food101 Parquet shards, "
-        "an ImageFolder tree, or generated images (offline)."
+        "an ImageFolder tree, generated images (offline), torchvision's MNIST IDX files, or CIFAR-10 "
+        "(python batches or Parquet shards)."
     )
     root: SpecPath | None = Field(None, description="Directory holding the source data (not used by 'synthetic').")
-    classes: list[str] = Field(
-        default_factory=lambda: list(FOOD101_LITE_CLASSES),
+    download: bool = Field(False, description="mnist only: let torchvision download the IDX files into root "
+                           "when they are missing (needs internet).")
+    classes: list[str] | None = Field(
+        None,
         min_length=2,
-        description="Class names to keep, in label order. Food-101 folder names or display names.",
+        description="Class names to keep, in label order. Default: the ten Food-101-Lite classes for photo "
+        "sources, all ten classes for mnist and cifar10. Food-101 folder names or display names.",
     )
     max_per_class: PositiveInt | None = Field(None, description="Cap on images per class and split.")
-    image_size: PositiveInt = Field(224, description="Side of the square images written to Parquet (resize + center crop).")
+    image_size: PositiveInt | None = Field(
+        None, description="Side of the square images written to Parquet (resize + center crop). Default 224; "
+        "mnist (28) and cifar10 (32) keep their native size."
+    )
     val_fraction: float = Field(
         0.2, gt=0, lt=1, description="Share of images held out for validation when the source has no split."
     )
@@ -61,17 +75,62 @@ class DataConfig(_Strict):
     force: bool = Field(False, description="Preprocess again even if the same inputs and settings were done before.")
 
     @model_validator(mode="after")
-    def _root_required(self) -> "DataConfig":
+    def _source_defaults(self) -> "DataConfig":
         if self.source != "synthetic" and self.root is None:
             raise ValueError(f"data.root is required for source {self.source!r}: point it at the local copy of the data")
+        if self.download and self.source != "mnist":
+            raise ValueError(f"data.download is only for source 'mnist'; {self.source!r} data must already be on disk")
+        native = ARRAY_SOURCES.get(self.source)
+        if native is None:
+            self.image_size = self.image_size or 224
+            self.classes = self.classes if self.classes is not None else list(FOOD101_LITE_CLASSES)
+        else:
+            size, classes = native
+            if self.image_size not in (None, size):
+                raise ValueError(f"{self.source} images are {size}x{size}; data.image_size cannot change that "
+                                 f"(leave it out or set {size})")
+            self.image_size = size
+            self.classes = self.classes if self.classes is not None else list(classes)
+        return self
+
+
+class ViTConfig(_Strict):
+    """Shape of torchvision's VisionTransformer (the defaults are the CIFAR-10 recipe's)."""
+
+    patch_size: PositiveInt = 4
+    num_layers: PositiveInt = 12
+    num_heads: PositiveInt = 8
+    hidden_dim: PositiveInt = 384
+    mlp_dim: PositiveInt = 768
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "ViTConfig":
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(f"hidden_dim ({self.hidden_dim}) must be a multiple of num_heads ({self.num_heads})")
         return self
 
 
 class TrainConfig(_Strict):
     """Distributed training with Ray Train's TorchTrainer."""
 
-    model: Literal["resnet18"] = "resnet18"
-    weights: str = Field("none", description="'none' or a path to a torchvision ResNet-18 state dict (no downloads).")
+    model: Literal["resnet18", "vit"] = Field("resnet18", description="torchvision ResNet-18, or a "
+                                              "VisionTransformer shaped by train.vit.")
+    vit: ViTConfig = Field(default_factory=lambda: ViTConfig())
+    weights: str = Field("none", description="'none' or a path to a state dict of the same torchvision model "
+                         "(no downloads).")
+    ingest: Literal["torch", "ray_data"] = Field(
+        "torch", description="How batches reach the workers: 'torch' reads Parquet row groups in a DataLoader "
+        "(prepare_data_loader); 'ray_data' streams them from Ray Data (read_parquet -> map_batches on CPU "
+        "tasks -> get_dataset_shard)."
+    )
+    augment: Literal["auto", "crop_flip", "shift_flip", "shift", "none"] = Field(
+        "auto", description="Training augmentation: random resized crop + flip, 4-pixel shift + flip, shift "
+        "only, or none. 'auto' picks what suits the source: crop_flip for photos, shift_flip for cifar10, "
+        "shift for mnist (digits must not be mirrored)."
+    )
+    data_cpus: float = Field(1.0, ge=0, description="ray_data only: CPUs reserved by each decode/augment task.")
+    prefetch_batches: int = Field(2, ge=0, description="ray_data only: batches prepared ahead of the model.")
     epochs: PositiveInt = 10
     batch_size: PositiveInt = Field(64, description="Global batch size, split evenly across workers.")
     optimizer: Literal["sgd", "adamw"] = "sgd"
@@ -111,3 +170,10 @@ class VisionParams(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     infer: InferConfig = Field(default_factory=InferConfig)
+
+    @model_validator(mode="after")
+    def _patches_fit(self) -> "VisionParams":
+        if self.train.model == "vit" and self.data.image_size % self.train.vit.patch_size:
+            raise ValueError(f"train.vit.patch_size ({self.train.vit.patch_size}) must divide data.image_size "
+                             f"({self.data.image_size})")
+        return self

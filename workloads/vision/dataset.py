@@ -1,6 +1,6 @@
 """Reading the preprocessed Parquet images from PyTorch.
 
-The preprocess stage writes JPEG bytes in row groups of a few hundred rows. A
+The preprocess stage writes images (JPEG bytes or raw arrays) in row groups of a few hundred rows. A
 row group is the smallest unit Parquet can read, so the dataset reads one group
 at a time and keeps the last few in memory; the samplers below visit indices
 group by group so that a group is read once per epoch rather than once per image.
@@ -9,22 +9,18 @@ group by group so that a group is read once per epoch rather than once per image
 from __future__ import annotations
 
 import bisect
-import io
 import math
 import random
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-# ImageNet statistics: the values torchvision's pretrained ResNet-18 was trained with.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from workloads.vision.images import Augment, ImageLayout, augment_batch, decode_one
 
 
 class DatasetMissingError(RuntimeError):
@@ -43,49 +39,34 @@ def split_files(dataset_root: Path, split: str) -> list[Path]:
     return files
 
 
-def train_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
-    """Augmenting transform for training: random resized crop, horizontal flip, normalize."""
-    from torchvision.transforms import v2
+class AugmentingCollate:
+    """``collate_fn`` that stacks decoded images and applies the training augmentation.
 
-    return v2.Compose([
-        v2.PILToTensor(),
-        v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True),
-        v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    Running it as the collate function puts the augmentation in the DataLoader's
+    worker processes when there are any, and does one batched call instead of one per image.
+    """
 
+    def __init__(self, augment: Augment = "none"):
+        self.augment = augment
 
-def eval_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
-    """Deterministic transform for validation and inference: resize, center crop, normalize."""
-    from torchvision.transforms import v2
-
-    return v2.Compose([
-        v2.PILToTensor(),
-        v2.Resize(image_size, antialias=True),
-        v2.CenterCrop(image_size),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
-
-
-def decode_jpeg(data: bytes) -> Image.Image:
-    """Decode image bytes into an RGB PIL image."""
-    with Image.open(io.BytesIO(data)) as image:
-        return image.convert("RGB")
+    def __call__(self, samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        images = torch.stack([image for image, _ in samples])
+        labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
+        return augment_batch(images, self.augment), labels
 
 
 class ParquetImageDataset(Dataset):
-    """Map-style dataset over Parquet files with ``image`` (JPEG bytes) and ``label`` columns.
+    """Map-style dataset over Parquet files with ``image`` and ``label`` columns.
 
-    Only metadata is read up front; rows are read one row group at a time when an
-    index in that group is first asked for, and the ``cache_groups`` most recently
-    used groups are kept.
+    Items are ``(uint8 tensor C×H×W, label)``; augmentation and normalization are
+    batch operations done later (see :mod:`workloads.vision.images`). Only metadata
+    is read up front; rows are read one row group at a time when an index in that
+    group is first asked for, and the ``cache_groups`` most recently used groups are kept.
     """
 
-    def __init__(self, files: Sequence[Path], transform: Callable | None = None, cache_groups: int = 8):
+    def __init__(self, files: Sequence[Path], layout: ImageLayout, cache_groups: int = 8):
         self.files = [Path(f) for f in files]
-        self.transform = transform
+        self.layout = layout
         self.cache_groups = max(1, cache_groups)
         # (file index, row group index) of every group, and the global index of its first row.
         self.groups: list[tuple[int, int]] = []
@@ -143,7 +124,7 @@ class ParquetImageDataset(Dataset):
         return rows
 
     def raw(self, index: int) -> tuple[bytes, int]:
-        """Return the undecoded JPEG bytes and the label of row ``index``."""
+        """Return the undecoded image bytes and the label of row ``index``."""
         if not 0 <= index < self._length:
             raise IndexError(f"index {index} out of range for a dataset of {self._length} rows")
         group = self.group_of(index)
@@ -151,12 +132,9 @@ class ParquetImageDataset(Dataset):
         offset = index - self.group_starts[group]
         return images[offset], int(labels[offset])
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         data, label = self.raw(index)
-        image = decode_jpeg(data)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, label
+        return torch.from_numpy(decode_one(data, self.layout)).permute(2, 0, 1), label
 
     def labels(self) -> list[int]:
         """All labels in index order (reads only the label column)."""

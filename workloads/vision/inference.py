@@ -36,16 +36,16 @@ class LoadedModel:
 
     model: Any
     classes: list[str]
-    image_size: int
+    layout: Any  # ImageLayout of the images the model was trained on
     device: Any
-    transform: Any
 
 
 def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> LoadedModel:
     """Load the model saved by the training stage in ``checkpoint_dir``."""
     import torch
 
-    from workloads.vision.dataset import eval_transform
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.images import ImageLayout
     from workloads.vision.train import STATE_FILE, build_model
 
     state_path = Path(checkpoint_dir) / STATE_FILE
@@ -53,14 +53,16 @@ def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> 
         raise InferenceError(f"{checkpoint_dir} is not a checkpoint of the training stage (no {STATE_FILE} in it).")
     state = torch.load(state_path, map_location="cpu", weights_only=False)
     classes = list(state["classes"])
-    image_size = int(state["config"]["image_size"])
-    model = build_model(len(classes))
+    config = state.get("config", {})
+    layout = ImageLayout.from_manifest(config)
+    train_cfg = TrainConfig.model_validate(config.get("train", {}))
+    model = build_model(train_cfg, len(classes), layout)
     model.load_state_dict(state["model"])
     device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
     model = model.to(device).eval()
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    return LoadedModel(model, classes, image_size, device, eval_transform(image_size))
+    return LoadedModel(model, classes, layout, device)
 
 
 def load_classes(checkpoint_dir: str | Path) -> list[str]:
@@ -73,14 +75,15 @@ def load_classes(checkpoint_dir: str | Path) -> list[str]:
     return list(state["classes"])
 
 
-def classify_tensors(loaded: LoadedModel, images: list) -> tuple[np.ndarray, np.ndarray]:
-    """Return (predicted label, softmax probabilities) for a list of transformed image tensors."""
+def classify_tensors(loaded: LoadedModel, images) -> tuple[np.ndarray, np.ndarray]:
+    """Return (predicted label, softmax probabilities) for a uint8 ``N×C×H×W`` batch of decoded images."""
     import torch
 
-    batch = torch.stack(images).to(loaded.device, non_blocking=True)
+    from workloads.vision.images import normalize
+
     on_gpu = loaded.device.type == "cuda"
-    if on_gpu:
-        batch = batch.to(memory_format=torch.channels_last)
+    batch = normalize(images.to(loaded.device, non_blocking=True), loaded.layout,
+                      torch.channels_last if on_gpu else torch.contiguous_format)
     with torch.inference_mode(), torch.autocast(device_type=loaded.device.type, dtype=torch.bfloat16, enabled=on_gpu):
         logits = loaded.model(batch)
     probabilities = torch.softmax(logits.float(), dim=1).cpu().numpy()
@@ -99,10 +102,9 @@ class BatchPredictor:
         self.class_names = np.array(self.loaded.classes, dtype=object)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from workloads.vision.dataset import decode_jpeg
+        from workloads.vision.images import decode_batch
 
-        tensors = [self.loaded.transform(decode_jpeg(data)) for data in batch["image"]]
-        predicted, probabilities = classify_tensors(self.loaded, tensors)
+        predicted, probabilities = classify_tensors(self.loaded, decode_batch(batch["image"], self.loaded.layout))
         return {
             "path": batch["path"],
             "label": batch["label"].astype(np.int64),
@@ -235,16 +237,20 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
 # --------------------------------------------------------------------------- single images
 
 
-def classify_image_bytes(checkpoint_dir: str | Path, image: bytes, use_gpu: bool = False, top_k: int = 3) -> dict:
-    """Load the checkpoint and classify one encoded image (JPEG, PNG, ...)."""
-    from workloads.vision.dataset import decode_jpeg
+def classify_image_bytes(checkpoint_dir: str | Path, image: bytes, use_gpu: bool = False, top_k: int = 3,
+                         stored: bool = False) -> dict:
+    """Load the checkpoint and classify one image: an encoded file (JPEG, PNG, ...), or with
+    ``stored`` the ``image`` cell of a row of the preprocessed dataset."""
+    import torch
+
+    from workloads.vision.images import decode_one, fit_external_image
 
     loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu)
     try:
-        picture = decode_jpeg(image)
+        pixels = decode_one(image, loaded.layout) if stored else fit_external_image(image, loaded.layout)
     except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable input
         raise InferenceError(f"cannot decode the image ({type(exc).__name__}: {exc})") from None
-    predicted, probabilities = classify_tensors(loaded, [loaded.transform(picture)])
+    predicted, probabilities = classify_tensors(loaded, torch.from_numpy(pixels).permute(2, 0, 1)[None])
     ranked = np.argsort(-probabilities[0])[:top_k]
     return {
         "predicted_label": int(predicted[0]),
@@ -255,7 +261,8 @@ def classify_image_bytes(checkpoint_dir: str | Path, image: bytes, use_gpu: bool
 
 
 @ray.remote(num_cpus=1, num_gpus=0)
-def classify_image_task(checkpoint_dir: str, image: bytes, use_gpu: bool = False, top_k: int = 3) -> dict:
+def classify_image_task(checkpoint_dir: str, image: bytes, use_gpu: bool = False, top_k: int = 3,
+                        stored: bool = False) -> dict:
     """Ray task: load the checkpoint and classify one image. On GPUs, call it as
     ``classify_image_task.options(num_gpus=1).remote(checkpoint_dir, image, use_gpu=True)``."""
-    return classify_image_bytes(checkpoint_dir, image, use_gpu=use_gpu, top_k=top_k)
+    return classify_image_bytes(checkpoint_dir, image, use_gpu=use_gpu, top_k=top_k, stored=stored)

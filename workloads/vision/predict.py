@@ -19,7 +19,8 @@ from workloads.vision.config import VisionParams
 
 
 def read_image_argument(argument: str) -> tuple[bytes, int | None]:
-    """Encoded image bytes named by ``argument``, and the true label when it is a Parquet row."""
+    """Image bytes named by ``argument``, and the true label when it is a row of the
+    preprocessed dataset (then the bytes are as stored there, not an image file)."""
     path_text, _, row_text = argument.rpartition(":")
     if path_text.endswith(".parquet") and row_text.isdigit():
         import pyarrow.parquet as pq
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Checkpoint: {checkpoint_dir} (epoch {int(checkpoint_metrics['epoch'])}, "
               f"val_accuracy {checkpoint_metrics['val_accuracy']:.4f})")
         task = classify_image_task.options(num_gpus=1) if args.gpu else classify_image_task
-        pending = [task.remote(str(checkpoint_dir), data, use_gpu=args.gpu) for _, data, _ in images]
+        pending = [task.remote(str(checkpoint_dir), data, use_gpu=args.gpu, stored=label is not None)
+                   for _, data, label in images]
         failed = 0
         for (argument, _, label), ref in zip(images, pending):
             try:

@@ -6,8 +6,9 @@ Output layout under ``data.output_dir``::
     val/part-00000.parquet ...
     _manifest.json                 classes, counts, skipped, fingerprint, files
 
-Each row is ``image`` (JPEG bytes, RGB, image_size × image_size), ``label``,
-``class_name``, ``split`` and ``path`` (where the image came from).
+Each row is ``image`` (JPEG bytes, RGB, image_size × image_size; or, for MNIST
+and CIFAR-10, the raw uint8 H×W×C array), ``label``, ``class_name``, ``split`` and
+``path`` (where the image came from). The manifest's ``layout`` says which.
 
 Work is split into Ray tasks over small chunks of images. On a multi-node cluster
 the driver reads the source bytes and ships them with the task, so workers on other
@@ -39,7 +40,8 @@ import pyarrow.parquet as pq
 import ray
 from PIL import Image, UnidentifiedImageError
 
-from workloads.vision.config import DataConfig
+from workloads.vision.config import ARRAY_SOURCES, DataConfig
+from workloads.vision.images import ImageLayout
 from workloads.vision.sources import (
     SPLITS,
     DataSourceError,
@@ -76,6 +78,11 @@ class DatasetInfo:
     image_size: int
     skipped: dict[str, int] = field(default_factory=dict)
     reused: bool = False
+    layout: ImageLayout | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = ImageLayout.photos(self.image_size)
 
 
 def load_dataset_info(root: Path) -> DatasetInfo:
@@ -181,14 +188,14 @@ _process_chunk_remote = ray.remote(num_cpus=1, max_retries=3)(_process_chunk)
 # Writing
 
 
-def _write_part(path: Path, table: pa.Table, rows_per_file: int) -> None:
+def _write_part(path: Path, table: pa.Table, rows_per_file: int, image_compression: str = "NONE") -> None:
     """Write one Parquet part (one row group). Kept separate so tests can fail it."""
     pq.write_table(
         table,
         path,
         row_group_size=rows_per_file,
-        # JPEG bytes do not compress; spending CPU on them only slows readers.
-        compression={"image": "NONE", "label": "SNAPPY", "class_name": "SNAPPY", "split": "SNAPPY", "path": "SNAPPY"},
+        compression={"image": image_compression, "label": "SNAPPY", "class_name": "SNAPPY", "split": "SNAPPY",
+                     "path": "SNAPPY"},
         use_dictionary=["class_name", "split"],
         write_statistics=["label", "class_name", "split"],
     )
@@ -197,7 +204,10 @@ def _write_part(path: Path, table: pa.Table, rows_per_file: int) -> None:
 class _SplitWriter:
     """Buffers rows of one split and writes them as part files of ``rows_per_file`` rows."""
 
-    def __init__(self, directory: Path, split: str, rows_per_file: int, class_names: list[str]):
+    def __init__(self, directory: Path, split: str, rows_per_file: int, class_names: list[str], raw: bool = False):
+        # JPEG bytes do not compress, so spending CPU on them only slows readers; raw
+        # pixel arrays (mostly black MNIST digits) shrink several times.
+        self.image_compression = "SNAPPY" if raw else "NONE"
         self.directory = directory
         self.split = split
         self.rows_per_file = rows_per_file
@@ -227,7 +237,7 @@ class _SplitWriter:
         table = pa.table(self.columns, schema=PARQUET_SCHEMA)
         name = f"part-{len(self.files):05d}.parquet"
         target = self.directory / name
-        _write_part(target, table, self.rows_per_file)
+        _write_part(target, table, self.rows_per_file, self.image_compression)
         self.files.append({"path": f"{self.split}/{name}", "rows": table.num_rows, "bytes": target.stat().st_size})
         self.rows += table.num_rows
         self.columns = {name: [] for name in PARQUET_SCHEMA.names}
@@ -267,16 +277,17 @@ def _info_from_manifest(root: Path, manifest: dict, *, reused: bool) -> DatasetI
         image_size=int(manifest["image_size"]),
         skipped={reason: int(n) for reason, n in manifest.get("skipped", {}).items()},
         reused=reused,
+        layout=ImageLayout.from_manifest(manifest),
     )
 
 
-def _settings(data: DataConfig, listing: SourceListing) -> dict:
+def _settings(data: DataConfig, root: Path | None, folders: list[str]) -> dict:
     settings = {
         "format_version": FORMAT_VERSION,
         "source": data.source,
-        "root": str(listing.root) if listing.root is not None else None,
+        "root": str(root) if root is not None else None,
         "classes": list(data.classes),
-        "folders": listing.folders,
+        "folders": folders,
         "max_per_class": data.max_per_class,
         "image_size": data.image_size,
         "val_fraction": data.val_fraction,
@@ -289,9 +300,9 @@ def _settings(data: DataConfig, listing: SourceListing) -> dict:
     return settings
 
 
-def _fingerprint(settings: dict, listing: SourceListing) -> str:
+def _fingerprint(settings: dict, signature: list[tuple]) -> str:
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for entry in listing.signature:
+    for entry in signature:
         digest.update(json.dumps(entry).encode())
         digest.update(b"\n")
     return digest.hexdigest()
@@ -445,16 +456,30 @@ class _Skip:
 def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
     """Turn the configured source into the Parquet dataset at ``data.output_dir``.
 
-    Needs Ray (the caller runs ``ray.init``). Reuses an earlier identical run unless
-    ``data.force``; raises :class:`DataSourceError` for bad input.
+    Needs Ray for photo sources (the caller runs ``ray.init``). Reuses an earlier
+    identical run unless ``data.force``; raises :class:`DataSourceError` for bad input.
     """
     started = time.perf_counter()
     output_dir = Path(data.output_dir).expanduser()
     _check_output_dir(output_dir)
-    listing = list_source(data)
-    settings = _settings(data, listing)
-    fingerprint = _fingerprint(settings, listing)
-    _log(f"preprocess: {source_description(listing)}")
+    if data.source in ARRAY_SOURCES:
+        from workloads.vision.arrays import load_array_source
+
+        arrays = load_array_source(data)
+        listing = None
+        root, classes, folders, signature, layout = arrays.root, arrays.classes, arrays.folders, arrays.signature, arrays.layout
+        counts = {split: len(part.labels) for split, part in arrays.splits.items()}
+        description = (f"source {data.source} at {root}: {counts.get('train', 0)} train + {counts.get('val', 0)} "
+                       f"val images, {len(classes)} classes")
+    else:
+        arrays = None
+        listing = list_source(data)
+        root, classes, folders, signature = listing.root, listing.classes, listing.folders, listing.signature
+        layout = ImageLayout.photos(data.image_size)
+        description = source_description(listing)
+    settings = _settings(data, root, folders)
+    fingerprint = _fingerprint(settings, signature)
+    _log(f"preprocess: {description}")
 
     existing = _read_manifest(output_dir)
     if existing is not None and not data.force:
@@ -465,36 +490,32 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
             )
             return _info_from_manifest(Path(data.output_dir), existing, reused=True)
 
-    ordered = _ordered_items(listing, data.seed)
-    if not ray.is_initialized():
-        ray.init()  # callers normally have; this keeps the stage usable on its own
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    chunk_size = max(4, min(64, math.ceil(len(ordered) / (cpus * 12))))
-    chunks = _plan_chunks(ordered, chunk_size)
-
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     building = output_dir.with_name(f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
-    skipped: Counter = Counter(listing.skipped)
+    skipped: Counter = Counter(listing.skipped if listing else {})
     try:
-        writers = {split: _SplitWriter(building / split, split, data.rows_per_file, listing.classes) for split in SPLITS}
-        _run_chunks(ordered, chunks, listing, data, writers, skipped, cpus, progress)
+        writers = {split: _SplitWriter(building / split, split, data.rows_per_file, classes, raw=layout.encoding == "raw")
+                   for split in SPLITS}
+        if arrays is not None:
+            _write_arrays(arrays, writers, data.seed)
+        else:
+            _encode_listing(listing, data, writers, skipped, progress)
         for writer in writers.values():
             writer.close()
         if writers["train"].rows == 0:
-            raise DataSourceError(
-                f"no usable training images from {source_description(listing)}; skipped: {dict(skipped) or 'none'}"
-            )
+            raise DataSourceError(f"no usable training images from {description}; skipped: {dict(skipped) or 'none'}")
         seconds = time.perf_counter() - started
         manifest = {
             "format_version": FORMAT_VERSION,
             "fingerprint": fingerprint,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "source": {"type": listing.source, "root": settings["root"]},
-            "classes": listing.classes,
-            "folders": listing.folders,
+            "source": {"type": data.source, "root": settings["root"]},
+            "classes": classes,
+            "folders": folders,
             "counts": {split: writers[split].rows for split in SPLITS},
-            "counts_per_class": {split: {c: writers[split].per_class[c] for c in listing.classes} for split in SPLITS},
+            "counts_per_class": {split: {c: writers[split].per_class[c] for c in classes} for split in SPLITS},
             "image_size": data.image_size,
+            "layout": layout.to_dict(),
             "skipped": dict(sorted(skipped.items())),
             "files": [entry for split in SPLITS for entry in writers[split].files],
             "settings": settings,
@@ -505,8 +526,33 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    _log(_summary(output_dir, listing.classes, writers, skipped, time.perf_counter() - started))
+    _log(_summary(output_dir, classes, writers, skipped, time.perf_counter() - started))
     return _info_from_manifest(Path(data.output_dir), manifest, reused=False)
+
+
+def _write_arrays(arrays, writers: dict[str, "_SplitWriter"], seed: int) -> None:
+    """Write decoded arrays as raw rows, each split in a seeded shuffled order (row groups mix classes)."""
+    import numpy as np
+
+    for split in SPLITS:
+        part = arrays.splits.get(split)
+        if part is None:
+            continue
+        order = np.random.default_rng([abs(seed), SPLITS.index(split)]).permutation(len(part.labels))
+        for index in order.tolist():
+            writers[split].add(part.images[index].tobytes(), int(part.labels[index]), part.paths[index])
+
+
+def _encode_listing(listing: SourceListing, data: DataConfig, writers: dict[str, "_SplitWriter"], skipped: Counter,
+                    progress: bool) -> None:
+    """Decode, resize and re-encode every listed image in Ray tasks; write the rows in a fixed order."""
+    ordered = _ordered_items(listing, data.seed)
+    if not ray.is_initialized():
+        ray.init()  # callers normally have; this keeps the stage usable on its own
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    chunk_size = max(4, min(64, math.ceil(len(ordered) / (cpus * 12))))
+    chunks = _plan_chunks(ordered, chunk_size)
+    _run_chunks(ordered, chunks, listing, data, writers, skipped, cpus, progress)
 
 
 def _run_chunks(

@@ -26,11 +26,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workloads.vision.config import TrainConfig, VisionParams
+from workloads.vision.images import ImageLayout
 
-METRIC_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s", "data_wait_s", "lr"]
+if TYPE_CHECKING:
+    from workloads.vision.preprocess import DatasetInfo
+
+# data_wait_s: seconds per worker blocked waiting for the next batch; compute_s: the
+# rest of the training pass (forward, backward, optimizer step).
+METRIC_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s", "data_wait_s",
+                 "compute_s", "lr"]
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 METRICS_CSV = "metrics.csv"
@@ -68,33 +75,70 @@ def resolve_weights(weights: str) -> Path | None:
     path = Path(weights).expanduser()
     if not path.is_file():
         raise TrainingError(
-            f"train.weights points at {path}, which does not exist. Give the path of a torchvision ResNet-18 "
-            "state dict (a .pth file copied to the cluster beforehand; nothing is downloaded) or 'none' to "
-            "start from random weights."
+            f"train.weights points at {path}, which does not exist. Give the path of a torchvision state dict "
+            "of the same model (a .pth file copied to the cluster beforehand; nothing is downloaded) or 'none' "
+            "to start from random weights."
         )
     return path
 
 
-def build_model(num_classes: int, weights: Path | None = None):
-    """A torchvision ResNet-18 with a ``num_classes``-way head, optionally from a local state dict."""
+def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, weights: Path | None = None):
+    """The configured torchvision model with a ``num_classes``-way head, sized for ``layout``'s images.
+
+    With ``weights``, everything but the head comes from that local state dict; a
+    3-channel stem is summed over colours when the images have one channel.
+    """
     import torch
-    from torchvision.models import resnet18
+    from torchvision.models import VisionTransformer, resnet18
+
+    def fresh(head: int):
+        if cfg.model == "vit":
+            v = cfg.vit
+            return VisionTransformer(image_size=layout.height, patch_size=v.patch_size, num_layers=v.num_layers,
+                                     num_heads=v.num_heads, hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
+                                     dropout=v.dropout, num_classes=head)
+        return resnet18(weights=None, num_classes=head)
+
+    def stem(model):
+        return ("conv_proj", model.conv_proj) if cfg.model == "vit" else ("conv1", model.conv1)
+
+    def adapt_stem(model) -> None:
+        name, conv = stem(model)
+        if conv.in_channels == layout.channels:
+            return
+        replacement = torch.nn.Conv2d(layout.channels, conv.out_channels, conv.kernel_size, conv.stride,
+                                      conv.padding, bias=conv.bias is not None)
+        with torch.no_grad():
+            # Summing the colour filters keeps a pretrained stem's response to grey images.
+            replacement.weight.copy_(conv.weight.sum(dim=1, keepdim=True))
+            if conv.bias is not None:
+                replacement.bias.copy_(conv.bias)
+        setattr(model, name, replacement)
 
     if weights is None:
-        return resnet18(weights=None, num_classes=num_classes)
-    model = resnet18(weights=None)
+        model = fresh(num_classes)
+        adapt_stem(model)
+        return model
+    model = None
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
             state = state["model"]
+        head_key = "heads.head.weight" if cfg.model == "vit" else "fc.weight"
+        model = fresh(state[head_key].shape[0])
         model.load_state_dict(state)
     except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
+        kind = "ResNet-18" if cfg.model == "resnet18" else "VisionTransformer of the configured shape"
         raise TrainingError(
-            f"train.weights {weights} is not a torchvision ResNet-18 state dict ({type(exc).__name__}: "
+            f"train.weights {weights} is not a torchvision {kind} state dict ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:200]})."
         ) from None
-    # The pretrained head predicts ImageNet's 1000 classes; ours is trained from scratch.
-    model.fc = torch.nn.Linear(model.fc.in_features, num_classes)
+    adapt_stem(model)
+    # The pretrained head predicts its own classes (ImageNet's 1000); ours is trained from scratch.
+    if cfg.model == "vit":
+        model.heads.head = torch.nn.Linear(model.heads.head.in_features, num_classes)
+    else:
+        model.fc = torch.nn.Linear(model.fc.in_features, num_classes)
     return model
 
 
@@ -193,6 +237,77 @@ def _maybe_fail_for_test(config: dict, epoch: int, rank: int) -> None:
     os._exit(1)
 
 
+class _TorchBatches:
+    """``ingest: torch``: Parquet row groups through a DataLoader prepared by Ray Train."""
+
+    def __init__(self, config: dict, cfg: TrainConfig, layout: ImageLayout, rank: int, world_size: int, on_gpu: bool):
+        import ray.train.torch
+        from torch.utils.data import DataLoader
+
+        from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
+
+        dataset_root = Path(config["dataset_root"])
+        per_worker_batch = max(1, cfg.batch_size // world_size)
+        train_set = ParquetImageDataset(split_files(dataset_root, "train"), layout)
+        val_set = ParquetImageDataset(split_files(dataset_root, "val"), layout)
+        self.train_sampler = GroupedShardSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                                 seed=cfg.seed, pad=True)
+        # Unpadded shards: each validation row is seen by exactly one rank, so the
+        # summed counts are the exact full-split figures.
+        val_sampler = GroupedShardSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False, pad=False)
+        options: dict[str, Any] = {"num_workers": cfg.loader_workers, "pin_memory": on_gpu}
+        if cfg.loader_workers > 0:
+            options["persistent_workers"] = True
+        augment = layout.resolve_augment(cfg.augment)
+        self.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
+            train_set, batch_size=per_worker_batch, sampler=self.train_sampler, drop_last=False,
+            collate_fn=AugmentingCollate(augment), **options))
+        self.val_loader = ray.train.torch.prepare_data_loader(DataLoader(
+            val_set, batch_size=per_worker_batch, sampler=val_sampler, collate_fn=AugmentingCollate("none"), **options))
+        self.steps_per_epoch = len(self.train_loader)
+        self.world_size = world_size
+
+    def train_epoch(self, epoch: int):
+        if self.world_size > 1:
+            self.train_loader.sampler.set_epoch(epoch)
+        return iter(self.train_loader)
+
+    def val_batches(self):
+        return iter(self.val_loader)
+
+
+class _RayDataBatches:
+    """``ingest: ray_data``: this worker's shards of the Ray Datasets given to the trainer."""
+
+    def __init__(self, config: dict, cfg: TrainConfig, world_size: int, device):
+        import ray.train
+        import torch
+
+        self.per_worker_batch = max(1, cfg.batch_size // world_size)
+        self.prefetch = cfg.prefetch_batches
+        self.device = device
+        self.train_shard = ray.train.get_dataset_shard("train")
+        self.val_shard = ray.train.get_dataset_shard("val")
+        self.dtypes = {"image": torch.uint8, "label": torch.int64}
+        # The trainer splits the train set into equal shares, so every rank runs the same number of steps.
+        self.steps_per_epoch = max(1, math.ceil((config["train_rows"] // world_size) / self.per_worker_batch))
+
+    def _batches(self, shard, shuffle: bool):
+        for batch in shard.iter_torch_batches(
+            batch_size=self.per_worker_batch, dtypes=self.dtypes, device=self.device,
+            prefetch_batches=self.prefetch, drop_last=False,
+            # Blocks arrive in a new order every epoch; the buffer mixes rows across them.
+            local_shuffle_buffer_size=4 * self.per_worker_batch if shuffle else None,
+        ):
+            yield batch["image"], batch["label"]
+
+    def train_epoch(self, epoch: int):
+        return self._batches(self.train_shard, shuffle=True)
+
+    def val_batches(self):
+        return self._batches(self.val_shard, shuffle=False)
+
+
 def train_loop_per_worker(config: dict) -> dict:
     """Body of every Ray Train worker: train, evaluate, checkpoint and report each epoch.
 
@@ -202,15 +317,13 @@ def train_loop_per_worker(config: dict) -> dict:
     import torch.distributed as dist
     import ray.train
     import ray.train.torch
-    from torch.utils.data import DataLoader
 
-    from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, eval_transform, split_files, train_transform
+    from workloads.vision.images import normalize
 
     cfg = TrainConfig.model_validate(config["train"])
     classes: list[str] = config["classes"]
-    image_size: int = config["image_size"]
+    layout = ImageLayout.from_manifest({"layout": config["layout"]})
     run_dir = Path(config["run_dir"])
-    dataset_root = Path(config["dataset_root"])
 
     # One intra-op thread per reserved CPU: Ray reserved cpus_per_worker for this
     # process, and more threads would contend with the other workers on the node.
@@ -225,30 +338,17 @@ def train_loop_per_worker(config: dict) -> dict:
     use_amp = on_gpu and cfg.amp
     memory_format = torch.channels_last if (on_gpu and cfg.channels_last) else torch.contiguous_format
 
-    per_worker_batch = max(1, cfg.batch_size // world_size)
-    train_set = ParquetImageDataset(split_files(dataset_root, "train"), train_transform(image_size))
-    val_set = ParquetImageDataset(split_files(dataset_root, "val"), eval_transform(image_size))
-    train_sampler = GroupedShardSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
-                                        seed=cfg.seed, pad=True)
-    # Unpadded shards: each validation row is seen by exactly one rank, so the
-    # summed counts are the exact full-split figures.
-    val_sampler = GroupedShardSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False, pad=False)
-    loader_options: dict[str, Any] = {"num_workers": cfg.loader_workers, "pin_memory": on_gpu}
-    if cfg.loader_workers > 0:
-        loader_options["persistent_workers"] = True
-    train_loader = ray.train.torch.prepare_data_loader(
-        DataLoader(train_set, batch_size=per_worker_batch, sampler=train_sampler, drop_last=False, **loader_options)
-    )
-    val_loader = ray.train.torch.prepare_data_loader(
-        DataLoader(val_set, batch_size=per_worker_batch, sampler=val_sampler, **loader_options)
-    )
+    if cfg.ingest == "ray_data":
+        batches = _RayDataBatches(config, cfg, world_size, device)
+    else:
+        batches = _TorchBatches(config, cfg, layout, rank, world_size, on_gpu)
 
     weights = Path(config["weights"]) if config.get("weights") else None
-    model = build_model(len(classes), weights)
+    model = build_model(cfg, len(classes), layout, weights)
     model = model.to(memory_format=memory_format)
     model = ray.train.torch.prepare_model(model)
     optimizer = make_optimizer(_unwrap(model), cfg)
-    steps_per_epoch = max(1, len(train_loader))
+    steps_per_epoch = max(1, batches.steps_per_epoch)
     scheduler = make_scheduler(optimizer, cfg, steps_per_epoch)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -287,8 +387,6 @@ def train_loop_per_worker(config: dict) -> dict:
     trained: list[int] = []
     for epoch in range(start_epoch, cfg.epochs):
         _maybe_fail_for_test(config, epoch, rank)
-        if world_size > 1:
-            train_loader.sampler.set_epoch(epoch)
         model.train()
         lr = optimizer.param_groups[0]["lr"]
         # Summed on the device so the loop never waits for the accelerator to report a number.
@@ -296,12 +394,16 @@ def train_loop_per_worker(config: dict) -> dict:
         seen = 0.0
         data_wait = 0.0
         epoch_start = last_progress = time.perf_counter()
-        batches = iter(train_loader)
-        for step in range(len(train_loader)):
+        train_batches = batches.train_epoch(epoch)
+        step = 0
+        while True:
             wait_start = time.perf_counter()
-            images, labels = next(batches)
+            try:
+                images, labels = next(train_batches)
+            except StopIteration:
+                break
             data_wait += time.perf_counter() - wait_start
-            images = images.to(memory_format=memory_format)
+            images = normalize(images, layout, memory_format)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
                 logits = model(images)
                 loss = loss_fn(logits.float(), labels)
@@ -312,10 +414,11 @@ def train_loop_per_worker(config: dict) -> dict:
             batch = labels.shape[0]
             loss_total += loss.detach().double() * batch
             seen += batch
+            step += 1
             now = time.perf_counter()
             if rank == 0 and now - last_progress >= SECONDS_BETWEEN_PROGRESS_LINES:
                 last_progress = now
-                _say(f"  epoch {epoch + 1}/{cfg.epochs} step {step + 1}/{len(train_loader)} "
+                _say(f"  epoch {epoch + 1}/{cfg.epochs} step {step}/{steps_per_epoch} "
                       f"loss {loss_total.item() / seen:.4f} ({seen * world_size / (now - epoch_start):.1f} images/s)")
         loss_sum = loss_total.item()
         train_seconds = time.perf_counter() - epoch_start
@@ -330,8 +433,8 @@ def train_loop_per_worker(config: dict) -> dict:
                 dist.broadcast(buffer, src=0)
         evaluated.eval()
         with torch.no_grad():
-            for images, labels in val_loader:
-                images = images.to(memory_format=memory_format)
+            for images, labels in batches.val_batches():
+                images = normalize(images, layout, memory_format)
                 with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
                     logits = evaluated(images)
                 logits = logits.float()
@@ -340,8 +443,9 @@ def train_loop_per_worker(config: dict) -> dict:
                 val_seen += labels.shape[0]
         epoch_seconds = time.perf_counter() - epoch_start
 
-        loss_sum, seen, val_loss_sum, val_correct, val_seen, data_wait = all_reduce(
-            [loss_sum, seen, val_loss_sum, val_correct, val_seen, data_wait])
+        compute = train_seconds - data_wait
+        loss_sum, seen, val_loss_sum, val_correct, val_seen, data_wait, compute = all_reduce(
+            [loss_sum, seen, val_loss_sum, val_correct, val_seen, data_wait, compute])
         (train_seconds, epoch_seconds) = all_reduce([train_seconds, epoch_seconds], dist.ReduceOp.MAX if world_size > 1 else None)
         metrics = {
             "epoch": epoch + 1,
@@ -353,6 +457,7 @@ def train_loop_per_worker(config: dict) -> dict:
             "images_per_s": seen / max(1e-9, train_seconds),
             "epoch_s": epoch_seconds,
             "data_wait_s": data_wait / world_size,
+            "compute_s": compute / world_size,
             "lr": lr,
         }
 
@@ -366,7 +471,8 @@ def train_loop_per_worker(config: dict) -> dict:
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "epoch": epoch,
-                    "config": {"train": cfg.model_dump(mode="json"), "image_size": image_size},
+                    "config": {"train": cfg.model_dump(mode="json"), "image_size": layout.height,
+                               "layout": layout.to_dict()},
                     "classes": list(classes),
                 }, Path(tmp) / STATE_FILE)
                 (Path(tmp) / META_FILE).write_text(json.dumps(metrics, indent=2), encoding="utf-8")
@@ -374,7 +480,7 @@ def train_loop_per_worker(config: dict) -> dict:
                 _say(f"epoch {epoch + 1}/{cfg.epochs}: train_loss {metrics['train_loss']:.4f} "
                       f"val_loss {metrics['val_loss']:.4f} val_accuracy {metrics['val_accuracy']:.4f} "
                       f"({metrics['images_per_s']:.1f} images/s, {epoch_seconds:.1f}s, "
-                      f"data wait {metrics['data_wait_s']:.1f}s)")
+                      f"data wait {metrics['data_wait_s']:.1f}s, compute {metrics['compute_s']:.1f}s)")
             ray.train.report(metrics, checkpoint=report_checkpoint, checkpoint_dir_name=f"checkpoint_epoch_{epoch + 1:04d}")
         trained.append(epoch + 1)
     return {"start_epoch": start_epoch, "epochs_trained": trained}
@@ -453,23 +559,28 @@ def outcome_from_disk(run_dir: Path, trained: list[int], skipped: bool) -> Train
     )
 
 
-def run_training(params: VisionParams, classes: list[str], dataset_root: Path, image_size: int) -> TrainingOutcome:
-    """Train (or continue training) ``params.run_name`` on the Parquet dataset at ``dataset_root``.
+def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
+    """Train (or continue training) ``params.run_name`` on the preprocessed dataset ``info`` describes.
 
     Needs a connected Ray cluster. Raises :class:`TrainingError` with a readable
     message for problems the user can fix.
     """
+    import ray
     import ray.train
     from ray.train.torch import TorchTrainer
 
     from workloads.vision.dataset import split_files
 
     cfg = params.train
+    dataset_root, classes, layout = Path(info.root), info.classes, info.layout
     split_files(dataset_root, "train")
     split_files(dataset_root, "val")
+    if cfg.model == "vit" and layout.height % cfg.vit.patch_size:
+        raise TrainingError(f"train.vit.patch_size {cfg.vit.patch_size} does not divide the dataset's "
+                            f"{layout.height}-pixel images")
     weights = resolve_weights(cfg.weights)
     if weights is not None:
-        build_model(len(classes), weights)  # fail here, with one message, rather than in every worker
+        build_model(cfg, len(classes), layout, weights)  # fail here, with one message, rather than in every worker
     run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
 
     checkpoints = list_checkpoints(run_dir)
@@ -491,7 +602,8 @@ def run_training(params: VisionParams, classes: list[str], dataset_root: Path, i
     loop_config = {
         "train": cfg.model_dump(mode="json"),
         "classes": list(classes),
-        "image_size": int(image_size),
+        "layout": layout.to_dict(),
+        "train_rows": int(info.counts.get("train", 0)),
         "dataset_root": str(Path(dataset_root).resolve()),
         "run_dir": str(run_dir),
         "weights": str(weights) if weights else None,
@@ -500,9 +612,19 @@ def run_training(params: VisionParams, classes: list[str], dataset_root: Path, i
         "fail_at_epoch": int(fail_at) if fail_at not in (None, "") else None,
         "fail_marker": str(run_dir / ".test-fail-marker"),
     }
+    data_options: dict[str, Any] = {}
+    if cfg.ingest == "ray_data":
+        from workloads.vision.ingest import ExactValidationDataConfig, data_cpu_shortfall, training_datasets
+
+        shortfall = data_cpu_shortfall(cfg)
+        if shortfall is not None:
+            raise TrainingError(shortfall)
+        data_options = {"datasets": training_datasets(dataset_root, layout, cfg),
+                        "dataset_config": ExactValidationDataConfig()}
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
+        **data_options,
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
