@@ -68,8 +68,12 @@ def load_array_source(data: DataConfig) -> ArraySource:
 
 
 def _select(source: str, root: Path, data: DataConfig, all_classes: list[str], layout: ImageLayout,
-            splits: dict[str, tuple[np.ndarray, np.ndarray, str]], signature: list[tuple]) -> ArraySource:
-    """Keep the requested classes (relabelled in their order), capped per class, and name every row."""
+            splits: dict[str, tuple[np.ndarray, np.ndarray, str | list[str]]], signature: list[tuple]) -> ArraySource:
+    """Keep the requested classes (relabelled in their order), capped per class, and name every row.
+
+    Each split is (images, labels, where): ``where`` is the file every row comes
+    from (rows are named ``file#index``) or a list naming each row.
+    """
     folders = _resolve_classes(data.classes, all_classes, str(root), "class {folder!r}")
     wanted = [all_classes.index(folder) for folder in folders]
     out: dict[str, ArraySplit] = {}
@@ -83,8 +87,8 @@ def _select(source: str, root: Path, data: DataConfig, all_classes: list[str], l
             new_labels.extend([new_label] * len(rows))
         order = np.argsort(np.asarray(keep, dtype=np.int64), kind="stable")
         kept = np.asarray(keep, dtype=np.int64)[order]
-        out[split] = ArraySplit(images[kept], np.asarray(new_labels, dtype=np.int64)[order],
-                                [f"{where}#{row}" for row in kept.tolist()])
+        names = [where[row] if isinstance(where, list) else f"{where}#{row}" for row in kept.tolist()]
+        out[split] = ArraySplit(images[kept], np.asarray(new_labels, dtype=np.int64)[order], names)
     for name, folder in zip(data.classes, folders):
         if not any((s.labels == folders.index(folder)).any() for s in out.values()):
             raise DataSourceError(f"class {name!r} has no images in {str(root)!r}")
@@ -231,7 +235,7 @@ def _read_cifar_batches(root: Path, batches: Path):
     splits = {}
     signature = []
     for split, names in (("train", CIFAR_TRAIN_BATCHES), ("val", ["test_batch"])):
-        images, labels = [], []
+        images, labels, where = [], [], []
         for name in names:
             path = batches / name
             batch = _read_cifar_pickle(path)
@@ -244,8 +248,8 @@ def _read_cifar_batches(root: Path, batches: Path):
             images.append(pixels.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
             labels.append(np.asarray(batch_labels, dtype=np.int64))
             signature.append(_stat_signature(path, root))
-        where = (batches / names[0]).relative_to(root).as_posix() if len(names) == 1 else \
-            (batches.relative_to(root) / "data_batch_1-5").as_posix()
+            relative = path.relative_to(root).as_posix()
+            where.extend(f"{relative}#{row}" for row in range(pixels.shape[0]))
         splits[split] = (np.concatenate(images), np.concatenate(labels), where)
     return splits, classes, signature
 
@@ -267,7 +271,7 @@ def _read_cifar_parquet(root: Path, shards: list[Path]):
                               f"test-*.parquet files; found {[s.name for s in shards]}")
     splits, signature = {}, []
     for split, files in by_split.items():
-        images, labels = [], []
+        images, labels, where = [], [], []
         for shard in files:
             table = pq.read_table(shard)
             column = next((c for c in ("img", "image") if c in table.column_names), None)
@@ -286,5 +290,7 @@ def _read_cifar_parquet(root: Path, shards: list[Path]):
                 images.append(pixels)
             labels.append(np.asarray(table.column("label").to_pylist(), dtype=np.int64))
             signature.append(_stat_signature(shard, root))
-        splits[split] = (np.stack(images), np.concatenate(labels), files[0].relative_to(root).as_posix())
+            relative = shard.relative_to(root).as_posix()
+            where.extend(f"{relative}#{row}" for row in range(table.num_rows))
+        splits[split] = (np.stack(images), np.concatenate(labels), where)
     return splits, classes, signature

@@ -38,11 +38,23 @@ def decode_and_augment(batch: dict[str, np.ndarray], layout: dict, augment: str)
 
 def training_datasets(dataset_root: Path, layout: ImageLayout, cfg: TrainConfig) -> dict:
     """``{"train": ..., "val": ...}`` Ray Datasets of decoded (and, for train, augmented) batches."""
+    # Ray Data's redrawn progress bars turn into thousands of lines in a job log; the
+    # training loop prints its own progress.
+    ray.data.DataContext.get_current().enable_progress_bars = False
     transform = {"batch_size": TRANSFORM_BATCH_ROWS, "batch_format": "numpy", "num_cpus": cfg.data_cpus}
 
     def read(split: str):
         # Reading is I/O, light next to decoding; at 0 CPUs it never waits for a core.
-        return ray.data.read_parquet(str(Path(dataset_root) / split), columns=["image", "label"], num_cpus=0)
+        # Ray Data's newer Parquet reader first lists files in a task that always asks
+        # for 1 CPU, which never starts while the training workers hold every CPU of a
+        # small cluster; the classic reader plans from the driver and honours num_cpus.
+        context = ray.data.DataContext.get_current()
+        previous = context.use_datasource_v2
+        context.use_datasource_v2 = False
+        try:
+            return ray.data.read_parquet(str(Path(dataset_root) / split), columns=["image", "label"], num_cpus=0)
+        finally:
+            context.use_datasource_v2 = previous
 
     train = read("train").randomize_block_order().map_batches(
         decode_and_augment, fn_kwargs={"layout": layout.to_dict(), "augment": layout.resolve_augment(cfg.augment)},
