@@ -15,7 +15,6 @@ Rounds are interleaved and medians reported. Run:
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.common import start_private_ray  # noqa: E402
 
 from benchmarks.train_throughput import write_dataset  # noqa: E402
 
@@ -112,8 +113,7 @@ def main() -> None:
         data = write_dataset(scratch / "data", 16, args.images, args.size)
         files = [str(f) for f in sorted((data / "val").glob("*.parquet"))]
         checkpoint = make_checkpoint(scratch / "checkpoint", args.size)
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_private_ray(2)
         DataContext.get_current().enable_progress_bars = False
         print(f"{args.images} images of {args.size}px, batch {args.batch}, {args.actors} actors x 1 CPU, "
               f"{args.rounds} rounds", flush=True)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
+from benchmarks.common import start_private_ray  # noqa: E402
 from tests.fixtures_images import photo_like_jpeg  # noqa: E402
 from workloads.vision import preprocess  # noqa: E402
 from workloads.vision.config import DataConfig  # noqa: E402
@@ -195,7 +196,7 @@ def main() -> None:
 
         # Forked before Ray starts its threads in this process.
         pool = multiprocessing.get_context("fork").Pool(args.cpus)
-        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+        start_private_ray(args.cpus)
         parallel_run(data)  # warm-up: starts the worker processes
         raylet_pid = ray.get(ray.remote(_parent_pid).remote())  # workers are children of the raylet
 

@@ -30,6 +30,8 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.common import start_private_ray  # noqa: E402
+
 
 def write_dataset(root: Path, train_images: int, val_images: int, size: int, classes: int = 10) -> Path:
     """Noise-textured JPEGs (costly to decode like photos) in the preprocess stage's Parquet layout."""
@@ -218,8 +220,7 @@ def main() -> None:
         if not args.skip_ddp:
             import ray
 
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            start_private_ray(2)
             ray_rates, ddp_rates = [], []
             for round_index in range(args.rounds):
                 order = ["ray", "ddp"] if round_index % 2 == 0 else ["ddp", "ray"]

@@ -16,6 +16,7 @@ from jobs.errors import did_you_mean
 BUILTIN_WORKLOADS = {
     "hello": "workloads.hello:HelloParams",
     "vision": "workloads.vision.config:VisionParams",
+    "hf_vit": "workloads.hf_vit.config:HFViTParams",
 }
 
 

@@ -50,3 +50,17 @@ def write_spec(directory: Path, name: str, body: str) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(f"name: {name}\nruntime_env:\n  working_dir: {REPO_ROOT}\n{body}")
     return path
+
+
+def submit_spec(home: Path, spec: str, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``rayjobs submit SPEC --set O …`` on the cluster of ``home``, followed to the end."""
+    return run_rayjobs("submit", spec, *[arg for override in overrides for arg in ("--set", override)],
+                       home=home, timeout=timeout)
+
+
+def read_metrics_csv(run_dir: Path) -> list[dict[str, float]]:
+    """A training run's metrics.csv, every field as a number."""
+    import csv
+
+    with open(run_dir / "metrics.csv", newline="") as handle:
+        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from tests.cli_helpers import FOOD101_SAMPLE, run_rayjobs
+from tests.cli_helpers import read_metrics_csv as read_metrics
+from tests.cli_helpers import submit_spec as submit
 from tests.conftest import wait_for_condition
 
 pytestmark = pytest.mark.cluster
-
-
-def submit(home: Path, spec: str, *overrides: str, timeout: float = 600):
-    args = ["submit", spec]
-    for override in overrides:
-        args += ["--set", override]
-    return run_rayjobs(*args, home=home, timeout=timeout)
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "metrics.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def test_quickstart_spec_end_to_end(ray_cluster, ray_cluster_home, tmp_path):

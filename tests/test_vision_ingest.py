@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cli_helpers import run_rayjobs
+from tests.cli_helpers import read_metrics_csv as read_metrics
+from tests.cli_helpers import submit_spec as submit
 from tests.fixtures_arrays import write_cifar_batches, write_cifar_parquet, write_digits_as_mnist
 
 pytestmark = pytest.mark.cluster
@@ -18,18 +18,6 @@ TINY_VIT = ["workload.train.vit.num_layers=2", "workload.train.vit.num_heads=2",
             "workload.train.vit.mlp_dim=64", "workload.train.use_gpu=false", "workload.infer.use_gpu=false",
             "workload.train.warmup_epochs=0", "workload.train.batch_size=32", "workload.infer.num_actors=1",
             "workload.infer.cpus_per_actor=1"]
-
-
-def submit(home: Path, spec: str, *overrides: str, timeout: float = 600):
-    args = ["submit", spec]
-    for override in overrides:
-        args += ["--set", override]
-    return run_rayjobs(*args, home=home, timeout=timeout)
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    with open(run_dir / "metrics.csv", newline="") as handle:
-        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
 
 
 @pytest.fixture(scope="module")

@@ -56,3 +56,26 @@ def add_params_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"YAML/JSON file with the workload parameters (default: ${WORKLOAD_ENV_VAR}, set by rayjobs)",
     )
+
+
+def read_params(model: type[ModelT], params_file: str | Path | None, workload: str) -> ModelT:
+    """:func:`load_params` for a workload's entry point: any problem becomes one ``ValueError`` line
+    naming the fields, for the program to print before it exits 2."""
+    from pydantic import ValidationError
+
+    try:
+        return load_params(model, params_file)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'workload'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"invalid {workload} parameters: {problems}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the {workload} parameters: {exc}") from None
+
+
+def connect_to_cluster() -> None:
+    """``ray.init()`` on loopback-safe settings: inside a Ray job RAY_ADDRESS names the job's
+    cluster; a workload run by hand starts a local one."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init()

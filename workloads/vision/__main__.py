@@ -8,14 +8,11 @@ earlier, ``infer`` uses the best checkpoint of the run named ``run_name``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from workloads.params import add_params_argument, load_params
+from workloads.params import add_params_argument, connect_to_cluster, read_params
 from workloads.vision.config import VisionParams
 
 STAGE_TITLES = {
@@ -99,13 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     add_params_argument(parser)
     args = parser.parse_args(argv)
     try:
-        params = load_params(VisionParams, args.params)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'workload'}: {e['msg']}" for e in exc.errors())
-        print(f"error: invalid vision parameters: {problems}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot read the parameters: {exc}", file=sys.stderr)
+        params = read_params(VisionParams, args.params, "vision")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
 
     if "preprocess" not in params.stages:
@@ -118,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # Inside a Ray job RAY_ADDRESS points at the job's cluster; run by hand it starts a local one.
-    ray.init()
+    connect_to_cluster()
     try:
         run_stages(params)
     except _user_errors() as exc:

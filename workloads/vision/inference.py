@@ -116,17 +116,22 @@ class BatchPredictor:
 
 def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferConfig):
     """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors."""
-    # Reading Parquet (and writing the results) is light next to the model; on 0 CPUs the
-    # reads never hold a core the model actors could use.
-    dataset = ray.data.read_parquet(files, num_cpus=0).select_columns(["image", "label", "path"])
+    from workloads.vision.ingest import read_parquet_on_no_cpu
+
+    dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"])
+    # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
+    # holding every CPU cannot starve them); grow to num_actors if nodes are added.
+    resources = ray.cluster_resources()
+    fits = resources.get("CPU", 0) // cfg.cpus_per_actor if cfg.cpus_per_actor else cfg.num_actors
+    if cfg.use_gpu:
+        fits = min(fits, resources.get("GPU", 0))
+    start_with = int(max(1, min(cfg.num_actors, fits)))
     return dataset.map_batches(
         BatchPredictor,
         fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
                                "cpus": cfg.cpus_per_actor},
         batch_size=cfg.batch_size,
-        # The pool starts with one actor and grows to num_actors: a fixed pool that takes
-        # every CPU of a small cluster at once would starve the file-listing task before it.
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.num_actors),
+        compute=ray.data.ActorPoolStrategy(min_size=start_with, max_size=cfg.num_actors),
         num_cpus=cfg.cpus_per_actor,
         num_gpus=1 if cfg.use_gpu else 0,
         batch_format="numpy",

@@ -23,6 +23,23 @@ from workloads.vision.images import ImageLayout, augment_batch, decode_batch
 TRANSFORM_BATCH_ROWS = 128
 
 
+def read_parquet_on_no_cpu(paths, columns: list[str]):
+    """``ray.data.read_parquet`` whose tasks reserve no CPU, so it runs beside actors holding every CPU.
+
+    Reading is I/O, light next to decoding or a model. Ray Data's newer Parquet
+    reader first lists files in a task that always asks for 1 CPU, which never
+    starts while training workers or model actors hold every CPU of a small
+    cluster; the classic reader plans on the driver and honours ``num_cpus``.
+    """
+    context = ray.data.DataContext.get_current()
+    previous = context.use_datasource_v2
+    context.use_datasource_v2 = False
+    try:
+        return ray.data.read_parquet(paths, columns=columns, num_cpus=0)
+    finally:
+        context.use_datasource_v2 = previous
+
+
 def decode_and_augment(batch: dict[str, np.ndarray], layout: dict, augment: str) -> dict[str, np.ndarray]:
     """``map_batches`` function: stored images → uint8 ``N×C×H×W`` (augmented unless ``augment`` is 'none')."""
     import torch
@@ -44,17 +61,7 @@ def training_datasets(dataset_root: Path, layout: ImageLayout, cfg: TrainConfig)
     transform = {"batch_size": TRANSFORM_BATCH_ROWS, "batch_format": "numpy", "num_cpus": cfg.data_cpus}
 
     def read(split: str):
-        # Reading is I/O, light next to decoding; at 0 CPUs it never waits for a core.
-        # Ray Data's newer Parquet reader first lists files in a task that always asks
-        # for 1 CPU, which never starts while the training workers hold every CPU of a
-        # small cluster; the classic reader plans from the driver and honours num_cpus.
-        context = ray.data.DataContext.get_current()
-        previous = context.use_datasource_v2
-        context.use_datasource_v2 = False
-        try:
-            return ray.data.read_parquet(str(Path(dataset_root) / split), columns=["image", "label"], num_cpus=0)
-        finally:
-            context.use_datasource_v2 = previous
+        return read_parquet_on_no_cpu(str(Path(dataset_root) / split), columns=["image", "label"])
 
     train = read("train").randomize_block_order().map_batches(
         decode_and_augment, fn_kwargs={"layout": layout.to_dict(), "augment": layout.resolve_augment(cfg.augment)},

@@ -8,13 +8,10 @@ that loads the run's best checkpoint.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from workloads.params import add_params_argument, load_params
+from workloads.params import add_params_argument, connect_to_cluster, read_params
 from workloads.vision.config import VisionParams
 
 
@@ -58,12 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.run_dir is not None:
             run_dir = args.run_dir.expanduser().resolve()
         else:
-            params = load_params(VisionParams, args.params)
+            params = read_params(VisionParams, args.params, "vision")
             run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
         images = [(argument, *read_image_argument(argument)) for argument in args.images]
-    except ValidationError as exc:
-        print(f"error: invalid vision parameters: {exc.errors()[0]['msg']}", file=sys.stderr)
-        return 2
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -77,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except InferenceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init()
+    connect_to_cluster()
     try:
         print(f"Checkpoint: {checkpoint_dir} (epoch {int(checkpoint_metrics['epoch'])}, "
               f"val_accuracy {checkpoint_metrics['val_accuracy']:.4f})")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workloads.raytrain import root_cause, run_config
 from workloads.vision.config import TrainConfig, VisionParams
 from workloads.vision.images import ImageLayout
 
@@ -627,38 +628,16 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
         **data_options,
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
-        run_config=ray.train.RunConfig(
-            name=params.run_name,
-            storage_path=str(run_dir.parent),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.num_to_keep,
-                                                         checkpoint_score_attribute="val_accuracy",
-                                                         checkpoint_score_order="max"),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
-        ),
+        run_config=run_config(run_dir, cfg.num_to_keep, "val_accuracy", cfg.max_failures),
     )
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause once
-        raise TrainingError(f"training run {params.run_name!r} failed: {_root_cause(exc)}") from None
+        raise TrainingError(f"training run {params.run_name!r} failed: {root_cause(exc)}") from None
     if getattr(result, "error", None) is not None:
-        raise TrainingError(f"training run {params.run_name!r} failed: {_root_cause(result.error)}")
+        raise TrainingError(f"training run {params.run_name!r} failed: {root_cause(result.error)}")
     returned = getattr(result, "return_value", None) or {}
     return outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
-
-
-def _root_cause(exc: BaseException) -> str:
-    seen = set()
-    while True:
-        inner = exc.__cause__ or getattr(exc, "cause", None) or exc.__context__
-        nested = getattr(exc, "worker_failures", None)
-        if isinstance(nested, dict) and nested:
-            inner = next(iter(nested.values()))
-        if inner is None or id(inner) in seen or not isinstance(inner, BaseException):
-            break
-        seen.add(id(exc))
-        exc = inner
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"
 
 
 def print_training_summary(outcome: TrainingOutcome) -> None:

@@ -1,0 +1,86 @@
+"""The hf_vit workload: transformers Trainer inside Ray Train, on local Hugging Face datasets (extra ``hf``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cli_helpers import read_metrics_csv, run_rayjobs, submit_spec
+
+BEANS_CLASSES = ["angular_leaf_spot", "bean_rust", "healthy"]
+TINY_VIT = ["workload.model.image_size=32", "workload.model.patch_size=8", "workload.model.hidden_size=32",
+            "workload.model.num_hidden_layers=2", "workload.model.num_attention_heads=2",
+            "workload.model.intermediate_size=64", "workload.train.batch_size=8", "workload.train.lr=0.001",
+            "workload.train.num_workers=2", "workload.train.cpus_per_worker=1"]
+
+
+def write_beans_like(root: Path, per_class: dict[str, int], as_parquet: bool = False) -> Path:
+    """A DatasetDict laid out like the beans dataset (image, labels as a ClassLabel) on disk: the
+    save_to_disk format, or the hub's Parquet shards (data/<split>-00000-of-00001.parquet)."""
+    import datasets
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, count in per_class.items():
+        images, labels = [], []
+        for label in range(len(BEANS_CLASSES)):
+            for _ in range(count):
+                pixels = rng.integers(0, 60, (40, 40, 3), dtype=np.uint8)
+                pixels[..., label] += 180  # each class its own colour
+                images.append(Image.fromarray(pixels))
+                labels.append(label)
+        features = datasets.Features({"image": datasets.Image(), "labels": datasets.ClassLabel(names=BEANS_CLASSES)})
+        splits[split] = datasets.Dataset.from_dict({"image": images, "labels": labels}, features=features)
+    dataset = datasets.DatasetDict(splits)
+    if as_parquet:
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        for split, part in dataset.items():
+            part.to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
+    else:
+        dataset.save_to_disk(str(root))
+    return root
+
+
+def test_a_hub_model_id_is_refused_before_anything_runs():
+    result = run_rayjobs("validate", "specs/vit-hf.yaml", "--set", "workload.model.weights=google/vit-base-patch16-224")
+    assert result.returncode == 2
+    assert "looks like a Hugging Face hub model id" in result.stderr and "never downloads" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.cluster
+def test_vit_fine_tuning_from_scratch_on_a_saved_dataset(ray_cluster, ray_cluster_home, tmp_path):
+    pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
+    data = write_beans_like(tmp_path / "beans", {"train": 16, "validation": 6})
+    result = submit_spec(ray_cluster_home, "specs/vit-hf.yaml", f"workload.data.path={data}",
+                         f"workload.storage_path={tmp_path / 'results'}", "workload.train.epochs=2", *TINY_VIT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    run_dir = tmp_path / "results" / "vit-hf-beans"
+    rows = read_metrics_csv(run_dir)
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert all(0 <= r["val_accuracy"] <= 1 and r["val_loss"] > 0 for r in rows)
+    assert (run_dir / "loss_curve.png").stat().st_size > 1000
+    saved = list(run_dir.glob("checkpoint_*/checkpoint/model.safetensors"))
+    assert saved, "each epoch's Ray checkpoint holds the transformers checkpoint"
+    assert "Best checkpoint:" in result.stdout
+
+
+@pytest.mark.cluster
+def test_vit_fine_tuning_from_local_weights_on_parquet_shards(ray_cluster, ray_cluster_home, tmp_path):
+    pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
+    from transformers import ViTConfig, ViTForImageClassification
+
+    data = write_beans_like(tmp_path / "beans-hub", {"train": 8, "test": 4}, as_parquet=True)
+    pretrained = tmp_path / "vit-local"
+    ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, num_labels=5)).save_pretrained(pretrained)
+    result = submit_spec(ray_cluster_home, "specs/vit-hf.yaml", f"workload.data.path={data}",
+                         f"workload.model.weights={pretrained}", "workload.run_name=from-local",
+                         f"workload.storage_path={tmp_path / 'results'}", "workload.train.epochs=1",
+                         "workload.train.num_workers=1", "workload.train.batch_size=8")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "24 train and 12 eval images" in result.stdout
+    assert list((tmp_path / "results" / "from-local").glob("checkpoint_*/checkpoint/config.json"))

@@ -1,0 +1,290 @@
+"""Fine-tune ``ViTForImageClassification`` with the transformers ``Trainer`` inside Ray Train.
+
+Each Ray Train worker builds the same ``Trainer``; ``prepare_trainer`` and
+``RayTrainReportCallback`` connect it to Ray Train, which owns the process group,
+the checkpoints (one per epoch, the best ``num_to_keep`` by eval accuracy kept
+under ``<storage_path>/<run_name>``) and recovery from worker failures. Running
+the same run name again resumes from the latest checkpoint.
+
+Everything is read from local files: a dataset in a Hugging Face ``datasets``
+format and, optionally, weights saved with ``save_pretrained``. The hub is never
+contacted (``HF_HUB_OFFLINE``).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
+from workloads.raytrain import root_cause, run_config
+
+for _variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_variable, "1")
+
+RAY_CHECKPOINT_DIR = "checkpoint"  # RayTrainReportCallback's folder inside each Ray checkpoint
+METRICS_CSV = "metrics.csv"
+LOSS_CURVE = "loss_curve.png"
+
+
+class HFWorkloadError(RuntimeError):
+    """The job cannot run as configured; the message says why."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+def load_local_dataset(data: HFDataConfig):
+    """The ``DatasetDict`` at ``data.path``, in whichever of the supported formats it is."""
+    import datasets
+
+    path = Path(data.path).expanduser()
+    if not path.exists():
+        raise HFWorkloadError(f"data.path {str(path)!r} does not exist; point it at a local copy of the dataset "
+                              "(nothing is downloaded)")
+    kind = data.format
+    if kind == "auto":
+        if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
+            kind = "disk"
+        elif any(path.rglob("*.parquet")):
+            kind = "parquet"
+        else:
+            kind = "imagefolder"
+    try:
+        if kind == "disk":
+            loaded = datasets.load_from_disk(str(path))
+        elif kind == "parquet":
+            files: dict[str, list[str]] = {}
+            for shard in sorted(path.rglob("*.parquet")):
+                split = shard.name.split("-")[0].split(".")[0]
+                files.setdefault(split, []).append(str(shard))
+            loaded = datasets.load_dataset("parquet", data_files=files)
+        else:
+            loaded = datasets.load_dataset("imagefolder", data_dir=str(path))
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types for unreadable folders
+        raise HFWorkloadError(f"cannot read {str(path)!r} as a {kind} dataset ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:300] if str(exc) else ''})") from None
+    if isinstance(loaded, datasets.Dataset):
+        raise HFWorkloadError(f"{str(path)!r} holds a single split; save a DatasetDict with train and validation splits")
+    return loaded
+
+
+def dataset_splits(data: HFDataConfig):
+    """(train split, eval split, image column, label column, class names), with the caps applied."""
+    import datasets
+
+    loaded = load_local_dataset(data)
+    eval_name = data.eval_split or next((s for s in ("validation", "valid", "val", "test") if s in loaded), None)
+    for name in (data.train_split, eval_name):
+        if name is None or name not in loaded:
+            raise HFWorkloadError(f"split {name or 'validation/test'!r} not found in {str(data.path)!r}; it has "
+                                  f"{sorted(loaded)}. Set data.train_split / data.eval_split.")
+    train, evaluation = loaded[data.train_split], loaded[eval_name]
+    columns = train.column_names
+    image_column = data.image_column or next((c for c in ("image", "img") if c in columns), None)
+    label_column = data.label_column or next((c for c in ("labels", "label") if c in columns), None)
+    for role, column in (("image", image_column), ("label", label_column)):
+        if column is None or column not in columns:
+            raise HFWorkloadError(f"no {role} column {column or ''!r} in {str(data.path)!r} (columns: {columns}); "
+                                  f"set data.{role}_column")
+    feature = train.features[label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        classes = list(feature.names)
+    else:
+        classes = [str(v) for v in sorted(set(train[label_column]))]
+    if data.max_per_split:
+        train = train.select(range(min(len(train), data.max_per_split)))
+        evaluation = evaluation.select(range(min(len(evaluation), data.max_per_split)))
+    return train, evaluation, image_column, label_column, classes
+
+
+# --------------------------------------------------------------------------- model
+
+
+def build_model(model_cfg: HFModelConfig, classes: list[str]):
+    """(model, image processor): from the local weights folder, or a fresh ViT of the configured shape."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    labels = {"id2label": dict(enumerate(classes)), "label2id": {name: i for i, name in enumerate(classes)}}
+    if model_cfg.weights.strip().lower() == "none":
+        config = ViTConfig(image_size=model_cfg.image_size, patch_size=model_cfg.patch_size,
+                           hidden_size=model_cfg.hidden_size, num_hidden_layers=model_cfg.num_hidden_layers,
+                           num_attention_heads=model_cfg.num_attention_heads,
+                           intermediate_size=model_cfg.intermediate_size, num_labels=len(classes), **labels)
+        processor = ViTImageProcessor(size={"height": model_cfg.image_size, "width": model_cfg.image_size},
+                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        return ViTForImageClassification(config), processor
+    folder = Path(model_cfg.weights).expanduser()
+    if not (folder / "config.json").is_file():
+        raise HFWorkloadError(f"model.weights {str(folder)!r} is not a folder with config.json and weights (as written "
+                              "by save_pretrained); nothing is downloaded")
+    try:
+        # The head is new whenever the classes differ from the checkpoint's: a size mismatch there is expected.
+        model = ViTForImageClassification.from_pretrained(str(folder), num_labels=len(classes),
+                                                          ignore_mismatched_sizes=True, local_files_only=True, **labels)
+    except Exception as exc:  # noqa: BLE001
+        raise HFWorkloadError(f"cannot load ViT weights from {str(folder)!r} ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:300]})") from None
+    if (folder / "preprocessor_config.json").is_file():
+        processor = ViTImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    else:
+        size = model.config.image_size
+        processor = ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return model, processor
+
+
+# --------------------------------------------------------------------------- Ray Train worker
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Body of every Ray Train worker: one transformers Trainer, reporting to Ray Train each epoch."""
+    import numpy as np
+    import ray.train
+    import torch
+    from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+    from transformers import Trainer, TrainingArguments
+
+    params = HFViTParams.model_validate(config["params"])
+    cfg: HFTrainConfig = params.train
+    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    context = ray.train.get_context()
+    world_size = context.get_world_size()
+
+    train, evaluation, image_column, label_column, classes = dataset_splits(params.data)
+    model, processor = build_model(params.model, classes)
+
+    def transform(batch):
+        pixels = processor([image.convert("RGB") for image in batch[image_column]], return_tensors="pt")
+        return {"pixel_values": pixels["pixel_values"], "labels": torch.tensor(batch[label_column])}
+
+    def collate(rows):
+        return {"pixel_values": torch.stack([r["pixel_values"] for r in rows]),
+                "labels": torch.stack([r["labels"] for r in rows])}
+
+    def accuracy(prediction):
+        return {"accuracy": float((np.argmax(prediction.predictions, axis=1) == prediction.label_ids).mean())}
+
+    per_device = max(1, cfg.batch_size // world_size)
+    # transformers 5 folds warmup_ratio into warmup_steps (a float below 1 is a ratio); 4.x has both.
+    import inspect
+
+    warmup = ({"warmup_ratio": cfg.warmup_ratio} if "warmup_ratio" in inspect.signature(TrainingArguments).parameters
+              else {"warmup_steps": cfg.warmup_ratio})
+    arguments = TrainingArguments(
+        output_dir=str(Path(config["scratch"]) / f"rank{context.get_world_rank()}"),
+        num_train_epochs=cfg.epochs,
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=per_device,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        **warmup,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        logging_strategy="epoch",
+        save_total_limit=1,  # Ray Train keeps the run's checkpoints; these are the Trainer's scratch copies
+        report_to="none",
+        remove_unused_columns=False,  # the image column is turned into pixel_values on the fly
+        use_cpu=not cfg.use_gpu,
+        bf16=cfg.use_gpu and cfg.bf16,
+        dataloader_num_workers=0,
+        disable_tqdm=True,  # redrawn bars become noise in a job log; per-epoch logs remain
+        seed=cfg.seed,
+        ddp_find_unused_parameters=False,
+    )
+    trainer = Trainer(model=model, args=arguments, train_dataset=train.with_transform(transform),
+                      eval_dataset=evaluation.with_transform(transform), data_collator=collate,
+                      compute_metrics=accuracy)
+    trainer.add_callback(RayTrainReportCallback())
+    trainer = prepare_trainer(trainer)
+
+    resume = None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        import shutil
+
+        with checkpoint.as_directory() as directory:
+            local = Path(config["scratch"]) / "resume"
+            shutil.copytree(Path(directory) / RAY_CHECKPOINT_DIR, local, dirs_exist_ok=True)
+            resume = str(local)
+    trainer.train(resume_from_checkpoint=resume)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run(params: HFViTParams) -> dict:
+    """Fine-tune on the connected Ray cluster; write metrics.csv and loss_curve.png; return the final metrics."""
+    import tempfile
+
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    # Fail on the driver, with one message, before any worker starts.
+    train, evaluation, _, _, classes = dataset_splits(params.data)
+    build_model(params.model, classes)
+    print(f"Dataset {params.data.path}: {len(train)} train and {len(evaluation)} eval images, classes {classes}",
+          flush=True)
+
+    cfg = params.train
+    run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
+    resources = {"CPU": float(cfg.cpus_per_worker)}
+    if cfg.use_gpu:
+        resources["GPU"] = 1.0
+    scratch = tempfile.mkdtemp(prefix="rayjobs-hf-")
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"params": params.model_dump(mode="json"), "scratch": scratch},
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=run_config(run_dir, cfg.num_to_keep, "eval_accuracy", cfg.max_failures),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - Ray wraps the worker's error; show its last line
+        raise HFWorkloadError(f"training run {params.run_name!r} failed: {root_cause(exc)}") from None
+    rows = epoch_rows(result)
+    write_metrics(run_dir, rows)
+    best = None
+    if getattr(result, "best_checkpoints", None):
+        best_checkpoint, best_metrics = max(result.best_checkpoints, key=lambda item: item[1].get("eval_accuracy", 0))
+        best = f"{best_checkpoint.path}/{RAY_CHECKPOINT_DIR}"
+        print(f"Best checkpoint: {best} (epoch {best_metrics.get('epoch', 0):g}, "
+              f"eval_accuracy {best_metrics.get('eval_accuracy', 0):.4f})", flush=True)
+    final = rows[-1] if rows else {}
+    print(f"Metrics: {run_dir / METRICS_CSV}; loss curve: {run_dir / LOSS_CURVE}", flush=True)
+    print("Final metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in final.items()), flush=True)
+    return {"final": final, "best_checkpoint": best, "run_dir": str(run_dir)}
+
+
+def epoch_rows(result) -> list[dict[str, float]]:
+    """One row per epoch (epoch, train_loss, val_loss, val_accuracy) from the run's reported metrics."""
+    frame = result.metrics_dataframe
+    rows: dict[int, dict[str, float]] = {}
+    if frame is None:
+        return []
+    for record in frame.to_dict("records"):
+        epoch = record.get("epoch")
+        if epoch is None or record.get("eval_accuracy") is None:
+            continue
+        rows[round(float(epoch))] = {
+            "epoch": round(float(epoch)),
+            "train_loss": float(record.get("loss", record.get("train_loss", float("nan")))),
+            "val_loss": float(record["eval_loss"]),
+            "val_accuracy": float(record["eval_accuracy"]),
+        }
+    return [rows[e] for e in sorted(rows)]
+
+
+def write_metrics(run_dir: Path, rows: list[dict[str, float]]) -> None:
+    """metrics.csv and loss_curve.png next to the run's checkpoints."""
+    from workloads.vision.plots import plot_loss_curve
+
+    if not rows:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / METRICS_CSV, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot_loss_curve(run_dir / METRICS_CSV, run_dir / LOSS_CURVE)
