@@ -53,7 +53,10 @@ def write_dataset(root: Path, train_images: int, val_images: int, size: int, cla
             rows["split"].append(split)
             rows["path"].append(f"{split}/{i}.jpg")
         (root / split).mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(rows), root / split / "part-00000.parquet", row_group_size=256)
+        table = pa.table(rows)
+        # The preprocess stage's layout: one 256-row group per part file.
+        for part, start in enumerate(range(0, count, 256)):
+            pq.write_table(table.slice(start, 256), root / split / f"part-{part:05d}.parquet", row_group_size=256)
     manifest = {"classes": [f"class{i}" for i in range(classes)], "image_size": size,
                 "counts": {"train": train_images, "val": val_images}}
     (root / "_manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
