@@ -82,12 +82,12 @@ def test_cifar10_vit_specs_run_on_both_source_formats(ray_cluster, ray_cluster_h
     # Three classes and two workers: 15 validation rows cannot be split evenly.
     result = submit(ray_cluster_home, spec, f"workload.data.root={root}", f"workload.data.output_dir={tmp_path / 'pq'}",
                     f"workload.storage_path={tmp_path / 'results'}", "workload.data.classes=[cat, ship, truck]",
-                    "workload.train.epochs=2", "workload.train.num_workers=2", "workload.train.cpus_per_worker=1",
+                    "workload.train.epochs=1", "workload.train.num_workers=2", "workload.train.cpus_per_worker=1",
                     "workload.train.data_cpus=0", "workload.train.loader_workers=0", *TINY_VIT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     run_dir = next((tmp_path / "results").iterdir())
     rows = read_metrics(run_dir)
-    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert [int(r["epoch"]) for r in rows] == [1]
     meta = json.loads(sorted(run_dir.glob("checkpoint_*/meta.json"))[-1].read_text())
     assert meta["val_rows"] == 15
     import torch
