@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TypeVar
 
@@ -79,3 +80,29 @@ def connect_to_cluster() -> None:
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init()
+
+
+def parse_command_line(model: type[ModelT], workload: str, prog: str, description: str,
+                       argv: list[str] | None = None) -> ModelT:
+    """Read ``[--params FILE]`` from the command line and return the validated parameters
+    (``ValueError`` with one line naming the fields when they are not valid)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_params_argument(parser)
+    args = parser.parse_args(argv)
+    return read_params(model, args.params, workload)
+
+
+def run_on_cluster(work, user_errors: tuple[type[BaseException], ...]) -> int:
+    """Connect to the cluster, call ``work()`` and disconnect; 0 when it returns, 1 (after one
+    ``error:`` line) when it raises one of ``user_errors``."""
+    import ray
+
+    connect_to_cluster()
+    try:
+        work()
+    except user_errors as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        ray.shutdown()
+    return 0

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from workloads.params import add_params_argument, connect_to_cluster, read_params
+from workloads.params import parse_command_line, run_on_cluster
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the parameters, connect to Ray and fine-tune; return the exit status."""
     from workloads.hf_vit.config import HFViTParams
 
-    parser = argparse.ArgumentParser(prog="python -m workloads.hf_vit", description=__doc__.splitlines()[0])
-    add_params_argument(parser)
-    args = parser.parse_args(argv)
     try:
-        params = read_params(HFViTParams, args.params, "hf_vit")
+        params = parse_command_line(HFViTParams, "hf_vit", "python -m workloads.hf_vit", __doc__.splitlines()[0], argv)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -27,17 +23,7 @@ def main(argv: list[str] | None = None) -> int:
               "pip install 'rayjobs[hf]' or add transformers and datasets to runtime_env.pip", file=sys.stderr)
         return 2
 
-    import ray
-
-    connect_to_cluster()
-    try:
-        run(params)
-    except HFWorkloadError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        ray.shutdown()
-    return 0
+    return run_on_cluster(lambda: run(params), (HFWorkloadError,))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,11 @@ earlier, ``infer`` uses the best checkpoint of the run named ``run_name``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from workloads.params import add_params_argument, connect_to_cluster, read_params
+from workloads.params import parse_command_line, run_on_cluster
 from workloads.vision.config import VisionParams
 
 STAGE_TITLES = {
@@ -92,11 +91,8 @@ def run_stages(params: VisionParams) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, connect to Ray and run the stages; return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m workloads.vision", description=__doc__.splitlines()[0])
-    add_params_argument(parser)
-    args = parser.parse_args(argv)
     try:
-        params = read_params(VisionParams, args.params, "vision")
+        params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0], argv)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -109,17 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
 
-    import ray
-
-    connect_to_cluster()
-    try:
-        run_stages(params)
-    except _user_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        ray.shutdown()
-    return 0
+    return run_on_cluster(lambda: run_stages(params), _user_errors())
 
 
 if __name__ == "__main__":
