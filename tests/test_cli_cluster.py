@@ -130,8 +130,12 @@ def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rj, tmp_pa
     spec = write_spec(tmp_path, "detach", SLOW_JOB)
     process = popen_rayjobs("submit", str(spec), home=ray_cluster_home)
     try:
-        first = process.stdout.readline()  # the job is running once it prints
-        assert first.strip(), process.stderr.read()
+        # Interrupt while following: once the job's own output arrives (not an earlier line
+        # some library may print while the job is still being submitted).
+        line = process.stdout.readline()
+        while line and not line.startswith("tick"):
+            line = process.stdout.readline()
+        assert line, process.stderr.read()
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     finally:
