@@ -203,10 +203,14 @@ class Follower:
         return None
 
     async def _sleep(self, seconds: float) -> None:
+        # asyncio.wait rather than wait_for: on Python 3.11, wait_for can turn a Ctrl-C
+        # cancellation that coincides with its timeout into a TimeoutError, and the
+        # follower would go on polling after the user asked it to stop.
+        waiter = asyncio.ensure_future(self._wake.wait())
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
-            pass
+            await asyncio.wait({waiter}, timeout=seconds)
+        finally:
+            waiter.cancel()
         self._wake.clear()
 
     async def _stream_logs(self) -> None:
