@@ -14,7 +14,9 @@ contacted (``HF_HUB_OFFLINE``).
 from __future__ import annotations
 
 import csv
+import inspect
 import os
+import shutil
 from pathlib import Path
 
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
@@ -167,8 +169,6 @@ def train_loop_per_worker(config: dict) -> None:
 
     per_device = max(1, cfg.batch_size // world_size)
     # transformers 5 folds warmup_ratio into warmup_steps (a float below 1 is a ratio); 4.x has both.
-    import inspect
-
     warmup = ({"warmup_ratio": cfg.warmup_ratio} if "warmup_ratio" in inspect.signature(TrainingArguments).parameters
               else {"warmup_steps": cfg.warmup_ratio})
     arguments = TrainingArguments(
@@ -201,8 +201,6 @@ def train_loop_per_worker(config: dict) -> None:
     resume = None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
-        import shutil
-
         with checkpoint.as_directory() as directory:
             local = Path(config["scratch"]) / "resume"
             shutil.copytree(Path(directory) / RAY_CHECKPOINT_DIR, local, dirs_exist_ok=True)

@@ -21,7 +21,7 @@ import io
 import pickle
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +56,21 @@ class ArraySource:
     folders: list[str]  # the source's own class names, same order
     layout: ImageLayout
     splits: dict[str, ArraySplit]
-    signature: list[tuple] = field(default_factory=list)
+
+
+def source_signature(data: DataConfig) -> list[tuple]:
+    """Size and modification time of every file the source would read, to tell whether a
+    dataset written earlier still matches its inputs without loading them."""
+    root = Path(data.root).expanduser()
+    if data.source == "mnist":
+        raw = _mnist_raw_dir(root)
+        names = [name for pair in MNIST_FILES.values() for name in pair]
+        files = [path for name in names for path in (raw / name, raw / f"{name}.gz") if path.is_file()]
+    elif (batches := _cifar_batches_dir(root)) is not None:
+        files = sorted(path for path in batches.iterdir() if path.is_file())
+    else:
+        files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+    return [_stat_signature(path, root) for path in files]
 
 
 def load_array_source(data: DataConfig) -> ArraySource:
@@ -68,7 +82,7 @@ def load_array_source(data: DataConfig) -> ArraySource:
 
 
 def _select(source: str, root: Path, data: DataConfig, all_classes: list[str], layout: ImageLayout,
-            splits: dict[str, tuple[np.ndarray, np.ndarray, str | list[str]]], signature: list[tuple]) -> ArraySource:
+            splits: dict[str, tuple[np.ndarray, np.ndarray, str | list[str]]]) -> ArraySource:
     """Keep the requested classes (relabelled in their order), capped per class, and name every row.
 
     Each split is (images, labels, where): ``where`` is the file every row comes
@@ -89,10 +103,10 @@ def _select(source: str, root: Path, data: DataConfig, all_classes: list[str], l
         kept = np.asarray(keep, dtype=np.int64)[order]
         names = [where[row] if isinstance(where, list) else f"{where}#{row}" for row in kept.tolist()]
         out[split] = ArraySplit(images[kept], np.asarray(new_labels, dtype=np.int64)[order], names)
-    for name, folder in zip(data.classes, folders):
-        if not any((s.labels == folders.index(folder)).any() for s in out.values()):
+    for label, name in enumerate(data.classes):
+        if not any((part.labels == label).any() for part in out.values()):
             raise DataSourceError(f"class {name!r} has no images in {str(root)!r}")
-    return ArraySource(source, root, [str(c) for c in folders], folders, layout, out, signature)
+    return ArraySource(source, root, [str(c) for c in folders], folders, layout, out)
 
 
 # --------------------------------------------------------------------------- MNIST
@@ -120,7 +134,6 @@ def _load_mnist(root: Path, data: DataConfig) -> ArraySource:
             ) from None
     raw = _mnist_raw_dir(root)
     splits: dict[str, tuple[np.ndarray, np.ndarray, str]] = {}
-    signature: list[tuple] = []
     with tempfile.TemporaryDirectory(prefix="rayjobs-mnist-") as scratch:
         for split, (images_name, labels_name) in MNIST_FILES.items():
             paths = [_mnist_file(raw, name, Path(scratch)) for name in (images_name, labels_name)]
@@ -138,9 +151,8 @@ def _load_mnist(root: Path, data: DataConfig) -> ArraySource:
                     f"{labels.shape[0]} labels; MNIST is N×28×28 images with N labels"
                 )
             splits[split] = (images[..., None], labels.astype(np.int64), paths[0][1].relative_to(root).as_posix())
-            signature.extend(_stat_signature(p[1], root) for p in paths)
     layout = ImageLayout("raw", 28, 28, 1, MNIST_MEAN, MNIST_STD, "shift")
-    return _select("mnist", root, data, list(ARRAY_SOURCES["mnist"][1]), layout, splits, signature)
+    return _select("mnist", root, data, list(ARRAY_SOURCES["mnist"][1]), layout, splits)
 
 
 def _mnist_file(raw: Path, name: str, scratch: Path) -> tuple[Path, Path]:
@@ -212,7 +224,7 @@ def _load_cifar10(root: Path, data: DataConfig) -> ArraySource:
     layout = ImageLayout("raw", 32, 32, 3, CIFAR10_MEAN, CIFAR10_STD, "shift_flip")
     batches = _cifar_batches_dir(root)
     if batches is not None:
-        splits, classes, signature = _read_cifar_batches(root, batches)
+        splits, classes = _read_cifar_batches(root, batches)
     else:
         shards = sorted(root.rglob("*.parquet")) if root.is_dir() else []
         if not shards:
@@ -221,8 +233,8 @@ def _load_cifar10(root: Path, data: DataConfig) -> ArraySource:
                 "data_batch_1..5, test_batch) and for Parquet shards (train-*.parquet, test-*.parquet). Point "
                 "--set workload.data.root=... at the folder holding either (nothing is downloaded)."
             )
-        splits, classes, signature = _read_cifar_parquet(root, shards)
-    return _select("cifar10", root, data, classes, layout, splits, signature)
+        splits, classes = _read_cifar_parquet(root, shards)
+    return _select("cifar10", root, data, classes, layout, splits)
 
 
 def _read_cifar_batches(root: Path, batches: Path):
@@ -233,7 +245,6 @@ def _read_cifar_batches(root: Path, batches: Path):
         if isinstance(names, list) and len(names) == 10:
             classes = [str(n) for n in names]
     splits = {}
-    signature = []
     for split, names in (("train", CIFAR_TRAIN_BATCHES), ("val", ["test_batch"])):
         images, labels, where = [], [], []
         for name in names:
@@ -247,11 +258,10 @@ def _read_cifar_batches(root: Path, batches: Path):
             # Rows are planar (1024 red, 1024 green, 1024 blue values); the dataset stores H×W×C.
             images.append(pixels.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
             labels.append(np.asarray(batch_labels, dtype=np.int64))
-            signature.append(_stat_signature(path, root))
             relative = path.relative_to(root).as_posix()
             where.extend(f"{relative}#{row}" for row in range(pixels.shape[0]))
         splits[split] = (np.concatenate(images), np.concatenate(labels), where)
-    return splits, classes, signature
+    return splits, classes
 
 
 def _read_cifar_parquet(root: Path, shards: list[Path]):
@@ -269,7 +279,7 @@ def _read_cifar_parquet(root: Path, shards: list[Path]):
     if not by_split["train"] or not by_split["val"]:
         raise DataSourceError(f"CIFAR-10 Parquet shards under {str(root)!r} need both train-*.parquet and "
                               f"test-*.parquet files; found {[s.name for s in shards]}")
-    splits, signature = {}, []
+    splits = {}
     for split, files in by_split.items():
         images, labels, where = [], [], []
         for shard in files:
@@ -289,8 +299,7 @@ def _read_cifar_parquet(root: Path, shards: list[Path]):
                     raise DataSourceError(f"{shard} holds a {pixels.shape} image; CIFAR-10 images are 32×32 RGB")
                 images.append(pixels)
             labels.append(np.asarray(table.column("label").to_pylist(), dtype=np.int64))
-            signature.append(_stat_signature(shard, root))
             relative = shard.relative_to(root).as_posix()
             where.extend(f"{relative}#{row}" for row in range(table.num_rows))
         splits[split] = (np.stack(images), np.concatenate(labels), where)
-    return splits, classes, signature
+    return splits, classes

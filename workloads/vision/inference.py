@@ -122,7 +122,7 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferC
     # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
     # holding every CPU cannot starve them); grow to num_actors if nodes are added.
     resources = ray.cluster_resources()
-    fits = resources.get("CPU", 0) // cfg.cpus_per_actor if cfg.cpus_per_actor else cfg.num_actors
+    fits = resources.get("CPU", 0) // cfg.cpus_per_actor
     if cfg.use_gpu:
         fits = min(fits, resources.get("GPU", 0))
     start_with = int(max(1, min(cfg.num_actors, fits)))

@@ -462,20 +462,18 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
     started = time.perf_counter()
     output_dir = Path(data.output_dir).expanduser()
     _check_output_dir(output_dir)
+    arrays = listing = None
     if data.source in ARRAY_SOURCES:
-        from workloads.vision.arrays import load_array_source
+        from workloads.vision.arrays import source_signature
 
-        arrays = load_array_source(data)
-        listing = None
-        root, classes, folders, signature, layout = arrays.root, arrays.classes, arrays.folders, arrays.signature, arrays.layout
-        counts = {split: len(part.labels) for split, part in arrays.splits.items()}
-        description = (f"source {data.source} at {root}: {counts.get('train', 0)} train + {counts.get('val', 0)} "
-                       f"val images, {len(classes)} classes")
+        # Arrays are loaded only when the dataset must be written: the files' sizes and
+        # times are enough to tell whether an earlier run already did.
+        root, classes, folders = Path(data.root).expanduser(), list(data.classes), list(data.classes)
+        signature = source_signature(data)
+        description = f"source {data.source} at {root}"
     else:
-        arrays = None
         listing = list_source(data)
         root, classes, folders, signature = listing.root, listing.classes, listing.folders, listing.signature
-        layout = ImageLayout.photos(data.image_size)
         description = source_description(listing)
     settings = _settings(data, root, folders)
     fingerprint = _fingerprint(settings, signature)
@@ -490,6 +488,16 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
             )
             return _info_from_manifest(Path(data.output_dir), existing, reused=True)
 
+    if data.source in ARRAY_SOURCES:
+        from workloads.vision.arrays import load_array_source
+
+        arrays = load_array_source(data)
+        classes, folders, layout = arrays.classes, arrays.folders, arrays.layout
+        counts = {split: len(part.labels) for split, part in arrays.splits.items()}
+        description += f": {counts.get('train', 0)} train + {counts.get('val', 0)} val images, {len(classes)} classes"
+        _log(f"preprocess: {description}")
+    else:
+        layout = ImageLayout.photos(data.image_size)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     building = output_dir.with_name(f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     skipped: Counter = Counter(listing.skipped if listing else {})
