@@ -30,6 +30,11 @@ from runner.errors import (
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 _TRANSIENT_HTTP = {502, 503, 504}
+# Ray's job manager checks each job's supervisor actor once a second until it sees the actor
+# gone. If a delete lands before that check, the check finds no record and writes a new FAILED
+# one (JOB_SUPERVISOR_ACTOR_DIED, "Entrypoint not found."), so the deleted job comes back.
+# The supervisor exits right after writing the final status; this much margin covers a busy head.
+_RECORD_SETTLE_S = 5.0
 
 T = TypeVar("T")
 
@@ -63,6 +68,27 @@ class JobsApi:
 
     def delete_job(self, job_id: str) -> bool:
         return bool(self._request("DELETE", f"/api/jobs/{_quote(job_id)}", job_id=job_id).get("deleted"))
+
+    def delete_finished_job(self, job_id: str, end_time_ms: int | None,
+                            sleep: Callable[[float], None] = time.sleep) -> None:
+        """Delete a finished job so that it stays deleted.
+
+        A job that ended less than a few seconds ago is watched until Ray's own bookkeeping of
+        it is over, and deleted again if that bookkeeping recreated its record.
+        """
+        self.delete_job(job_id)
+        ended_ago_s = time.time() - end_time_ms / 1000 if end_time_ms else _RECORD_SETTLE_S
+        # Clocks of client and cluster may differ; never watch longer than the margin itself.
+        watch_s = min(_RECORD_SETTLE_S, max(0.0, _RECORD_SETTLE_S - ended_ago_s))
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            sleep(0.25)
+            try:
+                self.get_job(job_id)
+            except JobNotFound:
+                continue
+            self.delete_job(job_id)
+            return
 
     def node_resources(self) -> list[dict[str, float]]:
         """Total resources of each alive node (Ray's logical resources: CPU, GPU, memory, custom)."""

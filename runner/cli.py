@@ -422,7 +422,7 @@ def delete(
     if info.get("status") not in ("SUCCEEDED", "FAILED", "STOPPED"):
         raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
                        f"(stop it first: rayjobs stop --wait {job_id})")
-    api.delete_job(job_id)
+    api.delete_finished_job(job_id, info.get("end_time"))
     _say(f"deleted job {job_id}")
 
 
