@@ -40,9 +40,9 @@ def run_rayjobs(*args: str, home: Path | None = None, timeout: float = 180, cwd:
                           cwd=cwd or REPO_ROOT, env=env or cli_env(home), stdin=subprocess.DEVNULL)
 
 
-def popen_rayjobs(*args: str, home: Path | None = None) -> subprocess.Popen[str]:
+def popen_rayjobs(*args: str, home: Path | None = None, **extra_env: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*rayjobs_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT, env=cli_env(home), stdin=subprocess.DEVNULL)
+                            text=True, cwd=REPO_ROOT, env=cli_env(home, **extra_env), stdin=subprocess.DEVNULL)
 
 
 def write_spec(directory: Path, name: str, body: str) -> Path:

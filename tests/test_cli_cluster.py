@@ -130,7 +130,8 @@ def test_timeout_stops_the_job(rj, tmp_path):
                    "does not exit within 30 s of Ctrl-C (passes when run alone)")
 def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rj, tmp_path):
     spec = write_spec(tmp_path, "detach", SLOW_JOB)
-    process = popen_rayjobs("submit", str(spec), home=ray_cluster_home)
+    # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print every thread's stack.
+    process = popen_rayjobs("submit", str(spec), home=ray_cluster_home, PYTHONFAULTHANDLER="1")
     try:
         # Interrupt while following: once the job's own output arrives (not an earlier line
         # some library may print while the job is still being submitted).
@@ -139,7 +140,12 @@ def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rj, tmp_pa
             line = process.stdout.readline()
         assert line, process.stderr.read()
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, stderr = process.communicate(timeout=30)
+            pytest.fail(f"still running 30 s after Ctrl-C; its threads then:\n{stderr[-6000:]}")
     finally:
         if process.poll() is None:
             process.kill()
