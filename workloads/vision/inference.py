@@ -118,7 +118,11 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferC
     """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors."""
     from workloads.vision.ingest import read_parquet_on_no_cpu
 
-    dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"])
+    # Reads reserve no CPU, so unbounded, Ray would run every read task at once, each in
+    # a new worker process that must start and import pyarrow; beside the model actors
+    # on a 2-core machine that delayed the first predictions by about 10 s. Two readers
+    # keep up with actors that spend far more per row on the model.
+    dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"], max_concurrent_reads=2)
     # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
     # holding every CPU cannot starve them); grow to num_actors if nodes are added.
     resources = ray.cluster_resources()

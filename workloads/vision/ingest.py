@@ -23,19 +23,20 @@ from workloads.vision.images import ImageLayout, augment_batch, decode_batch
 TRANSFORM_BATCH_ROWS = 128
 
 
-def read_parquet_on_no_cpu(paths, columns: list[str]):
+def read_parquet_on_no_cpu(paths, columns: list[str], max_concurrent_reads: int | None = None):
     """``ray.data.read_parquet`` whose tasks reserve no CPU, so it runs beside actors holding every CPU.
 
     Reading is I/O, light next to decoding or a model. Ray Data's newer Parquet
     reader first lists files in a task that always asks for 1 CPU, which never
     starts while training workers or model actors hold every CPU of a small
     cluster; the classic reader plans on the driver and honours ``num_cpus``.
+    ``max_concurrent_reads`` bounds the read tasks in flight (unbounded by default).
     """
     context = ray.data.DataContext.get_current()
     previous = context.use_datasource_v2
     context.use_datasource_v2 = False
     try:
-        return ray.data.read_parquet(paths, columns=columns, num_cpus=0)
+        return ray.data.read_parquet(paths, columns=columns, num_cpus=0, concurrency=max_concurrent_reads)
     finally:
         context.use_datasource_v2 = previous
 
