@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,3 +68,26 @@ def read_metrics_csv(run_dir: Path) -> list[dict[str, float]]:
 
     with open(run_dir / "metrics.csv", newline="") as handle:
         return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
+
+
+@contextlib.contextmanager
+def loopback_http_server(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on a free loopback port for the duration; yields the base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def send_body(handler: http.server.BaseHTTPRequestHandler, code: int, body: bytes,
+              content_type: str = "application/json") -> None:
+    """Answer a request with ``code`` and ``body`` (from inside a handler's ``do_*``)."""
+    handler.send_response(code)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+

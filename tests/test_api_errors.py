@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import http.server
-import threading
 
 import pytest
 
 from runner.api import JobsApi
 from runner.connection import Connection
 from runner.errors import NotADashboard
-from tests.cli_helpers import run_rayjobs
+from tests.cli_helpers import loopback_http_server, run_rayjobs, send_body
 
 
 class _HtmlPage(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - the name http.server calls
-        body = b"<!doctype html><html><body>Welcome to nginx!</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_body(self, 200, b"<!doctype html><html><body>Welcome to nginx!</body></html>", "text/html")
 
     def log_message(self, *args):
         pass
@@ -28,12 +22,8 @@ class _HtmlPage(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def html_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HtmlPage)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_http_server(_HtmlPage) as url:
+        yield url
 
 
 def test_html_answer_is_not_a_dashboard(html_server):

@@ -11,6 +11,7 @@ import pytest
 
 from runner.api import JobsApi
 from runner.connection import Connection
+from tests.cli_helpers import loopback_http_server, send_body
 
 JOB_ID = "raysubmit_ended"
 
@@ -38,11 +39,7 @@ class _JobManager(http.server.BaseHTTPRequestHandler):
                                 "error_type": "JOB_SUPERVISOR_ACTOR_DIED"}
 
     def _answer(self, code, payload, text=""):
-        body = json.dumps(payload).encode() if payload is not None else text.encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_body(self, code, json.dumps(payload).encode() if payload is not None else text.encode())
 
     def log_message(self, *args):
         pass
@@ -51,12 +48,8 @@ class _JobManager(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def job_manager():
     state = {"record": {"status": "STOPPED"}, "gets": 0, "deletes": 0, "recreate_after_s": None}
-    handler = type("Handler", (_JobManager,), {"state": state})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield JobsApi(Connection(address=f"http://127.0.0.1:{server.server_address[1]}", source="test")), state
-    server.shutdown()
-    server.server_close()
+    with loopback_http_server(type("Handler", (_JobManager,), {"state": state})) as url:
+        yield JobsApi(Connection(address=url, source="test")), state
 
 
 def test_record_written_back_after_a_fresh_stop_is_deleted_again(job_manager):
