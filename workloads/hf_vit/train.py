@@ -241,6 +241,9 @@ def run(params: HFViTParams) -> dict:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - Ray wraps the worker's error; show its last line
         raise HFWorkloadError(f"training run {params.run_name!r} failed: {root_cause(exc)}") from None
+    finally:
+        # The Trainer's own output; every checkpoint that matters is in the run's storage by now.
+        shutil.rmtree(scratch, ignore_errors=True)
     rows = epoch_rows(result)
     write_metrics(run_dir, rows)
     best = None
