@@ -64,10 +64,9 @@ def submit_spec(home: Path, spec: str, *overrides: str, timeout: float = 600) ->
 
 def read_metrics_csv(run_dir: Path) -> list[dict[str, float]]:
     """A training run's metrics.csv, every field as a number."""
-    import csv
+    from workloads.vision.plots import METRICS_CSV, read_metrics_csv as read_rows
 
-    with open(run_dir / "metrics.csv", newline="") as handle:
-        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
+    return read_rows(run_dir / METRICS_CSV)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import read_metrics_csv
 from tests.conftest import private_ray
 from tests.fixtures_images import write_tiny_dataset
 
@@ -28,10 +29,6 @@ def _info(dataset_root: Path):
     return load_dataset_info(dataset_root)
 
 
-def _metric_rows(run_dir: Path) -> list[dict[str, float]]:
-    from workloads.vision.plots import read_metrics_csv
-
-    return read_metrics_csv(run_dir / "metrics.csv")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +49,7 @@ def first_run(local_ray, tiny_dataset, workdir):
 
     params = _params(workdir / "runs", "two-workers")
     outcome = run_training(params, _info(tiny_dataset))
-    return {"params": params, "outcome": outcome, "rows": _metric_rows(outcome.run_dir)}
+    return {"params": params, "outcome": outcome, "rows": read_metrics_csv(outcome.run_dir)}
 
 
 # --------------------------------------------------------------------------- dataset (no Ray)
@@ -233,7 +230,7 @@ def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
     params = _params(first_run["params"].storage_path, first_run["params"].run_name, epochs=3)
     outcome = run_training(params, _info(tiny_dataset))
     assert outcome.epochs_trained == [3]  # epochs 1 and 2 were not trained again
-    rows = _metric_rows(outcome.run_dir)
+    rows = read_metrics_csv(outcome.run_dir)
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
     assert rows[:2] == first_run["rows"]
     state = torch.load(outcome.run_dir / "checkpoint_epoch_0003" / "state.pt", map_location="cpu", weights_only=False)
@@ -242,7 +239,7 @@ def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
 
     again = run_training(params, _info(tiny_dataset))
     assert again.skipped and again.epochs_trained == []
-    assert len(_metric_rows(outcome.run_dir)) == 3
+    assert len(read_metrics_csv(outcome.run_dir)) == 3
 
 
 @pytest.mark.cluster
@@ -256,7 +253,7 @@ def test_worker_killed_mid_run_recovers_from_checkpoint(local_ray, tiny_dataset,
     assert marker.exists() and "rank 1" in marker.read_text()
     # The attempt that finished started after the checkpoint of epoch 1 (index 0).
     assert outcome.epochs_trained == [2]
-    assert [int(r["epoch"]) for r in _metric_rows(outcome.run_dir)] == [1, 2]
+    assert [int(r["epoch"]) for r in read_metrics_csv(outcome.run_dir)] == [1, 2]
     assert outcome.final_metrics["epoch"] == 2
     # Same settings as the undisturbed two-epoch run: the recovered run ends within noise of it
     # (15 validation rows, so 0.2 is three rows).

@@ -84,12 +84,18 @@ def connect_to_cluster() -> None:
 
 def parse_command_line(model: type[ModelT], workload: str, prog: str, description: str,
                        argv: list[str] | None = None) -> ModelT:
-    """Read ``[--params FILE]`` from the command line and return the validated parameters
-    (``ValueError`` with one line naming the fields when they are not valid)."""
+    """Read ``[--params FILE]`` from the command line and return the validated parameters.
+
+    Parameters that are not valid end the program as a bad flag does: one ``error:`` line
+    naming the fields, exit status 2.
+    """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_params_argument(parser)
     args = parser.parse_args(argv)
-    return read_params(model, args.params, workload)
+    try:
+        return read_params(model, args.params, workload)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
 
 
 def run_on_cluster(work, user_errors: tuple[type[BaseException], ...]) -> int:

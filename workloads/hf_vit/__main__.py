@@ -11,11 +11,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the parameters, connect to Ray and fine-tune; return the exit status."""
     from workloads.hf_vit.config import HFViTParams
 
-    try:
-        params = parse_command_line(HFViTParams, "hf_vit", "python -m workloads.hf_vit", __doc__.splitlines()[0], argv)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    params = parse_command_line(HFViTParams, "hf_vit", "python -m workloads.hf_vit", __doc__.splitlines()[0], argv)
     try:
         from workloads.hf_vit.train import HFWorkloadError, run
     except ImportError as exc:

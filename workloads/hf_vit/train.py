@@ -13,7 +13,6 @@ contacted (``HF_HUB_OFFLINE``).
 
 from __future__ import annotations
 
-import csv
 import inspect
 import os
 import shutil
@@ -21,13 +20,12 @@ from pathlib import Path
 
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
 from workloads.raytrain import root_cause, run_config
+from workloads.vision.plots import LOSS_CURVE, METRICS_CSV, plot_loss_curve, write_metrics_csv
 
 for _variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_variable, "1")
 
 RAY_CHECKPOINT_DIR = "checkpoint"  # RayTrainReportCallback's folder inside each Ray checkpoint
-METRICS_CSV = "metrics.csv"
-LOSS_CURVE = "loss_curve.png"
 
 
 class HFWorkloadError(RuntimeError):
@@ -279,13 +277,6 @@ def epoch_rows(result) -> list[dict[str, float]]:
 
 def write_metrics(run_dir: Path, rows: list[dict[str, float]]) -> None:
     """metrics.csv and loss_curve.png next to the run's checkpoints."""
-    from workloads.vision.plots import plot_loss_curve
-
-    if not rows:
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / METRICS_CSV, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plot_loss_curve(run_dir / METRICS_CSV, run_dir / LOSS_CURVE)
+    if rows:
+        write_metrics_csv(run_dir / METRICS_CSV, rows, list(rows[0]))
+        plot_loss_curve(run_dir / METRICS_CSV, run_dir / LOSS_CURVE)

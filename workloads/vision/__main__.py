@@ -91,11 +91,7 @@ def run_stages(params: VisionParams) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, connect to Ray and run the stages; return the exit status."""
-    try:
-        params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0], argv)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0], argv)
 
     if "preprocess" not in params.stages:
         # Fail before connecting to the cluster when the dataset a later stage needs is missing.

@@ -6,7 +6,7 @@ import csv
 import os
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def _pyplot():
@@ -19,16 +19,38 @@ def _pyplot():
     return plt
 
 
-def _save_atomically(fig, path: Path) -> None:
+METRICS_CSV = "metrics.csv"
+LOSS_CURVE = "loss_curve.png"
+
+
+def _replace_atomically(path: Path, write: Callable[[str], None]) -> None:
+    # Readers (a user, a resumed run, the next epoch's plot) see the old file or the new
+    # one, never half of one.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _save_atomically(fig, path: Path) -> None:
+    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
+
+
+def write_metrics_csv(path: Path, rows: Sequence[dict[str, float]], fields: Sequence[str]) -> None:
+    """Write ``rows`` (one per epoch) as a ``metrics.csv`` with columns ``fields``, atomically."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(fields))
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in fields})
+
+    _replace_atomically(path, write)
 
 
 def read_metrics_csv(path: Path) -> list[dict[str, float]]:

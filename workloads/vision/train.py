@@ -17,7 +17,6 @@ same ``RunConfig(name, storage_path)`` and hands its latest checkpoint to
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from workloads.raytrain import root_cause, run_config
 from workloads.vision.config import TrainConfig, VisionParams
 from workloads.vision.images import ImageLayout
+from workloads.vision.plots import LOSS_CURVE, METRICS_CSV, plot_loss_curve, read_metrics_csv, write_metrics_csv
 
 if TYPE_CHECKING:
     from workloads.vision.preprocess import DatasetInfo
@@ -41,8 +41,6 @@ METRIC_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "images_per_
                  "compute_s", "lr"]
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
-METRICS_CSV = "metrics.csv"
-LOSS_CURVE = "loss_curve.png"
 # Test hook: makes rank 1 exit once at the start of this epoch index, to exercise recovery.
 FAIL_AT_EPOCH_ENV_VAR = "RAYJOBS_TEST_FAIL_AT_EPOCH"
 SECONDS_BETWEEN_PROGRESS_LINES = 30.0
@@ -182,26 +180,9 @@ def make_scheduler(optimizer, cfg: TrainConfig, steps_per_epoch: int):
 # --------------------------------------------------------------------------- worker loop
 
 
-def _write_metrics_csv(path: Path, rows: list[dict[str, float]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".metrics-", suffix=".csv", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=METRIC_FIELDS)
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in METRIC_FIELDS})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _read_metric_rows(path: Path) -> list[dict[str, float]]:
     if not path.exists():
         return []
-    from workloads.vision.plots import read_metrics_csv
-
     return read_metrics_csv(path)
 
 
@@ -466,7 +447,7 @@ def train_loop_per_worker(config: dict) -> dict:
             report_checkpoint = None
             if rank == 0:
                 history = [r for r in history if r["epoch"] < epoch + 1] + [metrics]
-                _write_metrics_csv(metrics_csv, history)
+                write_metrics_csv(metrics_csv, history, METRIC_FIELDS)
                 torch.save({
                     "model": _unwrap(model).state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -542,8 +523,6 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, float]] | None:
 
 def outcome_from_disk(run_dir: Path, trained: list[int], skipped: bool) -> TrainingOutcome:
     """Describe a run from what is on disk: its metrics, curve and best checkpoint."""
-    from workloads.vision.plots import plot_loss_curve
-
     metrics_csv = run_dir / METRICS_CSV
     rows = _read_metric_rows(metrics_csv)
     loss_curve = plot_loss_curve(metrics_csv, run_dir / LOSS_CURVE) if rows else None
