@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+# Names that reach this machine's loopback interface, where local clusters listen.
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
+
 
 def normalize_address(address: str) -> str:
     """``host:port`` → ``http://host:port``; ValueError for other schemes or no host.
@@ -20,3 +25,16 @@ def normalize_address(address: str) -> str:
     if not rest or rest.startswith((":", "/")):
         raise ValueError(f"address {address!r} has no host")
     return f"{scheme.lower()}://{rest}"
+
+
+def dashboard_endpoint(address: str) -> tuple[str, int]:
+    """The (host, port) an address reaches, so that two spellings of one dashboard compare equal.
+
+    The scheme and a trailing slash do not matter, ``localhost`` is ``127.0.0.1``, and a missing
+    port is the scheme's default. ValueError as for ``normalize_address``, or for a bad port.
+    """
+    parts = urlsplit(normalize_address(address))
+    host = (parts.hostname or "").lower()
+    if host in _LOOPBACK_NAMES:
+        host = "127.0.0.1"
+    return host, parts.port or (443 if parts.scheme == "https" else 80)

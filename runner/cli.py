@@ -42,7 +42,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 AddressOption = Annotated[Optional[str], typer.Option(
     "--address", "-a", metavar="URL", help="Dashboard address, e.g. http://127.0.0.1:8265. Overrides the spec's 'address', "
-    "RAY_API_SERVER_ADDRESS and RAY_ADDRESS; default: the local cluster.", show_default=False)]
+    "RAYJOBS_CLUSTER, RAY_API_SERVER_ADDRESS and RAY_ADDRESS; default: the local cluster.", show_default=False)]
+ClusterOption = Annotated[Optional[str], typer.Option(
+    "--cluster", metavar="NAME", help="A local cluster by name (`rayjobs cluster up --name NAME`) instead of an address. "
+    "Overrides the spec's 'address', RAYJOBS_CLUSTER and RAY_ADDRESS.", show_default=False)]
 HeaderOption = Annotated[Optional[list[str]], typer.Option(
     "--header", metavar="'NAME: VALUE'", help="Extra HTTP header 'Name: value' for the dashboard (repeatable; adds to RAY_JOB_HEADERS). "
     "Never printed.", show_default=False)]
@@ -78,6 +81,10 @@ def handles_errors(command: F) -> F:
             raise typer.Exit(int(ExitCode.BAD_INPUT)) from None
         except RayJobsError as exc:
             _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            # Click would print "Aborted!" and exit 1, which a script cannot tell from a failed job.
+            _say("interrupted")
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -88,17 +95,28 @@ def _check_output(output: str) -> None:
 
 
 def _api(address: str | None, headers: list[str] | None, no_verify: bool, ca_cert: str | None,
-         spec_address: str | None = None, spec_address_source: str = "the spec"):
+         spec_address: str | None = None, spec_address_source: str = "the spec", cluster: str | None = None):
     from runner.api import JobsApi
     from runner.connection import resolve_connection
 
     connection = resolve_connection(address, spec_address, spec_address_source, headers, verify=not no_verify,
-                                    ca_cert=ca_cert)
+                                    ca_cert=ca_cert, cluster_name=cluster)
     return JobsApi(connection)
 
 
 def _address_hint(api: Any) -> str:
-    return "" if api.connection.source == "local cluster" else f" --address {api.address}"
+    connection = api.connection
+    if connection.source == "local cluster":
+        return ""
+    if connection.source in ("--cluster", "RAYJOBS_CLUSTER"):
+        return f" --cluster {connection.local_cluster}"
+    return f" --address {api.address}"
+
+
+def _where(connection: Any) -> str:
+    if connection.local_cluster is None or connection.source == "local cluster":
+        return connection.source
+    return f"local cluster '{connection.local_cluster}' via {connection.source}"
 
 
 def _print_follow_up(api: Any, job_id: str) -> None:
@@ -155,14 +173,15 @@ def submit(
                     "(value read as YAML, e.g. --set workload.train.epochs=3). Repeatable; beats the file.",
                     show_default=False)] = None,
     address: AddressOption = None,
+    cluster: ClusterOption = None,
     header: HeaderOption = None,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the id and return right after submitting.")]
     = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be submitted (secrets masked); "
                        "contact no cluster.")] = False,
     output: OutputOption = "text",
-    local: Annotated[bool, typer.Option("--local", help="Start the local cluster first if none is running and no "
-                     "address is given.")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Start the local cluster (or --cluster NAME) first if it "
+                     "is not running and no address is given.")] = False,
     stop_on_interrupt: Annotated[bool, typer.Option("--stop-on-interrupt", help="Stop the job on Ctrl-C "
                                  "(default: detach and leave it running).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream the job's log.")] = False,
@@ -178,26 +197,31 @@ def submit(
     from jobs.loader import load_spec
     from jobs.secrets import masked
     from jobs.submission import METADATA_ATTEMPT, METADATA_PARENT, build_submission, should_retry
+    from runner.connection import choose_target
     from runner.preflight import entrypoint_demand
 
     _check_output(output)
-    loaded = load_spec(Path(spec_file), set_ or [])
-    submission = build_submission(loaded)
-    spec_address_source = "--set address" if any(o.split("=", 1)[0].strip() == "address" for o in set_ or []) \
-        else f"'address' in {spec_file}"
-    if dry_run:
-        typer.echo(json.dumps({"address": address or loaded.spec.address, **masked(submission)}, indent=2)
-                   if output == "json" else _dry_run_text(masked(submission), address or loaded.spec.address))
-        return
-    if local and not (address or loaded.spec.address or os.environ.get("RAY_API_SERVER_ADDRESS")
-                      or os.environ.get("RAY_ADDRESS")):
-        _ensure_local_cluster()
-    api = _api(address, header, no_verify, ca_cert, loaded.spec.address, spec_address_source)
+    try:
+        loaded = load_spec(Path(spec_file), set_ or [])
+        submission = build_submission(loaded)
+        spec_address_source = "--set address" if any(o.split("=", 1)[0].strip() == "address" for o in set_ or []) \
+            else f"'address' in {spec_file}"
+        if dry_run:
+            typer.echo(json.dumps({"address": address or loaded.spec.address, **masked(submission)}, indent=2)
+                       if output == "json" else _dry_run_text(masked(submission), address or loaded.spec.address))
+            return
+        target = choose_target(address, loaded.spec.address, spec_address_source, cluster)
+        if local and target.address is None:
+            _ensure_local_cluster(target.cluster_name)
+        api = _api(address, header, no_verify, ca_cert, loaded.spec.address, spec_address_source, cluster)
+    except KeyboardInterrupt:
+        _say("interrupted: nothing was submitted")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
     spec = loaded.spec
     if spec.max_retries:
         submission["metadata"][METADATA_ATTEMPT] = "1"
-    job_id = _submit_or_attach(api, submission, spec.name, preflight=not no_preflight)
+    job_id = _submit_reporting_interrupts(api, submission, spec.name, not no_preflight, stop_on_interrupt)
     if no_wait:
         if spec.timeout_s or spec.start_timeout_s or spec.max_retries:
             _say("note: timeout_s, start_timeout_s and max_retries are applied only while rayjobs follows the job")
@@ -223,7 +247,7 @@ def submit(
                                            METADATA_PARENT: attempts[0]})
         if spec.submission_id:
             retry["submission_id"] = f"{spec.submission_id}-attempt{attempt}"
-        job_id = _submit_or_attach(api, retry, spec.name, preflight=False)
+        job_id = _submit_reporting_interrupts(api, retry, spec.name, False, stop_on_interrupt)
         attempts.append(job_id)
 
 
@@ -237,12 +261,26 @@ def _json_summary(api: Any, job_id: str, code: ExitCode, outcome: Any, summary: 
     }
 
 
+def _submit_reporting_interrupts(api: Any, submission: dict[str, Any], name: str, preflight: bool,
+                                 stop_on_interrupt: bool) -> str:
+    """``_submit_or_attach``; on Ctrl-C, say whether the job was submitted and exit 130."""
+    from runner.submit import SubmitInterrupted
+
+    try:
+        return _submit_or_attach(api, submission, name, preflight)
+    except SubmitInterrupted as interrupted:
+        code = _interrupted_while_submitting(api, interrupted, stop_on_interrupt)
+    except KeyboardInterrupt:  # in the attach check or the pre-flight: before any job request
+        code = _interrupted_while_submitting(api, SubmitInterrupted(None), stop_on_interrupt)
+    raise typer.Exit(int(code))
+
+
 def _submit_or_attach(api: Any, submission: dict[str, Any], name: str, preflight: bool) -> str:
     """Submit; with a fixed submission_id already taken by the same spec, attach to that job instead."""
     from jobs.submission import METADATA_SPEC_HASH
     from runner.errors import JobNotFound
     from runner.preflight import check_entrypoint_fits
-    from runner.submit import submit_job
+    from runner.submit import SubmitInterrupted, submit_job
 
     wanted = submission.get("submission_id")
     if wanted:
@@ -262,9 +300,40 @@ def _submit_or_attach(api: Any, submission: dict[str, Any], name: str, preflight
             return wanted
     if preflight:
         check_entrypoint_fits(api, submission, warn=lambda text: _say(f"warning: {text}"))
-    job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"))
-    _say(f"submitted {name} as {job_id} to {api.address} ({api.connection.source})")
+    job_id = submit_job(api.connection, submission, warn=lambda text: _say(f"warning: {text}"), progress=_say)
+    try:
+        _say(f"submitted {name} as {job_id} to {api.address} ({_where(api.connection)})")
+    except KeyboardInterrupt:  # the job exists; the caller must not report it as never submitted
+        raise SubmitInterrupted(job_id, answered=True) from None
     return job_id
+
+
+def _interrupted_while_submitting(api: Any, interrupted: Any, stop_it: bool) -> ExitCode:
+    """Report a Ctrl-C that came while submitting: was the job created, and where is it now."""
+    from runner.errors import JobNotFound
+
+    job_id = interrupted.submission_id
+    if job_id is None:
+        _say("interrupted: nothing was submitted")
+        return ExitCode.INTERRUPTED
+    hint = _address_hint(api)
+    if not interrupted.answered:
+        # The job request had gone out; only the cluster knows whether it created the job.
+        try:
+            api.get_job(job_id)
+        except JobNotFound:
+            _say(f"interrupted: nothing was submitted (the cluster has no job {job_id}; "
+                 f"`rayjobs status {job_id}{hint}` checks again)")
+            return ExitCode.INTERRUPTED
+        except (RayJobsError, KeyboardInterrupt):
+            _say(f"interrupted: the request to submit job {job_id} had gone out, but whether the cluster created "
+                 f"it is unknown; check with `rayjobs status {job_id}{hint}`")
+            return ExitCode.INTERRUPTED
+    if stop_it:
+        return _interrupted(api, job_id, stop_it=True)
+    _say(f"interrupted: job {job_id} was submitted and keeps running; follow it with "
+         f"`rayjobs logs --follow {job_id}{hint}`, stop it with `rayjobs stop {job_id}{hint}`")
+    return ExitCode.INTERRUPTED
 
 
 def _dry_run_text(submission: dict[str, Any], address: str | None) -> str:
@@ -274,16 +343,21 @@ def _dry_run_text(submission: dict[str, Any], address: str | None) -> str:
     return header + yaml.safe_dump(submission, sort_keys=False, default_flow_style=False, width=100)
 
 
-def _ensure_local_cluster() -> None:
+def _ensure_local_cluster(name: str) -> None:
     from runner import cluster
 
-    if cluster.running_local_cluster() is None:
-        _say("no cluster running: starting a local one on 127.0.0.1 (stop it with `rayjobs cluster down`)")
+    try:
+        running = cluster.running_local_cluster(name)
+    except cluster.ClusterError as exc:
+        raise BadInput(str(exc)) from None
+    if running is None:
+        down = "rayjobs cluster down" + ("" if name == cluster.DEFAULT_CLUSTER_NAME else f" --name {name}")
+        _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
         try:
-            started = cluster.start_local_cluster()
+            started = cluster.start_local_cluster(name=name)
         except cluster.ClusterError as exc:
             raise RayJobsError(str(exc)) from None
-        _say(f"local cluster is up at {started.dashboard_url}")
+        _say(f"local cluster '{name}' is up at {started.dashboard_url}")
 
 
 @app.command()
@@ -291,6 +365,7 @@ def _ensure_local_cluster() -> None:
 def status(
     job_id: JobIdArgument,
     address: AddressOption = None,
+    cluster: ClusterOption = None,
     header: HeaderOption = None,
     output: OutputOption = "text",
     no_verify: NoVerifyOption = False,
@@ -303,7 +378,7 @@ def status(
     from runner.render import attempts_report, status_report
 
     _check_output(output)
-    api = _api(address, header, no_verify, ca_cert)
+    api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     info = retrying(lambda: api.get_job(job_id), give_up_after_s=5)
     if output == "json":
         typer.echo(json.dumps(masked(info), indent=2))
@@ -323,6 +398,7 @@ def logs(
     tail: Annotated[Optional[int], typer.Option("--tail", "-n", min=0, metavar="N", help="Print only the last N lines "
                     "(without --follow).", show_default=False)] = None,
     address: AddressOption = None,
+    cluster: ClusterOption = None,
     header: HeaderOption = None,
     give_up_after: GiveUpOption = 60.0,
     no_verify: NoVerifyOption = False,
@@ -331,7 +407,7 @@ def logs(
     """Print a job's log (--follow: stream it until the job ends)."""
     from runner.api import retrying
 
-    api = _api(address, header, no_verify, ca_cert)
+    api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     if follow:
         if tail is not None:
             raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
@@ -353,6 +429,7 @@ def stop(
     job_id: JobIdArgument,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
     address: AddressOption = None,
+    cluster: ClusterOption = None,
     header: HeaderOption = None,
     no_verify: NoVerifyOption = False,
     ca_cert: CaCertOption = None,
@@ -360,7 +437,7 @@ def stop(
     """Stop a running job."""
     from runner.api import TERMINAL_STATUSES, retrying
 
-    api = _api(address, header, no_verify, ca_cert)
+    api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     stopped = retrying(lambda: api.stop_job(job_id), give_up_after_s=5)
     if not stopped:
         info = api.get_job(job_id)
@@ -384,6 +461,7 @@ def list_jobs(
     status_filter: Annotated[Optional[list[str]], typer.Option("--status", "-s", metavar="STATUS", help="Only jobs in this status "
                              "(repeatable): PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED.", show_default=False)] = None,
     address: AddressOption = None,
+    cluster: ClusterOption = None,
     header: HeaderOption = None,
     output: OutputOption = "text",
     no_verify: NoVerifyOption = False,
@@ -400,7 +478,7 @@ def list_jobs(
     if unknown:
         raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use PENDING, RUNNING, SUCCEEDED, FAILED "
                        "or STOPPED")
-    api = _api(address, header, no_verify, ca_cert)
+    api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     jobs = [job for job in retrying(api.list_jobs, give_up_after_s=5) if not wanted or job.get("status") in wanted]
     typer.echo(json.dumps([masked(job) for job in jobs], indent=2) if output == "json" else jobs_table(jobs))
 
@@ -410,6 +488,7 @@ def list_jobs(
 def delete(
     job_id: JobIdArgument,
     address: AddressOption = None,
+    cluster: ClusterOption = None,
     header: HeaderOption = None,
     no_verify: NoVerifyOption = False,
     ca_cert: CaCertOption = None,
@@ -417,7 +496,7 @@ def delete(
     """Delete a finished job and its record from the cluster."""
     from runner.api import retrying
 
-    api = _api(address, header, no_verify, ca_cert)
+    api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     info = retrying(lambda: api.get_job(job_id), give_up_after_s=5)
     if info.get("status") not in ("SUCCEEDED", "FAILED", "STOPPED"):
         raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
@@ -470,7 +549,8 @@ def schema(
     typer.echo(json.dumps(document, indent=2))
 
 
-ClusterNameOption = Annotated[str, typer.Option("--name", metavar="NAME", help="Name of the local cluster (several may run).")]
+ClusterNameOption = Annotated[str, typer.Option("--name", metavar="NAME", envvar="RAYJOBS_CLUSTER",
+                                                help="Name of the local cluster (several may run).")]
 
 
 @cluster_app.command("up")
@@ -496,7 +576,11 @@ def cluster_up(
         _fail(str(exc), ExitCode.CLUSTER_UNREACHABLE)
     auth = f"token auth on (token file {started.token_file})" if started.token_file else "no authentication"
     _say(f"local cluster '{name}' is up at {started.dashboard_url}; {auth}")
-    _say("rayjobs commands use it when no address is given; stop it with `rayjobs cluster down`")
+    if name == cluster.DEFAULT_CLUSTER_NAME:
+        _say("rayjobs commands use it when no address is given; stop it with `rayjobs cluster down`")
+    else:
+        _say(f"rayjobs commands use it with --cluster {name} (or RAYJOBS_CLUSTER={name}) or its address; "
+             f"stop it with `rayjobs cluster down --name {name}`")
 
 
 @cluster_app.command("down")

@@ -230,6 +230,36 @@ def running_local_cluster(name: str = DEFAULT_CLUSTER_NAME) -> LocalCluster | No
     return None
 
 
+def find_local_cluster(name: str) -> LocalCluster | None:
+    """The named cluster if it is running, else None; reads state only.
+
+    Unlike ``running_local_cluster`` it never removes a stale state file or kills
+    leftovers, so any command that merely talks to a cluster may call it.
+    """
+    cluster = _peek_state(_state_path(name))
+    return cluster if cluster is not None and _leader_is_alive(cluster) else None
+
+
+def local_clusters() -> list[LocalCluster]:
+    """Every running local cluster under ``$RAYJOBS_HOME``, by name; reads state only."""
+    return [cluster for cluster in _peek_all_states() if _leader_is_alive(cluster)]
+
+
+def local_cluster_serving(address: str) -> LocalCluster | None:
+    """The running local cluster whose dashboard ``address`` reaches, however it is spelled; reads state only."""
+    from jobs.address import dashboard_endpoint
+
+    wanted = dashboard_endpoint(address)
+    for cluster in _peek_all_states():
+        try:
+            serves_it = dashboard_endpoint(cluster.dashboard_url) == wanted
+        except ValueError:  # a hand-edited state file; it describes no cluster rayjobs started
+            continue
+        if serves_it and _leader_is_alive(cluster):
+            return cluster
+    return None
+
+
 def start_local_cluster(
     name: str = DEFAULT_CLUSTER_NAME,
     num_cpus: int | None = None,
@@ -652,6 +682,21 @@ def _read_state(name: str) -> LocalCluster | None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         return None
+
+
+def _peek_state(path: Path) -> LocalCluster | None:
+    """The state at ``path``, or None when it is missing or unreadable; never changes anything."""
+    try:
+        return LocalCluster.from_json(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _peek_all_states() -> Iterator[LocalCluster]:
+    for path in sorted((rayjobs_home() / "clusters").glob(f"*/{_STATE_FILE}")):
+        cluster = _peek_state(path)
+        if cluster is not None:
+            yield cluster
 
 
 def _forget(cluster: LocalCluster) -> None:

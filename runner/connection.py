@@ -1,14 +1,15 @@
 """Where the cluster is and how to talk to it: address, headers, TLS.
 
 Precedence of the address, highest first:
-``--address`` > ``--set address=…`` > the spec's ``address`` > ``$RAY_API_SERVER_ADDRESS``
-> ``$RAY_ADDRESS`` > the local cluster started by ``rayjobs cluster up``.
+``--address`` or ``--cluster NAME`` (given together, they must name the same cluster) > ``--set address=…``
+> the spec's ``address`` > ``$RAYJOBS_CLUSTER`` > ``$RAY_API_SERVER_ADDRESS`` > ``$RAY_ADDRESS``
+> the local cluster ``default`` started by ``rayjobs cluster up``.
 (Ray's own CLI lets ``RAY_ADDRESS`` beat an explicit address; rayjobs does not.)
 
 Headers, later ones winning: ``$RAY_JOB_HEADERS`` (JSON object) < ``--header 'Name: value'``.
 A bearer token is added when none of those set ``Authorization``: from ``$RAY_AUTH_TOKEN``,
-``$RAY_AUTH_TOKEN_PATH``, the local cluster's token file (for its own address), or
-``~/.ray/auth_token`` when ``RAY_AUTH_MODE=token``.
+``$RAY_AUTH_TOKEN_PATH``, the token file of the local cluster that serves the address (however the
+address was spelled or given), or ``~/.ray/auth_token`` when ``RAY_AUTH_MODE=token``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jobs.address import normalize_address
+from jobs.address import dashboard_endpoint, normalize_address
 from runner.errors import BadInput, NoCluster
+
+if TYPE_CHECKING:
+    from runner.cluster import LocalCluster
 
 
 @dataclass
@@ -30,6 +35,8 @@ class Connection:
     source: str
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     verify: bool | str = True
+    # The rayjobs local cluster that serves ``address``, if any.
+    local_cluster: str | None = None
 
     def __repr__(self) -> str:
         return f"Connection(address={self.address!r}, source={self.source!r}, headers=<{len(self.headers)} hidden>)"
@@ -57,7 +64,7 @@ def _headers_from_env() -> dict[str, str]:
     return {str(k): v for k, v in headers.items()}
 
 
-def _token_for(address: str, local_token_file: str | None) -> str | None:
+def _token_for(local_token_file: str | None) -> str | None:
     token = os.environ.get("RAY_AUTH_TOKEN")
     if token:
         return token.strip()
@@ -73,6 +80,39 @@ def _token_for(address: str, local_token_file: str | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Target:
+    """What the precedence picked: an address, or else the name of a local cluster."""
+
+    address: str | None
+    cluster_name: str | None
+    source: str
+
+
+def choose_target(
+    cli_address: str | None = None,
+    spec_address: str | None = None,
+    spec_address_source: str = "the spec",
+    cluster_name: str | None = None,
+) -> Target:
+    """Apply the documented precedence; reads the environment only, never a cluster."""
+    from runner.cluster import DEFAULT_CLUSTER_NAME
+
+    if cluster_name is not None and not cluster_name.strip():
+        raise BadInput("--cluster needs the name of a local cluster (`rayjobs cluster up --name NAME`)")
+    for address, name, source in (
+        (cli_address, None, "--address"),
+        (None, cluster_name, "--cluster"),
+        (spec_address, None, spec_address_source),
+        (None, os.environ.get("RAYJOBS_CLUSTER"), "RAYJOBS_CLUSTER"),
+        (os.environ.get("RAY_API_SERVER_ADDRESS"), None, "RAY_API_SERVER_ADDRESS"),
+        (os.environ.get("RAY_ADDRESS"), None, "RAY_ADDRESS"),
+    ):
+        if address or name:
+            return Target(address or None, None if address else name, source)
+    return Target(None, DEFAULT_CLUSTER_NAME, "local cluster")
+
+
 def resolve_connection(
     cli_address: str | None = None,
     spec_address: str | None = None,
@@ -82,39 +122,68 @@ def resolve_connection(
     ca_cert: str | None = None,
     cluster_name: str | None = None,
 ) -> Connection:
-    """Decide which cluster to talk to, following the documented precedence."""
+    """Decide which cluster to talk to, following the documented precedence.
+
+    Only reads the state of local clusters: nothing is started, stopped or cleaned up.
+    """
     from runner import cluster
 
-    local = cluster.running_local_cluster(cluster_name or cluster.DEFAULT_CLUSTER_NAME)
-    for value, source in (
-        (cli_address, "--address"),
-        (spec_address, spec_address_source),
-        (os.environ.get("RAY_API_SERVER_ADDRESS"), "RAY_API_SERVER_ADDRESS"),
-        (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"),
-    ):
-        if value:
-            try:
-                address, chosen = normalize_address(value), source
-            except ValueError as exc:
-                raise BadInput(str(exc)) from None
-            break
+    target = choose_target(cli_address, spec_address, spec_address_source, cluster_name)
+    if target.address is not None:
+        address = _normalized(target.address)
+        serving = cluster.local_cluster_serving(address)
+        if cluster_name is not None and cli_address:
+            _check_same_cluster(address, _running_cluster_named(cluster_name, "--cluster"), serving)
     else:
-        if local is None:
-            raise NoCluster(
-                "no cluster to talk to: give --address (or set RAY_ADDRESS / 'address' in the spec), "
-                "or start a local one with `rayjobs cluster up` (or pass --local to `rayjobs submit`)"
-            )
-        address, chosen = local.dashboard_url, "local cluster"
+        serving = _running_cluster_named(target.cluster_name, target.source)
+        address = serving.dashboard_url
 
     headers = _headers_from_env()
     for text in cli_headers or []:
         name, value = parse_header(text)
         headers[name] = value
     if not any(name.lower() == "authorization" for name in headers):
-        local_token = local.token_file if local is not None and local.dashboard_url == address else None
-        token = _token_for(address, local_token)
+        token = _token_for(serving.token_file if serving is not None else None)
         if token:
             headers["Authorization"] = f"Bearer {token}"
     if ca_cert is not None and not Path(ca_cert).is_file():
         raise BadInput(f"--ca-cert {ca_cert!r} is not a file")
-    return Connection(address=address, source=chosen, headers=headers, verify=ca_cert or verify)
+    return Connection(address=address, source=target.source, headers=headers, verify=ca_cert or verify,
+                      local_cluster=serving.name if serving is not None else None)
+
+
+def _normalized(address: str) -> str:
+    try:
+        normalized = normalize_address(address)
+        dashboard_endpoint(normalized)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    return normalized
+
+
+def _running_cluster_named(name: str, source: str) -> LocalCluster:
+    from runner import cluster
+
+    try:
+        found = cluster.find_local_cluster(name)
+    except cluster.ClusterError as exc:
+        raise BadInput(f"{source}: {exc}") from None
+    if found is not None:
+        return found
+    others = cluster.local_clusters()
+    running = ("Running local clusters: " + ", ".join(f"'{c.name}' at {c.dashboard_url}" for c in others) + "."
+               if others else f"No local cluster is running under {cluster.rayjobs_home()}.")
+    if source == "local cluster":
+        pick = " Pick one with --cluster NAME." if others else ""
+        raise NoCluster(
+            "no cluster to talk to: give --address or --cluster (or set RAY_ADDRESS / RAYJOBS_CLUSTER / 'address' "
+            "in the spec), or start a local one with `rayjobs cluster up` (or pass --local to `rayjobs submit`). "
+            f"{running}{pick}")
+    raise NoCluster(f"no local cluster '{name}' is running (named by {source}). {running} Start it with "
+                    f"`rayjobs cluster up --name {name}`, or name a running one.")
+
+
+def _check_same_cluster(address: str, named: LocalCluster, serving: LocalCluster | None) -> None:
+    if serving is None or serving.name != named.name:
+        raise BadInput(f"--cluster {named.name} and --address {address} name different clusters (local cluster "
+                       f"'{named.name}' is at {named.dashboard_url}); give only one of them")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,6 +17,8 @@ from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnr
 # working_dir is uploaded as one zip in one request.
 UPLOAD_LIMIT_BYTES = 100 * 1024**2
 UPLOAD_WARN_BYTES = UPLOAD_LIMIT_BYTES // 2
+# From about this size, packaging and uploading take long enough to be worth a line.
+UPLOAD_NOTE_BYTES = 16 * 1024**2
 
 
 def working_dir_size(working_dir: str, excludes: list[str]) -> int:
@@ -33,9 +38,51 @@ def working_dir_size(working_dir: str, excludes: list[str]) -> int:
     return total
 
 
+class SubmitInterrupted(Exception):
+    """Ctrl-C arrived while submitting.
+
+    ``submission_id`` is None when the job request had not gone out: nothing was submitted.
+    Otherwise the request had been sent, and ``answered`` says whether the cluster's answer
+    (the job exists) came back before the interrupt.
+    """
+
+    def __init__(self, submission_id: str | None, answered: bool = False) -> None:
+        super().__init__(submission_id)
+        self.submission_id = submission_id
+        self.answered = answered
+
+
+@dataclass
+class _JobRequestWatch:
+    sent: bool = False
+
+
+def new_submission_id() -> str:
+    """An id of the form Ray gives jobs: ``raysubmit_`` and 16 letters or digits."""
+    alphabet = sorted(set(string.ascii_letters + string.digits) - set("IloO0"))
+    return "raysubmit_" + "".join(secrets.choice(alphabet) for _ in range(16))
+
+
 def submit_job(connection: Connection, submission: dict[str, Any],
-               warn: Callable[[str], None] = lambda text: None) -> str:
-    """Submit and return the submission id. Raises a ``RayJobsError`` subclass on failure."""
+               warn: Callable[[str], None] = lambda text: None,
+               progress: Callable[[str], None] = lambda text: None) -> str:
+    """Submit and return the submission id. Raises a ``RayJobsError`` subclass on failure.
+
+    ``progress`` hears of a large working_dir before it is packaged and uploaded. Ctrl-C raises
+    ``SubmitInterrupted``, which tells whether the job request had gone out.
+    """
+    # Chosen here rather than by the cluster, so that after an interrupt in mid-request the
+    # job can still be looked up.
+    submission = {**submission, "submission_id": submission.get("submission_id") or new_submission_id()}
+    watch = _JobRequestWatch()
+    try:
+        return _submit(connection, submission, warn, progress, watch)
+    except KeyboardInterrupt:
+        raise SubmitInterrupted(submission["submission_id"] if watch.sent else None) from None
+
+
+def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[str], None],
+            progress: Callable[[str], None], watch: _JobRequestWatch) -> str:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     runtime_env = submission.get("runtime_env") or {}
     working_dir = runtime_env.get("working_dir")
@@ -45,9 +92,10 @@ def submit_job(connection: Connection, submission: dict[str, Any],
             warn(f"working_dir {working_dir} holds {size / 2**20:.0f} MiB to upload (before compression); the "
                  f"dashboard refuses uploads over {UPLOAD_LIMIT_BYTES // 2**20} MiB. Leave data out with "
                  "runtime_env.excludes or a .rayignore file")
+        if size >= UPLOAD_NOTE_BYTES:
+            progress(f"packaging and uploading working_dir {working_dir} ({size / 2**20:.0f} MiB)")
 
     from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
 
     # Ray's SDK logs each packaging step at INFO; rayjobs reports what matters itself.
     for name in list(logging.root.manager.loggerDict):
@@ -55,7 +103,7 @@ def submit_job(connection: Connection, submission: dict[str, Any],
             logging.getLogger(name).setLevel(logging.ERROR)
 
     try:
-        client = JobSubmissionClient(connection.address, headers=dict(connection.headers), verify=connection.verify)
+        client = _job_client(connection, watch)
         return client.submit_job(**submission)
     except AuthenticationError as exc:
         raise AuthFailed(f"the cluster at {connection.address} refused the submission: {_first_line(exc)}") from None
@@ -76,6 +124,27 @@ def submit_job(connection: Connection, submission: dict[str, Any],
         raise ClusterRequestFailed(f"submitting to {connection.address} failed: {_ray_reason(text)}") from None
     except (ValueError, TypeError) as exc:
         raise BadInput(f"Ray refused the submission: {_first_line(exc)}") from None
+
+
+def _job_client(connection: Connection, watch: _JobRequestWatch) -> Any:
+    """A ``JobSubmissionClient`` that notes in ``watch`` when the job request itself goes out."""
+    from ray.job_submission import JobSubmissionClient
+
+    class WatchedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, *args: Any, **kwargs: Any) -> Any:
+            # Uploads of the working_dir go to /api/packages/; this one creates the job.
+            if method == "POST" and endpoint.rstrip("/") == "/api/jobs":
+                watch.sent = True
+            return super()._do_request(method, endpoint, *args, **kwargs)
+
+    # Ray's client lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override the address it is given;
+    # rayjobs has already chosen the address, by its own precedence.
+    chosen_elsewhere = {name: os.environ.pop(name) for name in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+                        if name in os.environ}
+    try:
+        return WatchedClient(connection.address, headers=dict(connection.headers), verify=connection.verify)
+    finally:
+        os.environ.update(chosen_elsewhere)
 
 
 def _first_line(exc: BaseException) -> str:

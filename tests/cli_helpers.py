@@ -28,7 +28,7 @@ def rayjobs_command() -> list[str]:
 def cli_env(home: Path | None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAY_AUTH_TOKEN",
-                        "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+                        "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "RAYJOBS_CLUSTER")}
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

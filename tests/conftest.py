@@ -20,7 +20,7 @@ from runner.cluster import (
 )
 
 # Variables that would silently point code under test at some other cluster.
-_FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS")
+_FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAYJOBS_CLUSTER")
 
 
 def wait_for_condition(
