@@ -603,8 +603,8 @@ def cluster_status(name: ClusterNameOption = "default") -> None:
 
     running = cluster.running_local_cluster(name)
     if running is None:
-        _fail(f"no local cluster '{name}' is running; start one with `rayjobs cluster up`",
-              ExitCode.CLUSTER_UNREACHABLE)
+        up = "rayjobs cluster up" + ("" if name == cluster.DEFAULT_CLUSTER_NAME else f" --name {name}")
+        _fail(f"no local cluster '{name}' is running; start one with `{up}`", ExitCode.CLUSTER_UNREACHABLE)
     typer.echo(f"name:      {running.name}\ndashboard: {running.dashboard_url}\ngcs:       {running.gcs_address}\n"
                f"auth:      {'token (' + running.token_file + ')' if running.token_file else 'none'}\n"
                f"pid:       {running.pid}\nlog:       {running.log_file}")

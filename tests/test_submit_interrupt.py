@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -24,14 +23,20 @@ def jobs_named(rj, name: str) -> list[dict]:
     return [job for job in json.loads(listed.stdout) if (job.get("metadata") or {}).get("rayjobs.name") == name]
 
 
-def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home, rj, tmp_path):
-    # Incompressible files, so that hashing, zipping and uploading take seconds, not milliseconds.
+@pytest.fixture
+def big_working_dir(tmp_path):
+    """48 MiB of incompressible files, so that hashing, zipping and uploading take seconds; removed afterwards."""
     working_dir = tmp_path / "big-working-dir"
     working_dir.mkdir()
     for index in range(24):
         (working_dir / f"blob-{index}.bin").write_bytes(os.urandom(2 * 1024**2))
+    yield working_dir
+    shutil.rmtree(working_dir, ignore_errors=True)
+
+
+def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home, rj, tmp_path, big_working_dir):
     spec = tmp_path / "big-upload.yaml"
-    spec.write_text(f"name: big-upload\nruntime_env:\n  working_dir: {working_dir}\nentrypoint: echo never\n")
+    spec.write_text(f"name: big-upload\nruntime_env:\n  working_dir: {big_working_dir}\nentrypoint: echo never\n")
 
     process = popen_rayjobs("submit", str(spec), home=ray_cluster_home)
     try:
