@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 
-def start_private_ray(num_cpus: int) -> None:
+def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:
     """Start a Ray instance of ``num_cpus`` CPUs for this process alone, on loopback.
 
     ``address="local"`` ignores any RAY_ADDRESS (a benchmark never joins a user's
@@ -15,4 +15,4 @@ def start_private_ray(num_cpus: int) -> None:
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)

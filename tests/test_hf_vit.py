@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.cli_helpers import read_metrics_csv, run_rayjobs, submit_spec
+from tests.cli_helpers import REPO_ROOT, read_metrics_csv, run_rayjobs, submit_spec
 
 BEANS_CLASSES = ["angular_leaf_spot", "bean_rust", "healthy"]
 TINY_VIT = ["workload.model.image_size=32", "workload.model.patch_size=8", "workload.model.hidden_size=32",
@@ -44,11 +47,51 @@ def write_beans_like(root: Path, per_class: dict[str, int], as_parquet: bool = F
     return root
 
 
-def test_a_hub_model_id_is_refused_before_anything_runs():
+def test_a_hub_model_id_is_a_valid_weights_value():
     result = run_rayjobs("validate", "specs/vit-hf.yaml", "--set", "workload.model.weights=google/vit-base-patch16-224")
-    assert result.returncode == 2
-    assert "looks like a Hugging Face hub model id" in result.stderr and "never downloads" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 0, result.stderr
+
+
+def _resolve_in_subprocess(hf_home: Path, hub_id: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # huggingface_hub reads HF_HOME when it is imported: a fresh interpreter sees this test's cache only.
+    code = ("import sys\nfrom workloads.hf_vit.train import HFWorkloadError, resolve_hub_weights\n"
+            "try:\n    print(resolve_hub_weights(sys.argv[1]))\n"
+            "except HFWorkloadError as exc:\n    print(exc, file=sys.stderr); sys.exit(3)\n")
+    variables = {**os.environ, "HF_HOME": str(hf_home), "PYTHONPATH": str(REPO_ROOT), **env}
+    variables.pop("HF_HUB_CACHE", None)
+    return subprocess.run([sys.executable, "-c", code, hub_id], capture_output=True, text=True, timeout=120,
+                          env=variables, cwd=REPO_ROOT)
+
+
+def test_a_hub_model_id_is_read_from_a_pre_seeded_cache(tmp_path):
+    pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
+    from transformers import ViTConfig, ViTForImageClassification
+
+    # The hub cache's own layout: models--<org>--<name>/snapshots/<revision>/, refs/main names the revision.
+    entry = tmp_path / "hf" / "hub" / "models--example--tiny-vit"
+    snapshot = entry / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, intermediate_size=32)).save_pretrained(snapshot)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(snapshot.name)
+    result = _resolve_in_subprocess(tmp_path / "hf", "example/tiny-vit", HF_HUB_OFFLINE="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert Path(result.stdout.strip()) == snapshot
+
+
+def test_a_hub_model_id_missing_from_the_cache_is_one_clear_message(tmp_path):
+    pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
+    offline = _resolve_in_subprocess(tmp_path / "hf", "example/absent-vit", HF_HUB_OFFLINE="1")
+    assert offline.returncode == 3, offline.stderr[-2000:]
+    assert str(tmp_path / "hf" / "hub") in offline.stderr
+    assert "downloads are off (HF_HUB_OFFLINE=1)" in offline.stderr
+    assert "huggingface-cli download example/absent-vit" in offline.stderr
+    assert "Traceback" not in offline.stderr
+    # Downloads allowed, but the hub cannot be reached: a closed loopback port stands in for it.
+    unreachable = _resolve_in_subprocess(tmp_path / "hf", "example/absent-vit", HF_HUB_OFFLINE="0",
+                                         HF_ENDPOINT="http://127.0.0.1:9")
+    assert unreachable.returncode == 3, unreachable.stderr[-2000:]
+    assert "downloading it failed" in unreachable.stderr and "Traceback" not in unreachable.stderr
 
 
 @pytest.mark.cluster

@@ -122,7 +122,7 @@ def test_learning_rate_schedule_warmup_and_cosine():
     assert factors[10] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # then decays
     assert factors[-1] < 0.01
-    step_cfg = TrainConfig(epochs=4, lr_schedule="step")
+    step_cfg = TrainConfig(epochs=4, lr_schedule="step", warmup_epochs=0)
     assert [lr_factor(s, 10, step_cfg) for s in (0, 19, 20, 30)] == pytest.approx([1, 1, 0.1, 0.01])
 
 
@@ -148,20 +148,21 @@ def test_weights_file_is_loaded_and_head_replaced(tmp_path):
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.train import build_model, resolve_weights
+    from workloads.vision.train import build_model, load_pretrained_state
 
     pretrained = resnet18(weights=None)
     torch.save(pretrained.state_dict(), tmp_path / "r18.pth")
-    model = build_model(TrainConfig(), 3, ImageLayout.photos(32), resolve_weights(str(tmp_path / "r18.pth")))
+    state = load_pretrained_state(TrainConfig(weights=str(tmp_path / "r18.pth")))
+    model = build_model(TrainConfig(), 3, ImageLayout.photos(32), state)
     assert model.fc.out_features == 3
     assert torch.equal(model.conv1.weight, pretrained.conv1.weight)
     # One-channel images: the pretrained stem's colour filters are summed, not dropped.
     grey = ImageLayout("raw", 28, 28, 1, (0.5,), (0.5,), "shift")
-    model = build_model(TrainConfig(), 10, grey, resolve_weights(str(tmp_path / "r18.pth")))
+    model = build_model(TrainConfig(), 10, grey, state)
     assert model.conv1.in_channels == 1
     assert torch.allclose(model.conv1.weight, pretrained.conv1.weight.sum(dim=1, keepdim=True))
     assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
-    assert resolve_weights("none") is None
+    assert load_pretrained_state(TrainConfig(weights="none")) is None
     (tmp_path / "r18.pth").unlink()  # 45 MB
 
 
@@ -259,3 +260,94 @@ def test_worker_killed_mid_run_recovers_from_checkpoint(local_ray, tiny_dataset,
     # (15 validation rows, so 0.2 is three rows).
     undisturbed = first_run["rows"][-1]["val_accuracy"]
     assert abs(outcome.final_metrics["val_accuracy"] - undisturbed) <= 0.2
+
+
+# --------------------------------------------------------------------------- the recipe
+
+
+def test_learning_rate_follows_the_global_batch_size():
+    from workloads.vision.config import TrainConfig
+
+    assert TrainConfig().peak_lr() == pytest.approx(0.002)  # the default recipe at its reference batch of 64
+    assert TrainConfig(batch_size=256).peak_lr() == pytest.approx(0.004)  # AdamW: square root of 4x
+    assert TrainConfig(optimizer="sgd", batch_size=128).peak_lr() == pytest.approx(0.2)  # SGD: linear
+    assert TrainConfig(lr=0.01, lr_batch_size=128, batch_size=512, lr_scaling="linear").peak_lr() == pytest.approx(0.04)
+    assert TrainConfig(lr=0.01, batch_size=512, lr_scaling="none").peak_lr() == pytest.approx(0.01)
+    assert TrainConfig(weights="imagenet").peak_lr() == pytest.approx(0.0005)  # fine-tuning takes smaller steps
+    assert TrainConfig(epochs=12).warmup() == pytest.approx(2.4) and TrainConfig(epochs=100).warmup() == 5
+
+
+def test_imagenet_weights_are_for_resnet18_only():
+    from pydantic import ValidationError
+
+    from workloads.vision.config import TrainConfig
+
+    with pytest.raises(ValidationError, match="resnet18 only"):
+        TrainConfig(model="vit", weights="imagenet")
+
+
+def test_an_exploding_validation_loss_at_chance_is_a_warning():
+    from workloads.vision.train import epoch_warning
+
+    assert "WARNING" in epoch_warning({"val_loss": 22426.1, "val_accuracy": 0.10}, 10)
+    assert epoch_warning({"val_loss": 2.2, "val_accuracy": 0.12}, 10) == ""  # early, but sane
+    assert epoch_warning({"val_loss": 9.0, "val_accuracy": 0.45}, 10) == ""  # overconfident, yet learning
+
+
+def test_imagenet_weights_missing_offline_name_the_cache_and_how_to_seed_it(tmp_path, monkeypatch):
+    from workloads.vision import train
+    from workloads.vision.config import TrainConfig
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    # A closed loopback port stands in for a cluster without internet.
+    monkeypatch.setitem(train.IMAGENET_WEIGHTS_URL, "resnet18", "http://127.0.0.1:9/models/resnet18-f37072fd.pth")
+    with pytest.raises(train.TrainingError) as failure:
+        train.load_pretrained_state(TrainConfig(weights="imagenet"))
+    message = str(failure.value)
+    assert str(tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in message
+    assert "TORCH_HOME" in message and "IMAGENET1K_V1" in message and "downloading them" in message
+    assert not (tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth").exists()
+
+
+@pytest.mark.cluster
+def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbone(
+        local_ray, tiny_dataset, workdir, monkeypatch):
+    import torch
+    from torchvision.models import resnet18
+
+    from workloads.vision.train import run_training
+
+    # torch.hub's cache layout; the hash in the name is only checked when downloading.
+    seeded = workdir / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    seeded.parent.mkdir(parents=True)
+    torch.manual_seed(7)
+    pretrained = resnet18(weights=None).state_dict()
+    torch.save(pretrained, seeded)
+    monkeypatch.setenv("TORCH_HOME", str(workdir / "torch"))
+    try:
+        outcome = run_training(_params(workdir / "runs", "imagenet", weights="imagenet", freeze_epochs=1, lr=None),
+                               _info(tiny_dataset))
+    finally:
+        seeded.unlink()  # 45 MB
+    frozen = torch.load(outcome.run_dir / "checkpoint_epoch_0001" / "state.pt", map_location="cpu", weights_only=False)
+    unfrozen = torch.load(outcome.run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu", weights_only=False)
+    # Epoch 1 trained the new head only; epoch 2 the whole network.
+    assert torch.equal(frozen["model"]["layer4.1.conv2.weight"], pretrained["layer4.1.conv2.weight"])
+    assert frozen["model"]["fc.weight"].shape == (len(CLASSES), 512)
+    assert not torch.equal(unfrozen["model"]["layer4.1.conv2.weight"], pretrained["layer4.1.conv2.weight"])
+    assert unfrozen["config"]["layout"]["mean"] == pytest.approx([0.485, 0.456, 0.406])
+
+
+@pytest.mark.cluster
+def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings(local_ray, tiny_dataset, workdir):
+    from workloads.vision.train import TrainingError, run_training
+
+    # SGD at an absurd rate without clipping: the weights overflow within a few steps.
+    params = _params(workdir / "runs", "diverges", optimizer="sgd", lr=1e30, grad_clip_norm=None, warmup_epochs=0,
+                     epochs=3)
+    with pytest.raises(TrainingError) as failure:
+        run_training(params, _info(tiny_dataset))
+    message = str(failure.value)
+    assert "diverged: at epoch 1, step " in message
+    assert "Lower train.lr" in message and "train.batch_size" in message
+    assert not list((workdir / "runs" / "diverges").glob("checkpoint_epoch_*"))  # nothing after the blow-up

@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from jobs.paths import SpecPath
 
 # "google/vit-base-patch16-224": what a Hugging Face hub model id looks like.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class _Strict(BaseModel):
@@ -37,8 +37,11 @@ class HFDataConfig(_Strict):
 class HFModelConfig(_Strict):
     """ViTForImageClassification: from local weights, or a fresh configuration trained from scratch."""
 
-    weights: str = Field("none", description="'none' (train from scratch with the shape below) or a local folder "
-                         "holding config.json and the weights (save_pretrained / a hub snapshot). Never downloaded.")
+    weights: str = Field(
+        "none", description="'none' (train from scratch with the shape below), a local folder holding config.json "
+        "and the weights (save_pretrained / a hub snapshot), or a hub model id such as "
+        "google/vit-base-patch16-224-in21k, read from the Hugging Face cache (HF_HOME) and downloaded into it "
+        "once when downloads are allowed (HF_HUB_OFFLINE=0).")
     image_size: PositiveInt = 224
     patch_size: PositiveInt = 16
     hidden_size: PositiveInt = 768
@@ -46,16 +49,13 @@ class HFModelConfig(_Strict):
     num_attention_heads: PositiveInt = 12
     intermediate_size: PositiveInt = 3072
 
-    @field_validator("weights")
-    @classmethod
-    def _local_only(cls, value: str) -> str:
-        if value.strip().lower() != "none" and _HUB_ID.match(value) and not Path(value).expanduser().exists():
-            raise ValueError(
-                f"{value!r} looks like a Hugging Face hub model id, and this job never downloads: fetch it on a "
-                f"machine with internet (huggingface-cli download {value} --local-dir DIR), copy DIR where the "
-                "cluster can read it and set weights to that folder, or use 'none' to train from scratch"
-            )
-        return value
+    @property
+    def hub_id(self) -> str | None:
+        """The hub model id named by ``weights``, unless a local folder of that name exists."""
+        value = self.weights.strip()
+        if value.lower() != "none" and HUB_ID.match(value) and not Path(value).expanduser().exists():
+            return value
+        return None
 
     @model_validator(mode="after")
     def _shape(self) -> "HFModelConfig":

@@ -6,9 +6,9 @@ the checkpoints (one per epoch, the best ``num_to_keep`` by eval accuracy kept
 under ``<storage_path>/<run_name>``) and recovery from worker failures. Running
 the same run name again resumes from the latest checkpoint.
 
-Everything is read from local files: a dataset in a Hugging Face ``datasets``
-format and, optionally, weights saved with ``save_pretrained``. The hub is never
-contacted (``HF_HUB_OFFLINE``).
+Data is read from local files in a Hugging Face ``datasets`` format. Weights come
+from a ``save_pretrained`` folder or, by hub model id, from the Hugging Face cache;
+the hub is contacted only to fill that cache, and only when ``HF_HUB_OFFLINE=0``.
 """
 
 from __future__ import annotations
@@ -100,6 +100,43 @@ def dataset_splits(data: HFDataConfig):
 
 
 # --------------------------------------------------------------------------- model
+
+
+def resolve_hub_weights(hub_id: str) -> Path:
+    """The local snapshot folder of hub model ``hub_id``: from the Hugging Face cache, else downloaded into it once.
+
+    Called on the driver only; concurrent jobs wait on a file lock beside the cache
+    entry instead of downloading twice. Raises :class:`HFWorkloadError` with the
+    cache path and how to pre-seed it when the model is not cached and cannot be fetched.
+    """
+    from filelock import FileLock
+    from huggingface_hub import constants, snapshot_download
+
+    cache = Path(constants.HF_HUB_CACHE)
+    try:
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or a partial entry): try to fetch it below
+        pass
+
+    def missing(why: str) -> HFWorkloadError:
+        entry = cache / f"models--{hub_id.replace('/', '--')}"
+        return HFWorkloadError(
+            f"model.weights {hub_id!r} is not in the Hugging Face cache {cache} (the folder follows HF_HOME or "
+            f"HF_HUB_CACHE) and {why}. Pre-seed the cache: on a machine with internet run `huggingface-cli "
+            f"download {hub_id}` and copy ~/.cache/huggingface/hub/{entry.name} to {entry} on the head node; or "
+            "download it into a folder (`--local-dir DIR`) and set model.weights to that folder; or set "
+            "HF_HUB_OFFLINE: 0 in runtime_env.env_vars on a cluster with internet; or use 'none' to train from scratch."
+        )
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        raise missing("downloads are off (HF_HUB_OFFLINE=1)")
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / f".rayjobs-{hub_id.replace('/', '--')}.lock"), timeout=3600):
+        try:
+            return Path(snapshot_download(hub_id, local_files_only=False))
+        except Exception as exc:  # noqa: BLE001 - offline, unknown id, gated model: one message
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            raise missing(f"downloading it failed ({type(exc).__name__}: {reason})") from None
 
 
 def build_model(model_cfg: HFModelConfig, classes: list[str]):
@@ -218,6 +255,11 @@ def run(params: HFViTParams) -> dict:
 
     # Fail on the driver, with one message, before any worker starts.
     train, evaluation, _, _, classes = dataset_splits(params.data)
+    if params.model.hub_id:
+        # The workers load the snapshot the driver resolved; none of them goes to the hub.
+        snapshot = resolve_hub_weights(params.model.hub_id)
+        print(f"Weights {params.model.hub_id}: {snapshot}", flush=True)
+        params = params.model_copy(update={"model": params.model.model_copy(update={"weights": str(snapshot)})})
     build_model(params.model, classes)
     print(f"Dataset {params.data.path}: {len(train)} train and {len(evaluation)} eval images, classes {classes}",
           flush=True)

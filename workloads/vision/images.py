@@ -14,7 +14,7 @@ through the same three steps, so they see identical pixels:
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Literal
 
 import numpy as np
@@ -62,6 +62,12 @@ class ImageLayout:
         """JSON-ready form, for manifests and checkpoints."""
         return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
 
+    def with_imagenet_statistics(self) -> "ImageLayout":
+        """This layout normalized as torchvision's ImageNet models expect (grey: the channel average)."""
+        if self.channels == 3:
+            return replace(self, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        return replace(self, mean=(sum(IMAGENET_MEAN) / 3,) * self.channels, std=(sum(IMAGENET_STD) / 3,) * self.channels)
+
     def resolve_augment(self, requested: str) -> Augment:
         """``train.augment`` with ``auto`` replaced by the data's own choice."""
         return self.augment if requested == "auto" else requested  # type: ignore[return-value]
@@ -107,7 +113,7 @@ def augment_batch(images: torch.Tensor, augment: Augment, generator: torch.Gener
 
 
 def _random_resized_crop(images: torch.Tensor, generator: torch.Generator | None,
-                         scale: tuple[float, float] = (0.35, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
+                         scale: tuple[float, float] = (0.6, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
     """Inception-style crops (area share in ``scale``, aspect in ``ratio``) resized back to the input size."""
     from torchvision.ops import roi_align
 

@@ -67,36 +67,115 @@ class TrainingOutcome:
 # --------------------------------------------------------------------------- model
 
 
-def resolve_weights(weights: str) -> Path | None:
-    """Return the state-dict path named by ``train.weights`` (``None`` for 'none'); a missing file is an error."""
-    if weights.strip().lower() in ("", "none"):
-        return None
-    path = Path(weights).expanduser()
-    if not path.is_file():
-        raise TrainingError(
-            f"train.weights points at {path}, which does not exist. Give the path of a torchvision state dict "
-            "of the same model (a .pth file copied to the cluster beforehand; nothing is downloaded) or 'none' "
-            "to start from random weights."
-        )
-    return path
+# torchvision's published ImageNet weights, as torch.hub caches them: <TORCH_HOME>/hub/checkpoints/<file>.
+IMAGENET_WEIGHTS_URL = {"resnet18": "https://download.pytorch.org/models/resnet18-f37072fd.pth"}
+DOWNLOAD_TIMEOUT_S = 60.0
 
 
-def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, weights: Path | None = None):
-    """The configured torchvision model with a ``num_classes``-way head, sized for ``layout``'s images.
+def imagenet_weights_file(model: str = "resnet18") -> Path:
+    """The cached file of the model's ImageNet weights, downloading it first if the cache lacks it.
 
-    With ``weights``, everything but the head comes from that local state dict; a
-    3-channel stem is summed over colours when the images have one channel.
+    One download per machine: concurrent jobs wait on a file lock next to the cache
+    entry, and only the driver calls this (workers get the weights through the object store).
+    """
+    import socket
+
+    import torch.hub
+    from filelock import FileLock
+
+    url = IMAGENET_WEIGHTS_URL[model]
+    target = Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{target}.lock", timeout=DOWNLOAD_TIMEOUT_S * 20):
+        if target.is_file():  # another job fetched it while this one waited
+            return target
+        # torch.hub's downloader has no timeout of its own; a silent network must not hang the job.
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+        try:
+            torch.hub.download_url_to_file(url, str(target), hash_prefix=target.stem.rsplit("-", 1)[-1], progress=False)
+        except Exception as exc:  # noqa: BLE001 - offline, proxy, disk: the remedy is the same
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            raise TrainingError(
+                f"train.weights: imagenet needs torchvision's {model} weights, {target.name}, in torch.hub's cache "
+                f"{target.parent} (the folder follows TORCH_HOME), and downloading them from {url} failed "
+                f"({type(exc).__name__}: {reason}). Without internet on the cluster, pre-seed the cache: on a "
+                f"machine with internet run `python -c \"import torchvision; torchvision.models.{model}"
+                f"(weights='IMAGENET1K_V1')\"`, then copy ~/.cache/torch/hub/checkpoints/{target.name} to "
+                f"{target} on the head node (or set TORCH_HOME in runtime_env.env_vars to a folder holding "
+                f"hub/checkpoints/{target.name}). Or use weights: none to train from scratch."
+            ) from None
+        finally:
+            socket.setdefaulttimeout(previous)
+    return target
+
+
+def load_pretrained_state(cfg: TrainConfig) -> dict | None:
+    """The state dict named by ``train.weights`` (``None`` for 'none'), read once on the driver.
+
+    Raises :class:`TrainingError` for a missing file, a failed download or a file
+    that is not a state dict of the configured model.
     """
     import torch
+
+    if not cfg.fine_tunes:
+        return None
+    if cfg.uses_imagenet_weights:
+        path = imagenet_weights_file(cfg.model)
+    else:
+        path = Path(cfg.weights).expanduser()
+        if not path.is_file():
+            raise TrainingError(
+                f"train.weights points at {path}, which does not exist. Give the path of a torchvision state dict "
+                "of the same model (a .pth file on the node that runs the job's driver; nothing is downloaded), "
+                "'imagenet' for torchvision's published weights, or 'none' to start from random weights."
+            )
+    kind = "ResNet-18" if cfg.model == "resnet18" else "VisionTransformer of the configured shape"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+            state = state["model"]
+        head_key = "heads.head.weight" if cfg.model == "vit" else "fc.weight"
+        _fresh_model(cfg, int(state[head_key].shape[0]), image_size=_state_image_size(cfg, state)).load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
+        raise TrainingError(
+            f"train.weights {path} is not a torchvision {kind} state dict ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]})."
+        ) from None
+    return state
+
+
+def _state_image_size(cfg: TrainConfig, state: dict) -> int:
+    # A ViT's position embeddings fix its image size; ResNets take any size.
+    if cfg.model != "vit":
+        return 224
+    tokens = int(state["encoder.pos_embedding"].shape[1]) - 1
+    return int(round(tokens ** 0.5)) * cfg.vit.patch_size
+
+
+def _fresh_model(cfg: TrainConfig, num_classes: int, image_size: int):
     from torchvision.models import VisionTransformer, resnet18
 
-    def fresh(head: int):
-        if cfg.model == "vit":
-            v = cfg.vit
-            return VisionTransformer(image_size=layout.height, patch_size=v.patch_size, num_layers=v.num_layers,
-                                     num_heads=v.num_heads, hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
-                                     dropout=v.dropout, num_classes=head)
-        return resnet18(weights=None, num_classes=head)
+    if cfg.model == "vit":
+        v = cfg.vit
+        return VisionTransformer(image_size=image_size, patch_size=v.patch_size, num_layers=v.num_layers,
+                                 num_heads=v.num_heads, hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
+                                 dropout=v.dropout, num_classes=num_classes)
+    # Zero-initialized last BatchNorm of each residual block: every block starts as the
+    # identity, which keeps the first steps from scratch stable (Goyal et al., 2017).
+    return resnet18(weights=None, num_classes=num_classes, zero_init_residual=True)
+
+
+def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, pretrained: dict | None = None):
+    """The configured torchvision model with a ``num_classes``-way head, sized for ``layout``'s images.
+
+    With ``pretrained`` (a state dict from :func:`load_pretrained_state`), everything
+    but the head comes from it; a 3-channel stem is summed over colours when the
+    images have one channel.
+    """
+    import torch
 
     def stem(model):
         return ("conv_proj", model.conv_proj) if cfg.model == "vit" else ("conv1", model.conv1)
@@ -114,24 +193,13 @@ def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, weights
                 replacement.bias.copy_(conv.bias)
         setattr(model, name, replacement)
 
-    if weights is None:
-        model = fresh(num_classes)
+    if pretrained is None:
+        model = _fresh_model(cfg, num_classes, layout.height)
         adapt_stem(model)
         return model
-    model = None
-    try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-            state = state["model"]
-        head_key = "heads.head.weight" if cfg.model == "vit" else "fc.weight"
-        model = fresh(state[head_key].shape[0])
-        model.load_state_dict(state)
-    except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
-        kind = "ResNet-18" if cfg.model == "resnet18" else "VisionTransformer of the configured shape"
-        raise TrainingError(
-            f"train.weights {weights} is not a torchvision {kind} state dict ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:200]})."
-        ) from None
+    head_key = "heads.head.weight" if cfg.model == "vit" else "fc.weight"
+    model = _fresh_model(cfg, int(pretrained[head_key].shape[0]), layout.height)
+    model.load_state_dict(pretrained)
     adapt_stem(model)
     # The pretrained head predicts its own classes (ImageNet's 1000); ours is trained from scratch.
     if cfg.model == "vit":
@@ -141,24 +209,37 @@ def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, weights
     return model
 
 
+HEAD_PREFIXES = ("fc.", "heads.")
+HEAD_WEIGHTS_GROUP = 2  # index of the head's weights among make_optimizer's parameter groups
+
+
 def make_optimizer(model, cfg: TrainConfig):
-    """SGD with momentum (Nesterov) or AdamW, without weight decay on biases and norm layers."""
+    """AdamW or SGD with Nesterov momentum at ``cfg.peak_lr()``.
+
+    Four parameter groups, in this order: backbone weights, backbone biases and norms,
+    head weights, head biases and norms. Biases and norms get no weight decay, and
+    the head's groups are the ones that train while ``freeze_epochs`` holds the backbone.
+    """
     import torch
 
-    decay, no_decay = [], []
-    for parameter in model.parameters():
+    groups = [[], [], [], []]
+    for name, parameter in model.named_parameters():
         if parameter.requires_grad:
-            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            head = name.startswith(HEAD_PREFIXES)
+            groups[2 * head + (parameter.ndim <= 1)].append(parameter)
+    decay = cfg.decay()
+    param_groups = [{"params": params, "weight_decay": decay if index % 2 == 0 else 0.0}
+                    for index, params in enumerate(groups)]
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr)
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+        return torch.optim.AdamW(param_groups, lr=cfg.peak_lr())
+    return torch.optim.SGD(param_groups, lr=cfg.peak_lr(), momentum=cfg.momentum, nesterov=cfg.momentum > 0)
 
 
 def lr_factor(step: int, steps_per_epoch: int, cfg: TrainConfig) -> float:
-    """Multiplier of the base learning rate at optimizer ``step`` (linear warmup, then the schedule)."""
+    """Multiplier of the peak learning rate at optimizer ``step`` (linear warm-up, then the schedule)."""
     total = max(1, cfg.epochs * steps_per_epoch)
-    warmup = min(cfg.warmup_epochs * steps_per_epoch, total - 1)
+    # Warm-up is counted in steps: with a few dozen steps per epoch, whole epochs would be too coarse.
+    warmup = min(int(round(cfg.warmup() * steps_per_epoch)), total - 1)
     if step < warmup:
         return (step + 1) / (warmup + 1)
     progress = (step - warmup) / max(1, total - warmup)
@@ -171,10 +252,67 @@ def lr_factor(step: int, steps_per_epoch: int, cfg: TrainConfig) -> float:
 
 
 def make_scheduler(optimizer, cfg: TrainConfig, steps_per_epoch: int):
-    """A per-step ``LambdaLR`` following :func:`lr_factor`."""
+    """A per-step ``LambdaLR`` following :func:`lr_factor`; the backbone's groups stay at zero while frozen."""
     import torch
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, steps_per_epoch, cfg))
+    frozen_steps = cfg.freeze_epochs * steps_per_epoch if cfg.fine_tunes else 0
+
+    def backbone(step: int) -> float:
+        return 0.0 if step < frozen_steps else lr_factor(step, steps_per_epoch, cfg)
+
+    def head(step: int) -> float:
+        return lr_factor(step, steps_per_epoch, cfg)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [backbone, backbone, head, head])
+
+
+def epoch_warning(metrics: dict[str, float], num_classes: int) -> str:
+    """A warning for an epoch whose validation loss exploded while accuracy sits at chance, else ''."""
+    chance_loss = math.log(num_classes)
+    chance_accuracy = 1.0 / num_classes
+    if metrics["val_loss"] > 3 * chance_loss and metrics["val_accuracy"] < 1.5 * chance_accuracy:
+        return (f" WARNING: validation loss {metrics['val_loss']:.4g} is over 3x that of a uniform guess "
+                f"({chance_loss:.2f}) and accuracy is at chance ({chance_accuracy:.2f}): training is unstable. "
+                "If it persists, lower train.lr or train.batch_size, or lengthen train.warmup_epochs.")
+    return ""
+
+
+class Diverged(Exception):
+    """The loss or the gradients stopped being finite."""
+
+
+class DivergenceGuard:
+    """Finds the first optimizer step whose gradient norm (or loss) is not finite.
+
+    DDP averages gradients across ranks, so a non-finite gradient norm shows on every
+    rank at the same step: the ranks agree to stop without exchanging a message. On
+    an accelerator the flag stays on the device and is read every ``check_every``
+    steps, so the loop does not wait for the device on each step.
+    """
+
+    def __init__(self, device, check_every: int):
+        import torch
+
+        self.check_every = max(1, check_every)
+        self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
+        self.bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+
+    def observe(self, step: int, loss, grad_norm) -> None:
+        """Record step ``step``; raise :class:`Diverged` once a recorded step was not finite."""
+        import torch
+
+        ok = torch.isfinite(grad_norm) & torch.isfinite(loss)
+        first = (self.first_bad_step < 0) & ~ok
+        self.first_bad_step = torch.where(first, step, self.first_bad_step)
+        self.bad_loss = torch.where(first, loss.detach().double(), self.bad_loss)
+        if (step + 1) % self.check_every == 0:
+            self.check()
+
+    def check(self) -> None:
+        """Raise :class:`Diverged` if any observed step was not finite."""
+        bad = int(self.first_bad_step.item())
+        if bad >= 0:
+            raise Diverged(bad, float(self.bad_loss.item()))
 
 
 # --------------------------------------------------------------------------- worker loop
@@ -290,6 +428,16 @@ class _RayDataBatches:
         return self._batches(self.val_shard, shuffle=False)
 
 
+def _diverged(diverged: Diverged, epoch: int, steps_per_epoch: int, cfg: TrainConfig, rank: int) -> dict:
+    """What every rank returns when training diverged; rank 0 says so in the log."""
+    step, loss = diverged.args  # step: index within the epoch
+    report = {"epoch": epoch + 1, "step": step + 1, "steps_per_epoch": steps_per_epoch, "loss": loss,
+              "lr": cfg.peak_lr(), "batch_size": cfg.batch_size}
+    if rank == 0:
+        _say(f"epoch {epoch + 1}/{cfg.epochs} step {step + 1}: loss {loss:.4g}, gradients not finite; stopping")
+    return {"diverged": report}
+
+
 def train_loop_per_worker(config: dict) -> dict:
     """Body of every Ray Train worker: train, evaluate, checkpoint and report each epoch.
 
@@ -305,6 +453,10 @@ def train_loop_per_worker(config: dict) -> dict:
     cfg = TrainConfig.model_validate(config["train"])
     classes: list[str] = config["classes"]
     layout = ImageLayout.from_manifest({"layout": config["layout"]})
+    if cfg.fine_tunes:
+        # Pretrained weights expect the inputs they were trained on; the checkpoint keeps
+        # this layout, so inference normalizes the same way.
+        layout = layout.with_imagenet_statistics()
     run_dir = Path(config["run_dir"])
 
     # One intra-op thread per reserved CPU: Ray reserved cpus_per_worker for this
@@ -325,14 +477,17 @@ def train_loop_per_worker(config: dict) -> dict:
     else:
         batches = _TorchBatches(config, cfg, layout, rank, world_size, on_gpu)
 
-    weights = Path(config["weights"]) if config.get("weights") else None
-    model = build_model(cfg, len(classes), layout, weights)
+    pretrained = ray.get(config["pretrained"]) if config.get("pretrained") is not None else None
+    model = build_model(cfg, len(classes), layout, pretrained)
+    del pretrained
     model = model.to(memory_format=memory_format)
     model = ray.train.torch.prepare_model(model)
     optimizer = make_optimizer(_unwrap(model), cfg)
     steps_per_epoch = max(1, batches.steps_per_epoch)
     scheduler = make_scheduler(optimizer, cfg, steps_per_epoch)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    # Reading a flag from an accelerator waits for it; on the CPU the check is free.
+    guard = DivergenceGuard(device, check_every=1 if device.type == "cpu" else 25)
 
     start_epoch = 0
     checkpoint = ray.train.get_checkpoint()
@@ -352,8 +507,8 @@ def train_loop_per_worker(config: dict) -> dict:
         start_epoch = int(state["epoch"]) + 1
         # The optimizer's saved learning rate follows the old schedule; when train.epochs
         # grew, the schedule stretched, so recompute the rate for the step we resume at.
-        for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
-            group["lr"] = base_lr * lr_factor(scheduler.last_epoch, steps_per_epoch, cfg)
+        for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base_lr * factor(scheduler.last_epoch)
         if rank == 0:
             _say(f"Resuming run {run_dir.name!r} after epoch {start_epoch} from {checkpoint.path}")
 
@@ -370,7 +525,7 @@ def train_loop_per_worker(config: dict) -> dict:
     for epoch in range(start_epoch, cfg.epochs):
         _maybe_fail_for_test(config, epoch, rank)
         model.train()
-        lr = optimizer.param_groups[0]["lr"]
+        lr = optimizer.param_groups[HEAD_WEIGHTS_GROUP]["lr"]  # the backbone's is zero while it is frozen
         # Summed on the device so the loop never waits for the accelerator to report a number.
         loss_total = torch.zeros((), dtype=torch.float64, device=device)
         seen = 0.0
@@ -391,6 +546,12 @@ def train_loop_per_worker(config: dict) -> dict:
                 loss = loss_fn(logits.float(), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            # Also the divergence check: DDP has averaged the gradients, so every rank sees the same norm.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm or math.inf)
+            try:
+                guard.observe(step, loss, grad_norm)
+            except Diverged as diverged:
+                return _diverged(diverged, epoch, steps_per_epoch, cfg, rank)
             optimizer.step()
             scheduler.step()
             batch = labels.shape[0]
@@ -402,6 +563,10 @@ def train_loop_per_worker(config: dict) -> dict:
                 last_progress = now
                 _say(f"  epoch {epoch + 1}/{cfg.epochs} step {step}/{steps_per_epoch} "
                       f"loss {loss_total.item() / seen:.4f} ({seen * world_size / (now - epoch_start):.1f} images/s)")
+        try:
+            guard.check()
+        except Diverged as diverged:
+            return _diverged(diverged, epoch, steps_per_epoch, cfg, rank)
         loss_sum = loss_total.item()
         train_seconds = time.perf_counter() - epoch_start
 
@@ -462,7 +627,8 @@ def train_loop_per_worker(config: dict) -> dict:
                 _say(f"epoch {epoch + 1}/{cfg.epochs}: train_loss {metrics['train_loss']:.4f} "
                       f"val_loss {metrics['val_loss']:.4f} val_accuracy {metrics['val_accuracy']:.4f} "
                       f"({metrics['images_per_s']:.1f} images/s, {epoch_seconds:.1f}s, "
-                      f"data wait {metrics['data_wait_s']:.1f}s, compute {metrics['compute_s']:.1f}s)")
+                      f"data wait {metrics['data_wait_s']:.1f}s, compute {metrics['compute_s']:.1f}s)"
+                      + epoch_warning(metrics, len(classes)))
             ray.train.report(metrics, checkpoint=report_checkpoint, checkpoint_dir_name=f"checkpoint_epoch_{epoch + 1:04d}")
         trained.append(epoch + 1)
     return {"start_epoch": start_epoch, "epochs_trained": trained}
@@ -558,9 +724,13 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
     if cfg.model == "vit" and layout.height % cfg.vit.patch_size:
         raise TrainingError(f"train.vit.patch_size {cfg.vit.patch_size} does not divide the dataset's "
                             f"{layout.height}-pixel images")
-    weights = resolve_weights(cfg.weights)
-    if weights is not None:
-        build_model(cfg, len(classes), layout, weights)  # fail here, with one message, rather than in every worker
+    # Read once here, checked, and handed to every worker through the object store: the
+    # workers' nodes need neither the file nor internet access.
+    pretrained = load_pretrained_state(cfg)
+    if pretrained is not None:
+        print(f"Fine-tuning from {'ImageNet weights' if cfg.uses_imagenet_weights else cfg.weights}: peak lr "
+              f"{cfg.peak_lr():.3g}" + (f", backbone frozen for {cfg.freeze_epochs} epoch(s)" if cfg.freeze_epochs else ""),
+              flush=True)
     run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
 
     checkpoints = list_checkpoints(run_dir)
@@ -586,7 +756,7 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
         "train_rows": int(info.counts.get("train", 0)),
         "dataset_root": str(Path(dataset_root).resolve()),
         "run_dir": str(run_dir),
-        "weights": str(weights) if weights else None,
+        "pretrained": ray.put(pretrained) if pretrained is not None else None,
         # Ray Train V1 does not restore a run by name; there the latest checkpoint is handed over explicitly.
         "resume_from": str(latest[0]) if latest is not None and not _train_v2_enabled() else None,
         "fail_at_epoch": int(fail_at) if fail_at not in (None, "") else None,
@@ -616,7 +786,19 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
     if getattr(result, "error", None) is not None:
         raise TrainingError(f"training run {params.run_name!r} failed: {root_cause(result.error)}")
     returned = getattr(result, "return_value", None) or {}
+    if "diverged" in returned:
+        raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
     return outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
+
+
+def divergence_message(run_name: str, where: dict) -> str:
+    """One paragraph: where training diverged and which settings to lower."""
+    return (f"training run {run_name!r} diverged: at epoch {where['epoch']}, step {where['step']} of "
+            f"{where['steps_per_epoch']}, the loss was {where['loss']:.4g} and the gradients were not finite, so "
+            f"training stopped there. Lower train.lr (the peak rate was {where['lr']:.3g} for a global batch of "
+            f"{where['batch_size']}) or train.batch_size, or lengthen train.warmup_epochs; train.grad_clip_norm "
+            "bounds each step. Checkpoints of earlier epochs are kept, and the same run_name resumes from the "
+            "latest one.")
 
 
 def print_training_summary(outcome: TrainingOutcome) -> None:

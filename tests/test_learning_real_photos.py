@@ -1,0 +1,40 @@
+"""The shipped food101 recipe learns on real photos: `rayjobs submit specs/food101.yaml` on real Food-101 images.
+
+Uses the 64 px development set kept beside the project (3000 train / 500 test photos of
+10 classes, official layout); it is absent on a user's machine, and then these tests skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli_helpers import REPO_ROOT, read_metrics_csv, submit_spec
+
+pytestmark = pytest.mark.cluster
+
+FOOD101_64PX_DEV = REPO_ROOT.parent / "shared" / "data" / "food101-64px-dev"
+EPOCHS = 3
+# Chance is 0.10. Three epochs of the default recipe reached 0.26 and 0.27 here (the plain
+# PyTorch reference: 0.23 after its third of twelve epochs); 0.18 leaves room for run-to-run noise
+# while failing any recipe that does not learn (the old SGD recipe sat at 0.10 after its first epoch).
+ACCURACY_FLOOR = 0.18
+
+
+@pytest.mark.skipif(not FOOD101_64PX_DEV.is_dir(),
+                    reason=f"the real-photo development set is not at {FOOD101_64PX_DEV} (it is not shipped)")
+def test_food101_spec_learns_on_real_photos_without_a_loss_spike(ray_cluster, ray_cluster_home, tmp_path):
+    classes = (FOOD101_64PX_DEV / "meta" / "classes.txt").read_text().split()
+    result = submit_spec(
+        ray_cluster_home, "specs/food101.yaml",
+        f"workload.data.root={FOOD101_64PX_DEV}", f"workload.data.classes=[{', '.join(classes)}]",
+        "workload.data.image_size=64", f"workload.data.output_dir={tmp_path / 'data'}",
+        f"workload.storage_path={tmp_path / 'results'}", f"workload.train.epochs={EPOCHS}",
+        "workload.train.num_workers=2", "workload.train.cpus_per_worker=1", "workload.train.loader_workers=0",
+        "workload.train.num_to_keep=1", "workload.stages=[preprocess, train]", timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    rows = read_metrics_csv(tmp_path / "results" / "food101-lite")
+    assert [int(row["epoch"]) for row in rows] == list(range(1, EPOCHS + 1))
+    first_loss = rows[0]["train_loss"]
+    assert all(row["train_loss"] <= first_loss for row in rows), [row["train_loss"] for row in rows]
+    assert rows[-1]["val_accuracy"] >= ACCURACY_FLOOR, rows
+    assert "WARNING" not in result.stdout
