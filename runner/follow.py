@@ -204,20 +204,24 @@ class Follower:
         last_status: str | None = None
         stop_reason: str | None = None
         stop_sent_at: float | None = None
+        was_lost = False
         while True:
             try:
                 info = await self._call(self.api.get_job, self.job_id)
             except (AuthFailed, JobNotFound) as exc:
                 if isinstance(exc, JobNotFound) and self.last_info is not None:
                     return Outcome(ExitCode.CLUSTER_UNREACHABLE, last_status, self.last_info,
-                                   "the job disappeared from the cluster (deleted, or the cluster restarted)")
+                                   _vanished(self.job_id, last_status, came_back=was_lost))
                 raise
             except ClusterUnreachable as exc:
                 now = time.monotonic()
                 if lost_since is None:
                     lost_since = now
-                    self.note(f"lost contact with the cluster ({exc}); retrying for up to "
-                              f"{self.give_up_after_s:g}s — the job itself is not affected")
+                    was_lost = True
+                    # A network fault and a dead head look the same from here, so claim neither.
+                    self.note(f"lost contact with the cluster ({exc}): the cluster stopped answering, so the "
+                              f"job's state is unknown until it answers again; retrying for up to "
+                              f"{self.give_up_after_s:g}s")
                 if now - last_contact > self.give_up_after_s:
                     return Outcome(ExitCode.CLUSTER_UNREACHABLE, last_status, self.last_info,
                                    f"no answer from the cluster for {now - last_contact:.0f}s; the job's state is "
@@ -458,3 +462,11 @@ def _stream_timeout() -> Any:
 
     return aiohttp.ClientTimeout(**_STREAM_TIMEOUT_S)
 
+
+def _vanished(job_id: str, last_status: str | None, came_back: bool) -> str:
+    if came_back:
+        return (f"the cluster answers again but no longer knows job {job_id}: its head was most likely restarted "
+                f"without GCS persistence, which forgets every job (or the job was deleted meanwhile); the last "
+                f"state seen was {last_status}, and a job does not outlive its head, so it most likely ended with it")
+    return (f"job {job_id} disappeared from the cluster while it was {last_status} (deleted, or its head was "
+            "restarted without GCS persistence)")

@@ -319,6 +319,7 @@ def test_outage_shorter_than_give_up(scenario_runs, figures_file):
     result = scenario(scenario_runs, "outage")
     assert_complete_log(result)
     assert "lost contact with the cluster" in result["stderr"]
+    assert "the job's state is unknown" in result["stderr"] and "not affected" not in result["stderr"]
     assert "contact with the cluster is back after" in result["stderr"]
     assert result["resets"] >= 3, result  # connections were really turned away during the outage
     assert result["lines_before_outage"] < LINE_COUNT / 2, result  # the outage fell well inside the job
