@@ -27,7 +27,7 @@ from typing import Any, TextIO
 from runner.api import TERMINAL_STATUSES, JobsApi, _last_line
 from runner.errors import AuthFailed, ClusterRequestFailed, ClusterUnreachable, JobNotFound, RayJobsError
 from runner.exit_codes import ExitCode, exit_code_for_status
-from runner.log_resume import KEPT_BYTES, Misaligned, ResumePlan, locate, plan_resume
+from runner.log_resume import KEPT_BYTES, Misaligned, ResumePlan, TailAligner, plan_resume
 
 FIRST_POLL_S = 0.2
 MAX_POLL_S = 1.0
@@ -35,7 +35,7 @@ DEFAULT_GIVE_UP_S = 60.0
 STOP_GRACE_S = 60.0
 _LOG_POLL_S = 0.5  # how often Ray's log agent looks for new bytes in a followed file
 _FIRST_LOG_BACKOFF_S = 0.5
-_ALIGN_IDLE_S = 3.0  # a tail arrives at once; this long without its resume point means it has none
+_ALIGN_IDLE_S = 5.0  # a tail arrives at once; this long without its resume point means it has none
 _FILE_FETCH_TIMEOUT_S = 300
 _PARTIAL_LINE_CHARS = 4096
 _KEPT_SLACK_BYTES = 1 << 20
@@ -155,6 +155,7 @@ class Follower:
         self._driver_node: str | None = None
         self._legacy_logs = False
         self._log_backoff = _FIRST_LOG_BACKOFF_S
+        self._escalation = 0  # tails in a row that missed the resume point
         self._over = False
         self.last_info: dict[str, Any] | None = None
         verify = api.connection.verify
@@ -305,9 +306,8 @@ class Follower:
 
     async def _stream_driver_log(self, session: Any) -> bool:
         """Follow the driver log's raw bytes through the state API; False if the cluster has no such API."""
-        escalation = 0
         while not self._over:
-            plan = self._resume_plan(escalation)
+            plan = self._resume_plan()
             try:
                 self.requests += 1
                 async with session.get(self._driver_log_url("stream", plan.lines), ssl=self._ssl_option,
@@ -316,9 +316,8 @@ class Follower:
                         return False
                     if response.status == 200:
                         await self._consume(response.content, plan)
-                        escalation = 0
             except Misaligned:
-                escalation += 1
+                self._escalation += 1
                 continue
             except (aiohttp_errors(), asyncio.TimeoutError, OSError):
                 pass
@@ -333,29 +332,30 @@ class Follower:
         """Feed a response body that starts at the log's byte 0 (a replay) or at a tail that holds ``plan``'s anchor."""
         offset = 0
         if not plan.replay:
-            kept, received = self.cursor.kept(), bytearray()
+            aligner = TailAligner(plan, self.cursor.kept())
             while True:
                 chunk = await _read_within(body, _ALIGN_IDLE_S)
-                if chunk is None and not received:
+                if chunk is None and not aligner.buffer and not aligner.dropped:
                     raise asyncio.TimeoutError  # nothing came at all: a network fault, not a short tail
-                if not chunk:
+                if not chunk:  # the tail is over (a stream sends it at once, then waits for new bytes)
                     raise Misaligned("the tail ended before the resume point")
-                received += chunk
-                at = locate(plan, kept, received)
-                if at is not None:
-                    offset = plan.resume_at - at
-                    self.cursor.feed(bytes(received), offset)
-                    offset += len(received)
+                start = aligner.add(chunk)
+                if start is not None:
+                    self._escalation = 0
+                    self.cursor.feed(bytes(aligner.buffer), start)
+                    offset = start + len(aligner.buffer)
                     break
         while chunk := await body.readany():
             self.cursor.feed(chunk, offset)
             offset += len(chunk)
             self._log_backoff = _FIRST_LOG_BACKOFF_S
+            if offset > plan.resume_at:
+                self._escalation = 0  # past the resume point: the next reconnect may try a tail again
 
-    def _resume_plan(self, escalation: int) -> ResumePlan:
+    def _resume_plan(self) -> ResumePlan:
         silent_s = time.monotonic() - (self.cursor.last_byte_at or time.monotonic())
         expected = self.cursor.lines_per_s() * silent_s
-        return plan_resume(self.cursor.kept(), self.cursor.written, expected, escalation)
+        return plan_resume(self.cursor.kept(), self.cursor.written, expected, self._escalation)
 
     def _driver_log_url(self, media: str, lines: int) -> str:
         query = {"submission_id": self.job_id, "node_id": self._driver_node, "lines": lines}
@@ -401,14 +401,14 @@ class Follower:
             return  # the job ended before its driver started: it has no log
         deadline = time.monotonic() + self.give_up_after_s
         delay = FIRST_POLL_S
-        escalation = server_errors = 0
+        server_errors = 0
         while True:
             try:
                 if self._legacy_logs or self._driver_node is None:
                     logs = await self._call(self.api.get_logs, self.job_id)
                     self.cursor.feed(logs.encode(), 0)
                     return
-                plan = self._resume_plan(escalation)
+                plan = self._resume_plan()
                 self.requests += 1
                 async with session.get(self._driver_log_url("file", plan.lines), ssl=self._ssl_option,
                                        timeout=_stream_timeout()) as response:
@@ -421,7 +421,7 @@ class Follower:
                     await self._consume(response.content, plan)
                     return
             except Misaligned:
-                escalation += 1
+                self._escalation += 1
                 continue
             except RayJobsError as exc:
                 # A server error may pass (Ray answers 500 while the log's node is briefly out
