@@ -182,8 +182,8 @@ class JobsApi:
             return ClusterUnreachable(f"{where} answered {exc.code} {exc.reason}; the cluster or a proxy in front "
                                       "of it is not ready")
         if exc.code == 400:
-            return BadInput(f"the cluster rejected the request: {_last_line(text)}")
-        return ClusterRequestFailed(f"{where} failed the request ({exc.code}): {_last_line(text)}")
+            return BadInput(f"the cluster rejected the request: {last_line(text)}")
+        return ClusterRequestFailed(f"{where} failed the request ({exc.code}): {last_line(text)}")
 
 
 def retrying(call: Callable[[], T], give_up_after_s: float, on_retry: Callable[[Exception, float], None] | None = None,
@@ -207,7 +207,8 @@ def _quote(job_id: str) -> str:
     return urllib.parse.quote(job_id, safe="")
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-blank line of an error body, at most 500 characters."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:500] if lines else "no details given"
 

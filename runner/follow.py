@@ -24,7 +24,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from runner.api import TERMINAL_STATUSES, JobsApi, _last_line
+from runner.api import TERMINAL_STATUSES, JobsApi, last_line
 from runner.errors import AuthFailed, ClusterRequestFailed, ClusterUnreachable, JobNotFound, RayJobsError
 from runner.exit_codes import ExitCode, exit_code_for_status
 from runner.log_resume import KEPT_BYTES, Misaligned, ResumePlan, TailAligner, plan_resume
@@ -185,7 +185,6 @@ class Follower:
                 outcome = await self._watch_status()
             finally:
                 self._over = True
-                self._driver_known.set()
                 log_task.cancel()
                 await asyncio.gather(log_task, return_exceptions=True)
             if outcome.status in TERMINAL_STATUSES:
@@ -300,6 +299,7 @@ class Follower:
             await waiter
         finally:
             waiter.cancel()
+        # Known but None: a Ray too old to name the driver's node, so no state API log either.
         if self._driver_node is None or not await self._stream_driver_log(session):
             self._legacy_logs = True
             await self._stream_websocket(session)
@@ -319,14 +319,17 @@ class Follower:
             except Misaligned:
                 self._escalation += 1
                 continue
-            except (aiohttp_errors(), asyncio.TimeoutError, OSError):
+            except (_aiohttp_errors(), asyncio.TimeoutError, OSError):
                 pass
-            # The stream ended: either the job is over or the connection broke.
-            # Let the status poll decide; reconnect if the job goes on.
-            self._wake.set()
-            await asyncio.sleep(self._log_backoff)
-            self._log_backoff = min(self._log_backoff * 2, 5.0)
+            await self._before_reconnect()
         return True
+
+    async def _before_reconnect(self) -> None:
+        # The stream ended: either the job is over or the connection broke.
+        # Let the status poll decide; reconnect if the job goes on.
+        self._wake.set()
+        await asyncio.sleep(self._log_backoff)
+        self._log_backoff = min(self._log_backoff * 2, 5.0)
 
     async def _consume(self, body: Any, plan: ResumePlan) -> None:
         """Feed a response body that starts at the log's byte 0 (a replay) or at a tail that holds ``plan``'s anchor."""
@@ -388,9 +391,7 @@ class Follower:
                     return  # not a submission job: it has no log stream to follow
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass
-            self._wake.set()
-            await asyncio.sleep(self._log_backoff)
-            self._log_backoff = min(self._log_backoff * 2, 5.0)
+            await self._before_reconnect()
 
     async def _flush_logs(self, session: Any, info: dict[str, Any] | None) -> None:
         # This one fetch is all that stands between the stream's last chunk and the log's
@@ -417,7 +418,7 @@ class Follower:
                         continue
                     if response.status != 200:
                         raise ClusterRequestFailed(f"the cluster answered {response.status} "
-                                                   f"{_last_line(await response.text(errors='replace'))}")
+                                                   f"{last_line(await response.text(errors='replace'))}")
                     await self._consume(response.content, plan)
                     return
             except Misaligned:
@@ -431,7 +432,7 @@ class Follower:
                     self.note(f"could not fetch the end of the log: {exc}")
                     return
                 failure: Exception = exc
-            except (aiohttp_errors(), asyncio.TimeoutError, OSError) as exc:
+            except (_aiohttp_errors(), asyncio.TimeoutError, OSError) as exc:
                 failure = ClusterUnreachable(f"the log download broke off ({type(exc).__name__})")
             if time.monotonic() + delay > deadline:
                 self.note(f"could not fetch the end of the log: {failure}")
@@ -451,7 +452,7 @@ async def _read_within(body: Any, seconds: float) -> bytes | None:
     return reader.result() if reader.done() and not reader.cancelled() else None
 
 
-def aiohttp_errors() -> type[Exception]:
+def _aiohttp_errors() -> type[Exception]:
     import aiohttp
 
     return aiohttp.ClientError
