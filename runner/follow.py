@@ -96,7 +96,8 @@ class LogCursor:
 
     def kept(self) -> bytes:
         """The last bytes printed (up to ``KEPT_BYTES``), to find the resume point in a tail."""
-        return bytes(self._kept[-KEPT_BYTES:])
+        with memoryview(self._kept) as kept:  # one copy, not two
+            return bytes(kept[-KEPT_BYTES:])
 
     def lines_per_s(self) -> float:
         if self.first_byte_at is None or self.last_byte_at is None:
@@ -335,18 +336,18 @@ class Follower:
         """Feed a response body that starts at the log's byte 0 (a replay) or at a tail that holds ``plan``'s anchor."""
         offset = 0
         if not plan.replay:
-            aligner = TailAligner(plan, self.cursor.kept())
+            aligner = TailAligner(plan)
             while True:
                 chunk = await _read_within(body, _ALIGN_IDLE_S)
                 if chunk is None and not aligner.buffer and not aligner.dropped:
                     raise asyncio.TimeoutError  # nothing came at all: a network fault, not a short tail
                 if not chunk:  # the tail is over (a stream sends it at once, then waits for new bytes)
                     raise Misaligned("the tail ended before the resume point")
-                start = aligner.add(chunk)
-                if start is not None:
+                resume_index = aligner.add(chunk)
+                if resume_index is not None:
                     self._escalation = 0
-                    self.cursor.feed(bytes(aligner.buffer), start)
-                    offset = start + len(aligner.buffer)
+                    self.cursor.feed(bytes(aligner.buffer[resume_index:]), plan.resume_at)
+                    offset = plan.resume_at + len(aligner.buffer) - resume_index
                     break
         while chunk := await body.readany():
             self.cursor.feed(chunk, offset)

@@ -12,7 +12,7 @@ is replayed from its start instead: slower, never wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ANCHOR_BYTES = 4096
 # Below this, replaying the log from its start costs less than a second tail request would.
@@ -35,6 +35,7 @@ class ResumePlan:
     anchor: bytes | None
     resume_at: int  # bytes of the log already printed
     give_up_bytes: int = 0  # a tail this long without the anchor started after the resume point
+    kept: bytes = field(default=b"", repr=False)  # the last bytes printed, to check the tail against
 
     @property
     def replay(self) -> bool:
@@ -55,23 +56,23 @@ def plan_resume(kept: bytes, printed: int, expected_new_lines: float, escalation
     back = kept[-2 * ANCHOR_BYTES:].count(b"\n") + 1
     lines = int((back + expected_new_lines * 1.25 + MIN_TAIL_LINES) * 4 ** escalation)
     bytes_per_line = len(kept) / max(1, kept.count(b"\n"))
-    return ResumePlan(lines, anchor, printed, int(2 * lines * bytes_per_line) + len(kept) + ANCHOR_BYTES)
+    return ResumePlan(lines, anchor, printed, int(2 * lines * bytes_per_line) + len(kept) + ANCHOR_BYTES, kept)
 
 
 class TailAligner:
-    """Finds the resume point in a tail as its bytes arrive, holding no more than about ``kept`` of them."""
+    """Finds the resume point in a tail as its bytes arrive, holding no more than about ``plan.kept`` of them."""
 
-    def __init__(self, plan: ResumePlan, kept: bytes) -> None:
+    def __init__(self, plan: ResumePlan) -> None:
         assert plan.anchor is not None
         self.plan = plan
-        self.kept = kept
+        self.kept = plan.kept
         self.anchor = plan.anchor
         self.buffer = bytearray()
         self.dropped = 0  # bytes of the tail no longer held: they lie before any possible resume point
         self._searched = 0
 
     def add(self, chunk: bytes) -> int | None:
-        """Take the tail's next bytes; once the resume point is among them, return the log offset of ``buffer[0]``."""
+        """Take the tail's next bytes; once the resume point is among them, return its index in ``buffer``."""
         self.buffer += chunk
         found = self.buffer.find(self.anchor, max(0, self._searched - len(self.anchor) + 1))
         self._searched = len(self.buffer)
@@ -82,7 +83,7 @@ class TailAligner:
             # started after the resume point and the text recurs) fails here.
             if self.buffer[end - checked:end] != self.kept[len(self.kept) - checked:]:
                 raise Misaligned("the anchor matched, but not what was printed before it")
-            return self.plan.resume_at - end
+            return end
         if self.dropped + len(self.buffer) > self.plan.give_up_bytes:
             raise Misaligned("the tail starts after the resume point")
         excess = len(self.buffer) - len(self.kept) - len(self.anchor)

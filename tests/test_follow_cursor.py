@@ -54,12 +54,13 @@ def _numbered_log(lines: int) -> bytes:
     return b"".join(b"%06d some text of a line\n" % i for i in range(lines))
 
 
-def _align(plan, kept: bytes, tail: bytes, chunk: int = 1000) -> int | None:
-    aligner = TailAligner(plan, kept)
+def _align(plan, tail: bytes, chunk: int = 1000) -> int | None:
+    """Where the tail starts in the log, by the resume point found in it."""
+    aligner = TailAligner(plan)
     for start in range(0, len(tail), chunk):
         found = aligner.add(tail[start:start + chunk])
         if found is not None:
-            return found - aligner.dropped
+            return plan.resume_at - found - aligner.dropped
     return None
 
 
@@ -70,8 +71,8 @@ def test_resume_point_is_found_in_a_tail():
     plan = plan_resume(kept, printed, expected_new_lines=10)
     assert not plan.replay and plan.lines > 10
     tail_start = log.rfind(b"\n", 0, printed - 5000) + 1
-    assert _align(plan, kept, log[tail_start:tail_start + 100]) is None  # not arrived yet
-    assert _align(plan, kept, log[tail_start:]) == tail_start
+    assert _align(plan, log[tail_start:tail_start + 100]) is None  # not arrived yet
+    assert _align(plan, log[tail_start:]) == tail_start
 
 
 def test_a_tail_reaching_back_past_the_kept_log_is_aligned_too():
@@ -79,7 +80,7 @@ def test_a_tail_reaching_back_past_the_kept_log_is_aligned_too():
     printed = len(log) - 1000
     kept = log[printed - KEPT_BYTES // 4:printed]  # as if only 1 MiB had been kept
     plan = plan_resume(kept, printed, expected_new_lines=150_000)  # a wild overestimate
-    assert _align(plan, kept, log, chunk=65536) == 0
+    assert _align(plan, log, chunk=65536) == 0
 
 
 def test_a_tail_that_starts_after_the_resume_point_is_refused():
@@ -88,7 +89,7 @@ def test_a_tail_that_starts_after_the_resume_point_is_refused():
     plan = plan_resume(log[:printed], printed, expected_new_lines=10)
     tail_start = log.index(b"\n", printed + 100) + 1
     with pytest.raises(Misaligned):
-        _align(plan, log[:printed], log[tail_start:] * 3)  # never the anchor, and more than the tail should be
+        _align(plan, log[tail_start:] * 3)  # never the anchor, and more than the tail should be
 
 
 def test_repetitive_or_short_logs_are_replayed_from_the_start():
