@@ -160,10 +160,9 @@ class Follower:
         self._over = False
         self.last_info: dict[str, Any] | None = None
         verify = api.connection.verify
-        self._ssl_option: Any = None
-        if api.address.startswith("https"):
-            self._ssl_option = False if verify is False else (ssl.create_default_context(cafile=verify)
-                                                              if isinstance(verify, str) else None)
+        self._ssl_option: Any = True  # aiohttp's default verification; ignored for http
+        if api.address.startswith("https") and verify is not True:
+            self._ssl_option = False if verify is False else ssl.create_default_context(cafile=verify)
 
     def note(self, text: str) -> None:
         self.notes.write(f"rayjobs: {text}\n")
