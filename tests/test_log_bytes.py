@@ -55,7 +55,6 @@ for batch in range({LONG_BATCHES}):
     out.flush()
     time.sleep(0.25)
 """
-LONG_LOG_BYTES = LONG_LINES * 99
 CUT_EVERY_S = 1.0
 
 
