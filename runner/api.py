@@ -63,6 +63,26 @@ class JobsApi:
     def get_logs(self, job_id: str) -> str:
         return self._request("GET", f"/api/jobs/{_quote(job_id)}/logs", job_id=job_id).get("logs", "")
 
+    def job_log(self, job_id: str, tail: int | None = None) -> str:
+        """The job's log (its last ``tail`` lines), invalid UTF-8 shown as U+FFFD.
+
+        The job API's own log endpoint fails with 500 on a log that is not valid UTF-8 and
+        turns carriage returns into line ends, so the raw bytes come from the state API;
+        clusters without it get the job API's text.
+        """
+        if tail == 0:
+            return ""
+        node_id = self.get_job(job_id).get("driver_node_id")
+        if node_id:
+            query = urllib.parse.urlencode({"submission_id": job_id, "node_id": node_id, "lines": tail or -1,
+                                            "timeout": 300})
+            try:
+                return self._request("GET", f"/api/v0/logs/file?{query}", raw=True).decode("utf-8", "replace")
+            except NotADashboard:
+                pass  # no state API on this cluster
+        text = self.get_logs(job_id)
+        return "".join(text.splitlines(keepends=True)[-tail:]) if tail else text
+
     def stop_job(self, job_id: str) -> bool:
         return bool(self._request("POST", f"/api/jobs/{_quote(job_id)}/stop", job_id=job_id).get("stopped"))
 
@@ -107,7 +127,7 @@ class JobsApi:
         _, _, worker_types = status.partition("Worker node types:")
         return any(line.strip() for line in worker_types.splitlines())
 
-    def _request(self, method: str, path: str, job_id: str | None = None) -> Any:
+    def _request(self, method: str, path: str, job_id: str | None = None, raw: bool = False) -> Any:
         url = self.connection.address + path
         request = urllib.request.Request(url, method=method, headers={"Accept": "application/json",
                                                                        **self.connection.headers})
@@ -133,6 +153,8 @@ class JobsApi:
             detail = getattr(reason, "strerror", None) or str(reason)
             raise ClusterUnreachable(f"cannot reach {where}: {detail}. Is the cluster running and the "
                                      "address right? (`rayjobs cluster status` shows the local one)") from None
+        if raw:
+            return body
         try:
             return json.loads(body)
         except ValueError:
@@ -160,8 +182,8 @@ class JobsApi:
             return ClusterUnreachable(f"{where} answered {exc.code} {exc.reason}; the cluster or a proxy in front "
                                       "of it is not ready")
         if exc.code == 400:
-            return BadInput(f"the cluster rejected the request: {_last_line(text)}")
-        return ClusterRequestFailed(f"{where} failed the request ({exc.code}): {_last_line(text)}")
+            return BadInput(f"the cluster rejected the request: {last_line(text)}")
+        return ClusterRequestFailed(f"{where} failed the request ({exc.code}): {last_line(text)}")
 
 
 def retrying(call: Callable[[], T], give_up_after_s: float, on_retry: Callable[[Exception, float], None] | None = None,
@@ -185,7 +207,8 @@ def _quote(job_id: str) -> str:
     return urllib.parse.quote(job_id, safe="")
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-blank line of an error body, at most 500 characters."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:500] if lines else "no details given"
 

@@ -415,10 +415,7 @@ def logs(
         code, _, _ = _follow(api, job_id, output="text", stream_logs=True, give_up_after=give_up_after,
                           log_tail_on_failure=False)
         raise typer.Exit(int(code))
-    text = retrying(lambda: api.get_logs(job_id), give_up_after_s=5)
-    if tail is not None:
-        lines = text.splitlines(keepends=True)
-        text = "".join(lines[-tail:]) if tail else ""
+    text = retrying(lambda: api.job_log(job_id, tail), give_up_after_s=5)
     sys.stdout.write(text)
     sys.stdout.flush()
 

@@ -158,6 +158,8 @@ class _Link:
                     target.sendall(held[:head_end + 4 + _TRUNCATE_BODY_BYTES])
                     break
                 target.sendall(data)
+                if not from_client:
+                    self.proxy._count_down(len(data))
         except OSError:
             pass
         self.close()
@@ -202,6 +204,7 @@ class FaultProxy:
         self._path_faults: list[_PathFault] = []
         self.bad_gateway_answers = 0
         self.resets = 0
+        self.bytes_down = 0  # bytes forwarded from the dashboard to clients
         self._stopping = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -309,6 +312,10 @@ class FaultProxy:
 
     def _stalled(self) -> bool:
         return time.monotonic() < self._stall_until
+
+    def _count_down(self, size: int) -> None:
+        with self._lock:
+            self.bytes_down += size
 
     def _record_request(self, method: str, path: str) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ three minutes and the faults strike while the cluster is busy. Measured figures 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -49,18 +50,24 @@ _figures_lock = threading.Lock()
 
 
 class CliRun:
-    """A ``rayjobs`` subprocess whose output is read line by line as it comes."""
+    """A ``rayjobs`` subprocess whose output is read line by line as it comes.
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    With ``raw_stdout`` its stdout lines are kept as bytes, carriage returns and all.
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str], raw_stdout: bool = False) -> None:
         self.started = time.monotonic()
         self.elapsed_s: float | None = None
         self.process = subprocess.Popen([*rayjobs_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
-        self.stdout_lines: list[str] = []
+                                        cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
+        self.raw_stdout = raw_stdout
+        self.stdout_lines: list = []
         self.stderr_lines: list[str] = []
+        stdout = self.process.stdout if raw_stdout else io.TextIOWrapper(self.process.stdout)
         self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
-                         for stream, into in ((self.process.stdout, self.stdout_lines),
-                                              (self.process.stderr, self.stderr_lines))]
+                         for stream, into in ((stdout, self.stdout_lines),
+                                              (io.TextIOWrapper(self.process.stderr, errors="replace"),
+                                               self.stderr_lines))]
         for reader in self._readers:
             reader.start()
 
@@ -70,8 +77,8 @@ class CliRun:
             into.append(line)
 
     @property
-    def stdout(self) -> str:
-        return "".join(self.stdout_lines)
+    def stdout(self) -> Any:
+        return (b"" if self.raw_stdout else "").join(self.stdout_lines)
 
     @property
     def stderr(self) -> str:
@@ -162,11 +169,12 @@ def run_through_proxy(cluster, home: Path, directory: Path, name: str,
             if run.process.poll() is None:
                 run.process.kill()
         job_id = run.job_id()
-        follower_requests = proxy.requests_to(f"/api/jobs/{job_id}")
+        log_requests = [r for r in proxy.requests_to("/api/v0/logs/") if f"submission_id={job_id}" in r.path]
+        follower_requests = proxy.requests_to(f"/api/jobs/{job_id}") + log_requests
         return {"code": code, "stdout": run.stdout, "stderr": run.stderr, "job_id": job_id,
                 "elapsed_s": round(run.elapsed_s, 1), "following_s": round(time.monotonic() - following_since, 1),
                 "follower_requests": len(follower_requests),
-                "log_streams": len([r for r in follower_requests if r.path.endswith("/logs/tail")]),
+                "log_streams": len([r for r in log_requests if r.path.startswith("/api/v0/logs/stream")]),
                 "connections": proxy.connections, "bad_gateway_answers": proxy.bad_gateway_answers,
                 "resets": proxy.resets, **extra}
 
@@ -311,6 +319,7 @@ def test_outage_shorter_than_give_up(scenario_runs, figures_file):
     result = scenario(scenario_runs, "outage")
     assert_complete_log(result)
     assert "lost contact with the cluster" in result["stderr"]
+    assert "the job's state is unknown" in result["stderr"] and "not affected" not in result["stderr"]
     assert "contact with the cluster is back after" in result["stderr"]
     assert result["resets"] >= 3, result  # connections were really turned away during the outage
     assert result["lines_before_outage"] < LINE_COUNT / 2, result  # the outage fell well inside the job
@@ -427,7 +436,7 @@ def test_logs_follow_through_502s_on_the_final_log_fetch(ray_cluster, ray_cluste
     """For an ended job the final log fetch is the whole log; a 502 on it must be retried, not lose the log."""
     job_id = ended_jobs[0]
     followed, faults_left = _follow_through_faults(ray_cluster, ray_cluster_home, job_id,
-                                                   (f"/api/jobs/{job_id}/logs", "502"))
+                                                   ("/api/v0/logs/file", "502"))
     assert followed.returncode == 0, followed.stderr
     assert "could not fetch" not in followed.stderr
     assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(300)], followed.stderr
