@@ -264,3 +264,20 @@ def test_real_food101_sample_end_to_end(ray_local, tmp_path):
     assert Counter(r["class_name"] for r in rows) == {"pizza": 5, "hamburger": 2, "sushi": 5, "ramen": 2, "steak": 5, "burrito": 5}
     assert all(Image.open(io.BytesIO(r["image"])).size == (64, 64) for r in rows)
     assert all("/images/" in r["path"] for r in rows)
+
+
+def test_a_photo_already_at_the_target_size_is_kept_byte_for_byte_but_still_checked():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from workloads.vision.preprocess import square_jpeg_from_bytes
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    photo = buffer.getvalue()
+    assert square_jpeg_from_bytes(photo, 32, quality=90) == photo  # no second lossy encoding
+    assert square_jpeg_from_bytes(photo, 16, quality=90) != photo  # other sizes are resized
+    with pytest.raises(OSError):
+        square_jpeg_from_bytes(photo[: len(photo) // 2], 32, quality=90)  # a damaged file is still refused

@@ -351,3 +351,13 @@ def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings
     assert "diverged: at epoch 1, step " in message
     assert "Lower train.lr" in message and "train.batch_size" in message
     assert not list((workdir / "runs" / "diverges").glob("checkpoint_epoch_*"))  # nothing after the blow-up
+
+
+def test_loader_processes_never_outnumber_the_cpus_beside_the_training_process():
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.train import effective_loader_workers
+
+    assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=1)) == 0
+    assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=4)) == 2
+    assert effective_loader_workers(TrainConfig(loader_workers=4, cpus_per_worker=3)) == 2
+    assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=1, use_gpu=True)) == 2

@@ -169,7 +169,8 @@ class TrainConfig(_Strict):
     resources_per_worker: dict[str, float] = Field(default_factory=dict)
     amp: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU).")
     channels_last: bool = Field(True, description="channels_last memory format on GPU (ignored on CPU).")
-    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per training worker.")
+    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per training worker. On CPU "
+                                "at most cpus_per_worker - 1: each needs a CPU beside the training process.")
     max_failures: int = Field(2, ge=-1, description="Worker failures survived by restoring the latest checkpoint (-1: no limit).")
     num_to_keep: PositiveInt = Field(2, description="Checkpoints kept, best by validation accuracy.")
     seed: int = 0

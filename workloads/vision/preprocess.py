@@ -126,6 +126,12 @@ def square_jpeg_from_bytes(data: bytes, size: int, quality: int) -> bytes:
     (or another decoder error) for a damaged one.
     """
     with Image.open(io.BytesIO(data)) as image:
+        orientation = image.getexif().get(0x0112, 1)
+        if image.format == "JPEG" and image.mode == "RGB" and image.size == (size, size) and orientation == 1:
+            # Already what this stage writes: encoding again would only lose detail. Decoding
+            # still checks that the file is whole.
+            image.load()
+            return data
         if image.format == "JPEG":
             width, height = image.size
             scale = size / min(width, height)
@@ -133,10 +139,6 @@ def square_jpeg_from_bytes(data: bytes, size: int, quality: int) -> bytes:
                 # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result still
                 # covers the target: much less work for large photos.
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-        orientation = image.getexif().get(0x0112, 1)
-        if image.format == "JPEG" and image.mode == "RGB" and image.size == (size, size) and orientation == 1:
-            # Already what this stage writes: decoding and encoding again would only lose detail.
-            return data
         image.load()
         if orientation != 1:
             from PIL import ImageOps
