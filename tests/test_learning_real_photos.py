@@ -13,11 +13,11 @@ from tests.cli_helpers import REPO_ROOT, read_metrics_csv, submit_spec
 pytestmark = pytest.mark.cluster
 
 FOOD101_64PX_DEV = REPO_ROOT.parent / "shared" / "data" / "food101-64px-dev"
-EPOCHS = 3
-# Chance is 0.10. Three epochs of the default recipe reached 0.26 and 0.27 here (the plain
-# PyTorch reference: 0.23 after its third of twelve epochs); 0.18 leaves room for run-to-run noise
-# while failing any recipe that does not learn (the old SGD recipe sat at 0.10 after its first epoch).
-ACCURACY_FLOOR = 0.18
+EPOCHS = 2
+# Chance is 0.10. Two epochs of the shipped recipe reached 0.276 here, in the same configuration
+# through the workload, about four standard errors (0.02 on 500 photos) above this floor. The old
+# SGD recipe left the model at chance, with a first-epoch validation loss of 100,330.
+ACCURACY_FLOOR = 0.20
 
 
 @pytest.mark.skipif(not FOOD101_64PX_DEV.is_dir(),
