@@ -201,6 +201,7 @@ class Follower:
         interval = FIRST_POLL_S
         last_contact = time.monotonic()
         lost_since: float | None = None
+        reasons_seen: set[str] = set()
         last_status: str | None = None
         stop_reason: str | None = None
         stop_sent_at: float | None = None
@@ -218,10 +219,15 @@ class Follower:
                 if lost_since is None:
                     lost_since = now
                     was_lost = True
+                    reasons_seen = {str(exc)}
                     # A network fault and a dead head look the same from here, so claim neither.
                     self.note(f"lost contact with the cluster ({exc}): the cluster stopped answering, so the "
                               f"job's state is unknown until it answers again; retrying for up to "
                               f"{self.give_up_after_s:g}s")
+                elif str(exc) not in reasons_seen:
+                    # A proxy's 502 after a timeout says more than the timeout did: name each new cause once.
+                    reasons_seen.add(str(exc))
+                    self.note(f"still no answer from the cluster: {exc}")
                 if now - last_contact > self.give_up_after_s:
                     return Outcome(ExitCode.CLUSTER_UNREACHABLE, last_status, self.last_info,
                                    f"no answer from the cluster for {now - last_contact:.0f}s; the job's state is "
