@@ -19,6 +19,12 @@ def run_config(run_dir: Path, num_to_keep: int, score_attribute: str, max_failur
     )
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters ('' for an empty message)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
 def root_cause(exc: BaseException) -> str:
     """The innermost error behind Ray Train's wrappers, as ``Type: last line of its message``."""
     seen = set()

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
-from workloads.raytrain import root_cause, run_config
+from workloads.raytrain import first_line, root_cause, run_config
 from workloads.vision.plots import LOSS_CURVE, METRICS_CSV, plot_loss_curve, write_metrics_csv
 
 for _variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -64,7 +64,7 @@ def load_local_dataset(data: HFDataConfig):
             loaded = datasets.load_dataset("imagefolder", data_dir=str(path))
     except Exception as exc:  # noqa: BLE001 - datasets raises many types for unreadable folders
         raise HFWorkloadError(f"cannot read {str(path)!r} as a {kind} dataset ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:300] if str(exc) else ''})") from None
+                              f"{first_line(exc, 300)})") from None
     if isinstance(loaded, datasets.Dataset):
         raise HFWorkloadError(f"{str(path)!r} holds a single split; save a DatasetDict with train and validation splits")
     return loaded
@@ -135,8 +135,7 @@ def resolve_hub_weights(hub_id: str) -> Path:
         try:
             return Path(snapshot_download(hub_id, local_files_only=False))
         except Exception as exc:  # noqa: BLE001 - offline, unknown id, gated model: one message
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-            raise missing(f"downloading it failed ({type(exc).__name__}: {reason})") from None
+            raise missing(f"downloading it failed ({type(exc).__name__}: {first_line(exc)})") from None
 
 
 def build_model(model_cfg: HFModelConfig, classes: list[str]):
@@ -162,7 +161,7 @@ def build_model(model_cfg: HFModelConfig, classes: list[str]):
                                                           ignore_mismatched_sizes=True, local_files_only=True, **labels)
     except Exception as exc:  # noqa: BLE001
         raise HFWorkloadError(f"cannot load ViT weights from {str(folder)!r} ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:300]})") from None
+                              f"{first_line(exc, 300)})") from None
     if (folder / "preprocessor_config.json").is_file():
         processor = ViTImageProcessor.from_pretrained(str(folder), local_files_only=True)
     else:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workloads.raytrain import root_cause, run_config
+from workloads.raytrain import first_line, root_cause, run_config
 from workloads.vision.config import TrainConfig, VisionParams
 from workloads.vision.images import ImageLayout
 from workloads.vision.plots import LOSS_CURVE, METRICS_CSV, plot_loss_curve, read_metrics_csv, write_metrics_csv
@@ -97,11 +97,10 @@ def imagenet_weights_file(model: str = "resnet18") -> Path:
         try:
             torch.hub.download_url_to_file(url, str(target), hash_prefix=target.stem.rsplit("-", 1)[-1], progress=False)
         except Exception as exc:  # noqa: BLE001 - offline, proxy, disk: the remedy is the same
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             raise TrainingError(
                 f"train.weights: imagenet needs torchvision's {model} weights, {target.name}, in torch.hub's cache "
                 f"{target.parent} (the folder follows TORCH_HOME), and downloading them from {url} failed "
-                f"({type(exc).__name__}: {reason}). Without internet on the cluster, pre-seed the cache: on a "
+                f"({type(exc).__name__}: {first_line(exc)}). Without internet on the cluster, pre-seed the cache: on a "
                 f"machine with internet run `python -c \"import torchvision; torchvision.models.{model}"
                 f"(weights='IMAGENET1K_V1')\"`, then copy ~/.cache/torch/hub/checkpoints/{target.name} to "
                 f"{target} on the head node (or set TORCH_HOME in runtime_env.env_vars to a folder holding "
@@ -142,7 +141,7 @@ def load_pretrained_state(cfg: TrainConfig) -> dict | None:
     except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
         raise TrainingError(
             f"train.weights {path} is not a torchvision {kind} state dict ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:200]})."
+            f"{first_line(exc)})."
         ) from None
     return state
 
