@@ -6,6 +6,8 @@ import copy
 import re
 from typing import Any
 
+from jobs.keys import METADATA_SECRETS
+
 MASK = "****"
 
 _SECRET_NAME = re.compile(
@@ -23,7 +25,7 @@ def masked(job: dict[str, Any]) -> dict[str, Any]:
     result = copy.deepcopy(job)
     env_vars = (result.get("runtime_env") or {}).get("env_vars") or {}
     # The spec's own list travels in the job's metadata, so `status` and `list` honour it too.
-    marked = set(((result.get("metadata") or {}).get("rayjobs.secret_env_vars") or "").split(","))
+    marked = set(((result.get("metadata") or {}).get(METADATA_SECRETS) or "").split(","))
     for name in env_vars:
         if name in marked or looks_secret(name):
             env_vars[name] = MASK

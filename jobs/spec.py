@@ -15,9 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -27,6 +25,7 @@ from pydantic import (
 from jobs.address import normalize_address
 from jobs.errors import did_you_mean
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
+from jobs.strict import StrictModel
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -90,9 +89,6 @@ def _env_value_to_str(value: Any) -> Any:
 EnvValue = Annotated[str, BeforeValidator(_env_value_to_str)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
-
 
 def _check_local_path(value: str, info: ValidationInfo) -> str:
     """A local path must exist; it is made absolute against the spec's directory."""
@@ -108,27 +104,27 @@ def _check_local_path(value: str, info: ValidationInfo) -> str:
     return str(path)
 
 
-class PipConfig(_Strict):
+class PipConfig(StrictModel):
     packages: list[str]
     pip_check: bool = False
     pip_version: str | None = None
     pip_install_options: list[str] | None = None
 
 
-class UvConfig(_Strict):
+class UvConfig(StrictModel):
     packages: list[str]
     uv_check: bool = False
     uv_version: str | None = None
     uv_pip_install_options: list[str] | None = None
 
 
-class RuntimeEnvConfig(_Strict):
+class RuntimeEnvConfig(StrictModel):
     setup_timeout_seconds: int = Field(600, description="Seconds to set up the environment; -1 waits forever.")
     eager_install: bool = True
     log_files: list[str] | None = None
 
 
-class RuntimeEnv(_Strict):
+class RuntimeEnv(StrictModel):
     """Ray's ``runtime_env``: the environment the entrypoint and its workers run in."""
 
     working_dir: str | None = Field(
@@ -209,7 +205,7 @@ INFRASTRUCTURE_FAILURES = (
 )
 
 
-class JobSpec(_Strict):
+class JobSpec(StrictModel):
     """A rayjobs spec file."""
 
     name: str = Field(description="Job name: lowercase letters, digits and '-', at most 63 characters.")

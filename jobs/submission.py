@@ -6,9 +6,9 @@ import hashlib
 import json
 from typing import Any
 
+from jobs.keys import METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
 from jobs.loader import LoadedSpec
 
-WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
 
 # Left out of every working_dir upload: they are never needed on the cluster and can
 # push an upload past the dashboard's size limit.
@@ -17,11 +17,6 @@ DEFAULT_EXCLUDES = [
     ".ruff_cache", ".hypothesis", "*.egg-info", "node_modules", ".ipynb_checkpoints", ".tox", ".DS_Store",
 ]
 
-METADATA_NAME = "rayjobs.name"
-METADATA_SPEC_HASH = "rayjobs.spec_hash"
-METADATA_SECRETS = "rayjobs.secret_env_vars"
-METADATA_ATTEMPT = "rayjobs.attempt"
-METADATA_PARENT = "rayjobs.parent"
 
 
 

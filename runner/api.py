@@ -28,7 +28,6 @@ from runner.errors import (
     NotADashboard,
 )
 
-TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 _TRANSIENT_HTTP = {502, 503, 504}
 # Ray's job manager checks each job's supervisor actor once a second until it sees the actor
 # gone. If a delete lands before that check, the check finds no record and writes a new FAILED

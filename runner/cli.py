@@ -9,7 +9,6 @@ inside the commands that need them, so ``status``/``logs``/``list`` start fast.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,12 +17,11 @@ from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
+from jobs.keys import METADATA_ATTEMPT
+from jobs.ray_env import prepare_ray_env
+from jobs.status import JobStatus, is_terminal
 from runner.errors import BadInput, RayJobsError
 from runner.exit_codes import ExitCode
-
-# Ray binds the machine's external address unless told otherwise; every process that
-# talks to a local cluster needs this.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 app = typer.Typer(
     name="rayjobs",
@@ -196,7 +194,8 @@ def submit(
 
     from jobs.loader import load_spec
     from jobs.secrets import masked
-    from jobs.submission import METADATA_ATTEMPT, METADATA_PARENT, build_submission, should_retry
+    from jobs.keys import METADATA_PARENT
+    from jobs.submission import build_submission, should_retry
     from runner.connection import choose_target
     from runner.preflight import entrypoint_demand
 
@@ -277,7 +276,7 @@ def _submit_reporting_interrupts(api: Any, submission: dict[str, Any], name: str
 
 def _submit_or_attach(api: Any, submission: dict[str, Any], name: str, preflight: bool) -> str:
     """Submit; with a fixed submission_id already taken by the same spec, attach to that job instead."""
-    from jobs.submission import METADATA_SPEC_HASH
+    from jobs.keys import METADATA_SPEC_HASH
     from runner.errors import JobNotFound
     from runner.preflight import check_entrypoint_fits
     from runner.submit import SubmitInterrupted, submit_job
@@ -384,7 +383,7 @@ def status(
         typer.echo(json.dumps(masked(info), indent=2))
     else:
         typer.echo(status_report(info))
-        if "rayjobs.attempt" in (info.get("metadata") or {}):
+        if METADATA_ATTEMPT in (info.get("metadata") or {}):
             typer.echo(attempts_report(info, retrying(api.list_jobs, give_up_after_s=5)))
     raise typer.Exit(int(exit_code_for_status(info.get("status", ""))))
 
@@ -432,7 +431,7 @@ def stop(
     ca_cert: CaCertOption = None,
 ) -> None:
     """Stop a running job."""
-    from runner.api import TERMINAL_STATUSES, retrying
+    from runner.api import retrying
 
     api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     stopped = retrying(lambda: api.stop_job(job_id), give_up_after_s=5)
@@ -445,7 +444,7 @@ def stop(
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             status_now = retrying(lambda: api.get_job(job_id), give_up_after_s=10).get("status")
-            if status_now in TERMINAL_STATUSES:
+            if is_terminal(status_now):
                 _say(f"job {job_id} is {status_now}")
                 return
             time.sleep(0.3)
@@ -471,7 +470,7 @@ def list_jobs(
 
     _check_output(output)
     wanted = {s.upper() for s in status_filter or []}
-    unknown = wanted - {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"}
+    unknown = wanted - {status.value for status in JobStatus}
     if unknown:
         raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use PENDING, RUNNING, SUCCEEDED, FAILED "
                        "or STOPPED")
@@ -495,7 +494,7 @@ def delete(
 
     api = _api(address, header, no_verify, ca_cert, cluster=cluster)
     info = retrying(lambda: api.get_job(job_id), give_up_after_s=5)
-    if info.get("status") not in ("SUCCEEDED", "FAILED", "STOPPED"):
+    if not is_terminal(info.get("status")):
         raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
                        f"(stop it first: rayjobs stop --wait {job_id})")
     api.delete_finished_job(job_id, info.get("end_time"))
@@ -609,6 +608,7 @@ def cluster_status(name: ClusterNameOption = "default") -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    prepare_ray_env()
     app()
 
 

@@ -61,6 +61,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from jobs import atomic
+from jobs.ray_env import RAY_CLIENT_ENV
+
 LOOPBACK_HOST = "127.0.0.1"
 DEFAULT_CLUSTER_NAME = "default"
 
@@ -187,7 +190,7 @@ def loopback_env(cluster: LocalCluster | None = None) -> dict[str, str]:
     for a token cluster, ``RAY_AUTH_TOKEN_PATH``. These must be in the
     environment before ``ray`` is imported in that process.
     """
-    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = dict(RAY_CLIENT_ENV)
     # An HTTP proxy from the user's environment must never see loopback traffic.
     no_proxy = [
         entry
@@ -651,19 +654,7 @@ def _state_path(name: str) -> Path:
 def _write_state(cluster: LocalCluster) -> None:
     path = _state_path(cluster.name)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # Written beside the target and renamed over it, so a reader never sees
-    # half a file.
-    descriptor, tmp_name = tempfile.mkstemp(prefix=".cluster-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as tmp:
-            tmp.write(cluster.to_json())
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
+    atomic.write_text(path, cluster.to_json(), durable=True)
 
 
 def _read_state(name: str) -> LocalCluster | None:

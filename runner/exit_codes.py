@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from jobs.status import JobStatus
+
 
 class ExitCode(IntEnum):
     SUCCEEDED = 0
@@ -18,9 +20,9 @@ class ExitCode(IntEnum):
 
 
 TERMINAL_STATUS_CODES = {
-    "SUCCEEDED": ExitCode.SUCCEEDED,
-    "FAILED": ExitCode.FAILED,
-    "STOPPED": ExitCode.STOPPED,
+    JobStatus.SUCCEEDED: ExitCode.SUCCEEDED,
+    JobStatus.FAILED: ExitCode.FAILED,
+    JobStatus.STOPPED: ExitCode.STOPPED,
 }
 
 

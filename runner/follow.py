@@ -24,7 +24,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from runner.api import TERMINAL_STATUSES, JobsApi, last_line
+from jobs.status import is_terminal
+from runner.api import JobsApi, last_line
 from runner.errors import AuthFailed, ClusterRequestFailed, ClusterUnreachable, JobNotFound, RayJobsError
 from runner.exit_codes import ExitCode, exit_code_for_status
 from runner.log_resume import KEPT_BYTES, Misaligned, ResumePlan, TailAligner, plan_resume
@@ -187,7 +188,7 @@ class Follower:
                 self._over = True
                 log_task.cancel()
                 await asyncio.gather(log_task, return_exceptions=True)
-            if outcome.status in TERMINAL_STATUSES:
+            if is_terminal(outcome.status):
                 await self._flush_logs(session, outcome.info)
         self.cursor.finish()
         outcome.log_tail = self.cursor.tail_lines()
@@ -245,10 +246,10 @@ class Follower:
                 self._driver_known.set()
             status = info.get("status")
             if status != last_status:
-                if status not in TERMINAL_STATUSES:
+                if not is_terminal(status):
                     self.note(f"job {self.job_id} is {status}")
                 last_status = status
-            if status in TERMINAL_STATUSES:
+            if is_terminal(status):
                 if stop_reason is not None:
                     return Outcome(ExitCode.TIMEOUT, status, info, stop_reason)
                 return Outcome(exit_code_for_status(status), status, info)

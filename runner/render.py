@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from jobs.status import JobStatus
+from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
 from runner.exit_codes import ExitCode
 
 
@@ -13,7 +15,7 @@ def job_id_of(info: dict[str, Any]) -> str:
 
 
 def job_name_of(info: dict[str, Any]) -> str:
-    return (info.get("metadata") or {}).get("rayjobs.name", "")
+    return (info.get("metadata") or {}).get(METADATA_NAME, "")
 
 
 def duration_s(info: dict[str, Any]) -> float | None:
@@ -49,7 +51,7 @@ def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | Non
     if outcome_code == ExitCode.CLUSTER_UNREACHABLE:
         return f"job {job_id} state unknown (last seen {status}): {reason}"
     line = f"job {job_id} {status} in {took}"
-    if status in ("FAILED", "STOPPED") and info:
+    if status in (JobStatus.FAILED, JobStatus.STOPPED) and info:
         # Ray's message may carry the whole log tail after its first line; the log is shown separately.
         message = (info.get("message") or "").strip().splitlines()
         first = message[0].split(", last available logs")[0] if message else ""
@@ -103,13 +105,13 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
 def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:
     """All attempts of a retried job (linked through metadata rayjobs.parent), oldest first."""
     metadata = info.get("metadata") or {}
-    root = metadata.get("rayjobs.parent") or job_id_of(info)
+    root = metadata.get(METADATA_PARENT) or job_id_of(info)
     attempts = [job for job in jobs if job_id_of(job) == root
-                or (job.get("metadata") or {}).get("rayjobs.parent") == root]
-    attempts.sort(key=lambda job: int((job.get("metadata") or {}).get("rayjobs.attempt", "1")))
+                or (job.get("metadata") or {}).get(METADATA_PARENT) == root]
+    attempts.sort(key=lambda job: int((job.get("metadata") or {}).get(METADATA_ATTEMPT, "1")))
     lines = ["attempts:"]
     for job in attempts:
-        number = (job.get("metadata") or {}).get("rayjobs.attempt", "1")
+        number = (job.get("metadata") or {}).get(METADATA_ATTEMPT, "1")
         error = f" {job['error_type']}" if job.get("error_type") else ""
         lines.append(f"  {number}. {job_id_of(job)}  {job.get('status')}{error}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from jobs.ray_env import prepare_ray_env
 from runner.connection import Connection
 from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable
 
@@ -83,7 +84,7 @@ def submit_job(connection: Connection, submission: dict[str, Any],
 
 def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[str], None],
             progress: Callable[[str], None], watch: _JobRequestWatch) -> str:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    prepare_ray_env()
     runtime_env = submission.get("runtime_env") or {}
     working_dir = runtime_env.get("working_dir")
     if working_dir and "://" not in working_dir:

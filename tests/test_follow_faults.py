@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import pytest
 
-from runner.api import TERMINAL_STATUSES, JobsApi
+from jobs.status import TERMINAL_STATUSES
+from runner.api import JobsApi
 from runner.cluster import loopback_env
 from runner.connection import Connection
 from tests.cli_helpers import REPO_ROOT, cli_env, rayjobs_command

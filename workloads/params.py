@@ -16,7 +16,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
+from jobs.keys import WORKLOAD_ENV_VAR
+from jobs.ray_env import prepare_ray_env
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -78,7 +79,7 @@ def connect_to_cluster() -> None:
     cluster; a workload run by hand starts a local one."""
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    prepare_ray_env()
     ray.init()
 
 

@@ -9,19 +9,17 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from jobs.paths import SpecPath
+from jobs.strict import StrictModel
 
 # "google/vit-base-patch16-224": what a Hugging Face hub model id looks like.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
-
-class HFDataConfig(_Strict):
+class HFDataConfig(StrictModel):
     """An image-classification dataset in a Hugging Face ``datasets`` format, on local disk."""
 
     path: SpecPath = Field(description="A folder written by DatasetDict.save_to_disk, a folder of Parquet shards "
@@ -34,7 +32,7 @@ class HFDataConfig(_Strict):
     max_per_split: PositiveInt | None = Field(None, description="Keep at most this many rows per split (quick runs).")
 
 
-class HFModelConfig(_Strict):
+class HFModelConfig(StrictModel):
     """ViTForImageClassification: from local weights, or a fresh configuration trained from scratch."""
 
     weights: str = Field(
@@ -67,7 +65,7 @@ class HFModelConfig(_Strict):
         return self
 
 
-class HFTrainConfig(_Strict):
+class HFTrainConfig(StrictModel):
     """The transformers Trainer's settings, and how many Ray Train workers run it."""
 
     epochs: PositiveInt = 3
@@ -84,7 +82,7 @@ class HFTrainConfig(_Strict):
     seed: int = 0
 
 
-class HFViTParams(_Strict):
+class HFViTParams(StrictModel):
     """The ``workload`` section of an ``hf_vit`` spec."""
 
     run_name: str = Field("vit-hf", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from jobs.paths import SpecPath
+from jobs.strict import StrictModel
 
 # The ten Food-101-Lite classes, by their display names.
 FOOD101_LITE_CLASSES = [
@@ -36,11 +37,8 @@ ARRAY_SOURCES = {"mnist": (28, MNIST_CLASSES), "cifar10": (32, CIFAR10_CLASSES)}
 Stage = Literal["preprocess", "train", "infer"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
-
-class DataConfig(_Strict):
+class DataConfig(StrictModel):
     """Where images come from and how they are turned into Parquet."""
 
     source: Literal["food101", "hf_parquet", "imagefolder", "synthetic", "mnist", "cifar10"] = Field(
@@ -94,7 +92,7 @@ class DataConfig(_Strict):
         return self
 
 
-class ViTConfig(_Strict):
+class ViTConfig(StrictModel):
     """Shape of torchvision's VisionTransformer (the defaults are the CIFAR-10 recipe's)."""
 
     patch_size: PositiveInt = 4
@@ -111,7 +109,7 @@ class ViTConfig(_Strict):
         return self
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     """Distributed training with Ray Train's TorchTrainer."""
 
     model: Literal["resnet18", "vit"] = Field("resnet18", description="torchvision ResNet-18, or a "
@@ -218,7 +216,7 @@ class TrainConfig(_Strict):
         return self.warmup_epochs if self.warmup_epochs is not None else min(5.0, self.epochs / 5)
 
 
-class InferConfig(_Strict):
+class InferConfig(StrictModel):
     """Batch inference over the validation split with the best checkpoint."""
 
     batch_size: PositiveInt = 64
@@ -227,7 +225,7 @@ class InferConfig(_Strict):
     use_gpu: bool = False
 
 
-class VisionParams(_Strict):
+class VisionParams(StrictModel):
     """The ``workload`` section of a vision spec (``kind: vision``; the kind itself is read by rayjobs)."""
 
     stages: list[Stage] = Field(default_factory=lambda: ["preprocess", "train", "infer"], min_length=1)

@@ -8,7 +8,6 @@ model and classifies one image, the pattern of Ray's computer-vision tutorial.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from jobs import atomic
 from workloads.vision.config import InferConfig, VisionParams
 
 PREDICTIONS_DIR = "predictions"
@@ -142,15 +142,6 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferC
     )
 
 
-def _replace_directory(staged: Path, final: Path) -> None:
-    # Readers see either the old predictions or the new ones, never a mix.
-    previous = final.with_name(f".{final.name}-old-{uuid.uuid4().hex[:8]}")
-    if final.exists():
-        os.replace(final, previous)
-    os.replace(staged, final)
-    shutil.rmtree(previous, ignore_errors=True)
-
-
 def resolve_checkpoint(run_dir: Path) -> tuple[Path, dict]:
     """The best checkpoint of the run in ``run_dir``, or a clear error if it has none."""
     from workloads.vision.train import best_checkpoint
@@ -202,7 +193,7 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
     try:
         predictions.write_parquet(str(staged), ray_remote_args={"num_cpus": 0})
         seconds = time.perf_counter() - started
-        _replace_directory(staged, run_dir / PREDICTIONS_DIR)
+        atomic.replace_dir(staged, run_dir / PREDICTIONS_DIR)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     out_dir = run_dir / PREDICTIONS_DIR
@@ -230,9 +221,7 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
         },
     }
     metrics_path = run_dir / METRICS_FILE
-    staged_metrics = metrics_path.with_name(f".{METRICS_FILE}.tmp")
-    staged_metrics.write_text(json.dumps(metrics, indent=2), encoding="utf-8")
-    os.replace(staged_metrics, metrics_path)
+    atomic.write_text(metrics_path, json.dumps(metrics, indent=2))
     plot_confusion_matrix(matrix, classes, run_dir / CONFUSION_PNG)
 
     print(confusion_table(matrix, classes), flush=True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
+
+from jobs import atomic
 
 
 def _pyplot():
@@ -23,22 +23,8 @@ METRICS_CSV = "metrics.csv"
 LOSS_CURVE = "loss_curve.png"
 
 
-def _replace_atomically(path: Path, write: Callable[[str], None]) -> None:
-    # Readers (a user, a resumed run, the next epoch's plot) see the old file or the new
-    # one, never half of one.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _save_atomically(fig, path: Path) -> None:
-    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
+    atomic.replace_file(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
 
 
 def write_metrics_csv(path: Path, rows: Sequence[dict[str, float]], fields: Sequence[str]) -> None:
@@ -50,7 +36,7 @@ def write_metrics_csv(path: Path, rows: Sequence[dict[str, float]], fields: Sequ
             for row in rows:
                 writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in fields})
 
-    _replace_atomically(path, write)
+    atomic.replace_file(path, write)
 
 
 def read_metrics_csv(path: Path) -> list[dict[str, float]]:

@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import random
 import shutil
 import sys
@@ -40,6 +39,7 @@ import pyarrow.parquet as pq
 import ray
 from PIL import Image, UnidentifiedImageError
 
+from jobs import atomic
 from workloads.vision.config import ARRAY_SOURCES, DataConfig
 from workloads.vision.images import ImageLayout
 from workloads.vision.sources import (
@@ -327,17 +327,6 @@ def _check_output_dir(output_dir: Path) -> None:
         )
 
 
-def _replace_dir(built: Path, target: Path) -> None:
-    """Move the finished ``built`` folder to ``target``, replacing any previous dataset."""
-    previous = None
-    if target.exists():
-        previous = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(target, previous)
-    os.replace(built, target)
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True)
-
-
 # ---------------------------------------------------------------------------
 # Progress and summary
 
@@ -535,7 +524,7 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
             "seconds": round(seconds, 3),
         }
         (building / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        _replace_dir(building, output_dir)
+        atomic.replace_dir(building, output_dir)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise

@@ -1,0 +1,11 @@
+"""Names rayjobs shares between the client and the cluster: job metadata keys and the workload's variable."""
+
+# The environment variable that carries a spec's validated ``workload`` section (JSON) to the entrypoint.
+WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
+
+# Job metadata rayjobs adds to every submission.
+METADATA_NAME = "rayjobs.name"
+METADATA_SPEC_HASH = "rayjobs.spec_hash"
+METADATA_SECRETS = "rayjobs.secret_env_vars"
+METADATA_ATTEMPT = "rayjobs.attempt"
+METADATA_PARENT = "rayjobs.parent"
