@@ -9,7 +9,10 @@ _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
 
 
 def normalize_address(address: str) -> str:
-    """``host:port`` → ``http://host:port``; ValueError for other schemes or no host.
+    """``host:port`` → ``http://host:port``; ``http(s)://`` addresses are kept.
+
+    Raises:
+        ValueError: another scheme, or no host.
 
     Plain Python on purpose: the CLI calls it on paths that must not import pydantic.
     """

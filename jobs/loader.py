@@ -34,7 +34,19 @@ class LoadedSpec:
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> LoadedSpec:
-    """Read, override and validate a spec file. Raises ``SpecError`` naming file, field and line."""
+    """Read, override and validate a spec file.
+
+    Args:
+        path: the spec's YAML file; relative paths inside it are anchored at its folder.
+        overrides: ``--set`` texts such as ``workload.train.epochs=3``, applied before validation.
+
+    Returns:
+        The validated spec with its workload parameters and where each field came from.
+
+    Raises:
+        SpecError: the file cannot be read or parsed, or a field is invalid; the message names file,
+            line and field of every problem.
+    """
     path = Path(path)
     data, lines = read_yaml_mapping(path)
     return validate_spec_data(data, path, lines, overrides or [])
@@ -46,7 +58,20 @@ def validate_spec_data(
     lines: dict[FieldPath, int] | None = None,
     overrides: list[str] | None = None,
 ) -> LoadedSpec:
-    """Validate an already parsed spec mapping (``path`` anchors relative paths)."""
+    """Validate an already parsed spec mapping, as :func:`load_spec` does after reading the file.
+
+    Args:
+        data: the parsed mapping; overrides are applied to it in place.
+        path: the file it came from (anchors relative paths; None: the working directory).
+        lines: the line of each field, for messages.
+        overrides: ``--set`` texts.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        SpecError: one or more fields are invalid.
+    """
     file = str(path) if path else None
     overrides = list(overrides or [])
     from_cli = apply_overrides(data, overrides)

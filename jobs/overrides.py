@@ -9,7 +9,11 @@ from jobs.yaml_reader import parse_yaml_value
 
 
 def parse_override(text: str) -> tuple[FieldPath, Any]:
-    """Split ``workload.train.epochs=3`` into its field path and its value (parsed as YAML)."""
+    """Split ``workload.train.epochs=3`` into its field path and its value (parsed as YAML).
+
+    Raises:
+        SpecError: no ``=``, an empty key part, or a value that is not valid YAML.
+    """
     source = f"--set {text}"
     key, sep, raw_value = text.partition("=")
     key = key.strip()
@@ -27,6 +31,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[FieldPat
     """Apply ``--set`` overrides to ``data`` in place; return which paths each one set.
 
     Missing mappings along the path are created; a number indexes into an existing list.
+
+    Raises:
+        SpecError: an override that cannot be parsed or applied (names the ``--set``).
     """
     applied: dict[FieldPath, str] = {}
     for text in overrides:

@@ -105,23 +105,29 @@ def _check_local_path(value: str, info: ValidationInfo) -> str:
 
 
 class PipConfig(StrictModel):
-    packages: list[str]
-    pip_check: bool = False
-    pip_version: str | None = None
-    pip_install_options: list[str] | None = None
+    """Ray's ``runtime_env.pip`` in its long form."""
+
+    packages: list[str] = Field(description="Requirement strings, as in a requirements.txt.")
+    pip_check: bool = Field(False, description="Run `pip check` after installing.")
+    pip_version: str | None = Field(None, description="A pip version specifier such as '==23.3.1'.")
+    pip_install_options: list[str] | None = Field(None, description="Extra `pip install` arguments.")
 
 
 class UvConfig(StrictModel):
-    packages: list[str]
-    uv_check: bool = False
-    uv_version: str | None = None
-    uv_pip_install_options: list[str] | None = None
+    """Ray's ``runtime_env.uv`` in its long form."""
+
+    packages: list[str] = Field(description="Requirement strings, as in a requirements.txt.")
+    uv_check: bool = Field(False, description="Run `pip check` after installing.")
+    uv_version: str | None = Field(None, description="A uv version specifier such as '==0.4.0'.")
+    uv_pip_install_options: list[str] | None = Field(None, description="Extra `uv pip install` arguments.")
 
 
 class RuntimeEnvConfig(StrictModel):
+    """Ray's ``runtime_env.config``: how the environment is set up."""
+
     setup_timeout_seconds: int = Field(600, description="Seconds to set up the environment; -1 waits forever.")
-    eager_install: bool = True
-    log_files: list[str] | None = None
+    eager_install: bool = Field(True, description="Install the environment when the job starts, not at first use.")
+    log_files: list[str] | None = Field(None, description="Worker log files to stream to the driver.")
 
 
 class RuntimeEnv(StrictModel):
@@ -131,21 +137,29 @@ class RuntimeEnv(StrictModel):
         None, description="Local directory (uploaded; relative to the spec file) or remote zip URI."
     )
     py_modules: list[str] | None = Field(None, description="Local module directories or URIs to ship.")
-    py_executable: str | None = None
+    py_executable: str | None = Field(None, description="Command that runs Python for the workers, e.g. 'uv run'.")
     excludes: list[str] | None = Field(
         None, description="gitignore-style patterns left out of the upload (rayjobs adds .git, venvs, caches)."
     )
-    pip: list[str] | str | PipConfig | None = None
-    uv: list[str] | str | UvConfig | None = None
-    conda: str | dict[str, Any] | None = None
+    pip: list[str] | str | PipConfig | None = Field(
+        None, description="Packages to pip-install: a list, a requirements.txt path, or the long form."
+    )
+    uv: list[str] | str | UvConfig | None = Field(
+        None, description="Packages to install with uv: a list, a requirements.txt path, or the long form."
+    )
+    conda: str | dict[str, Any] | None = Field(
+        None, description="A conda environment: its name, an environment.yml path, or its content."
+    )
     env_vars: dict[str, EnvValue] | None = Field(
         None, description="Environment of the entrypoint and its workers; plain numbers/booleans become text."
     )
-    image_uri: str | None = None
-    container: dict[str, Any] | None = None
-    java_jars: list[str] | None = None
-    config: RuntimeEnvConfig | None = None
-    worker_process_setup_hook: str | None = None
+    image_uri: str | None = Field(None, description="Container image the job's workers run in.")
+    container: dict[str, Any] | None = Field(None, description="Ray's older container settings (image, run options).")
+    java_jars: list[str] | None = Field(None, description="Jar files or URIs for Java workers.")
+    config: RuntimeEnvConfig | None = Field(None, description="How the environment is set up.")
+    worker_process_setup_hook: str | None = Field(
+        None, description="'module.function' each worker process calls once at start (logging set-up, patches)."
+    )
 
     @field_validator("working_dir")
     @classmethod

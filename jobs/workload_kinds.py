@@ -21,7 +21,15 @@ BUILTIN_WORKLOADS = {
 
 
 def workload_model(kind: str) -> type[BaseModel]:
-    """Import and return the parameter model for ``kind``; raise ValueError with a hint if unknown."""
+    """Import and return the parameter model for ``kind``.
+
+    Args:
+        kind: a built-in kind (``vision``, ``hf_vit``, ``hello``) or ``package.module:Model``.
+
+    Raises:
+        ValueError: an unknown kind (with a did-you-mean hint), or a target that cannot be imported
+            or is not a pydantic model.
+    """
     target = BUILTIN_WORKLOADS.get(kind, kind)
     module_name, sep, attribute = target.partition(":")
     if not sep:

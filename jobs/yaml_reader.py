@@ -104,7 +104,18 @@ def _new_loader(text: str, source: str, with_line: bool = True) -> yaml.SafeLoad
 
 
 def parse_yaml_mapping(text: str, file: str) -> tuple[dict[str, Any], dict[FieldPath, int]]:
-    """Parse YAML text that must hold one mapping; return it with the line of every field."""
+    """Parse YAML text that must hold one mapping.
+
+    Args:
+        text: the YAML document.
+        file: its name, for messages.
+
+    Returns:
+        The mapping, and the 1-based line of every field path in it.
+
+    Raises:
+        SpecError: invalid YAML, duplicate keys, or a document that is not a mapping.
+    """
     if not text.strip():
         raise SpecError.single(file, "the file is empty; a spec needs at least 'name' and 'entrypoint'")
     loader = _new_loader(text, file)
@@ -135,7 +146,14 @@ def parse_yaml_mapping(text: str, file: str) -> tuple[dict[str, Any], dict[Field
 
 
 def read_yaml_mapping(path: Path) -> tuple[dict[str, Any], dict[FieldPath, int]]:
-    """Read a spec file, refusing anything that is not a small UTF-8 YAML mapping."""
+    """Read a spec file, refusing anything that is not a small UTF-8 YAML mapping.
+
+    Returns:
+        As :func:`parse_yaml_mapping`.
+
+    Raises:
+        SpecError: the file is missing, unreadable, too large, not UTF-8, or not a YAML mapping.
+    """
     file = str(path)
     try:
         size = path.stat().st_size
