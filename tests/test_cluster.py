@@ -17,10 +17,10 @@ import requests
 
 from conftest import wait_for_condition
 from runner import local
+from runner.exit_codes import ExitCode
 from runner.local import ClusterError, LocalCluster, cluster_dir, cluster_processes, loopback_env, rayjobs_home
 from runner.local.ports import free_ports
 from runner.local.processes import psutil_module
-from runner.exit_codes import ExitCode
 from tests.cli_helpers import cli_env, run_rayjobs
 
 TRIVIAL_DRIVER = 'python -c "import ray; ray.init(); print(ray.get(ray.remote(lambda: 42).remote()))"'
