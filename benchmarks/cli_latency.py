@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runner.cluster import start_local_cluster, stop_local_cluster  # noqa: E402
+from runner.local import start as start_local_cluster  # noqa: E402
+from runner.local import stop as stop_local_cluster  # noqa: E402
 
 TRIVIAL_ENTRYPOINT = "python -c \"print('hello from the job')\""
 

@@ -36,7 +36,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runner.cluster import loopback_env, start_local_cluster, stop_local_cluster  # noqa: E402
+from runner.local import loopback_env  # noqa: E402
+from runner.local import start as start_local_cluster  # noqa: E402
+from runner.local import stop as stop_local_cluster  # noqa: E402
 from tests.fault_proxy import FaultProxy  # noqa: E402
 
 LINE_BYTES = 100

@@ -343,20 +343,15 @@ def _dry_run_text(submission: dict[str, Any], address: str | None) -> str:
 
 
 def _ensure_local_cluster(name: str) -> None:
-    from runner import cluster
+    """Start the named local cluster unless it runs; a failed start ends the command like `cluster up` (exit 4)."""
+    from runner import local
 
-    try:
-        running = cluster.running_local_cluster(name)
-    except cluster.ClusterError as exc:
-        raise BadInput(str(exc)) from None
-    if running is None:
-        down = "rayjobs cluster down" + ("" if name == cluster.DEFAULT_CLUSTER_NAME else f" --name {name}")
-        _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
-        try:
-            started = cluster.start_local_cluster(name=name)
-        except cluster.ClusterError as exc:
-            raise RayJobsError(str(exc)) from None
-        _say(f"local cluster '{name}' is up at {started.dashboard_url}")
+    if local.find_running(name) is not None:
+        return
+    down = "rayjobs cluster down" + ("" if name == local.DEFAULT_CLUSTER_NAME else f" --name {name}")
+    _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
+    started = local.start(name=name)
+    _say(f"local cluster '{name}' is up at {started.dashboard_url}")
 
 
 @app.command()
@@ -558,21 +553,18 @@ def cluster_up(
                        "reach 127.0.0.1 can then run code on it).")] = False,
     name: ClusterNameOption = "default",
 ) -> None:
-    """Start a single-node Ray head bound to 127.0.0.1 on free ports."""
-    from runner import cluster
+    """Start a single-node Ray head bound to 127.0.0.1 on free ports (exit code 4 when it fails to start)."""
+    from runner import local
 
-    running = cluster.running_local_cluster(name)
+    running = local.status(name)
     if running is not None:
         _say(f"local cluster '{name}' is already running at {running.dashboard_url}")
         return
     _say(f"starting local cluster '{name}' on 127.0.0.1 ...")
-    try:
-        started = cluster.start_local_cluster(name=name, num_cpus=num_cpus, auth=not no_auth)
-    except cluster.ClusterError as exc:
-        _fail(str(exc), ExitCode.CLUSTER_UNREACHABLE)
+    started = local.start(name=name, num_cpus=num_cpus, auth=not no_auth)
     auth = f"token auth on (token file {started.token_file})" if started.token_file else "no authentication"
     _say(f"local cluster '{name}' is up at {started.dashboard_url}; {auth}")
-    if name == cluster.DEFAULT_CLUSTER_NAME:
+    if name == local.DEFAULT_CLUSTER_NAME:
         _say("rayjobs commands use it when no address is given; stop it with `rayjobs cluster down`")
     else:
         _say(f"rayjobs commands use it with --cluster {name} (or RAYJOBS_CLUSTER={name}) or its address; "
@@ -583,9 +575,9 @@ def cluster_up(
 @handles_errors
 def cluster_down(name: ClusterNameOption = "default") -> None:
     """Stop the local cluster started by `rayjobs cluster up` (and nothing else)."""
-    from runner import cluster
+    from runner import local
 
-    if cluster.stop_local_cluster(name):
+    if local.stop(name):
         _say(f"local cluster '{name}' stopped")
     else:
         _say(f"no local cluster '{name}' is running")
@@ -595,11 +587,11 @@ def cluster_down(name: ClusterNameOption = "default") -> None:
 @handles_errors
 def cluster_status(name: ClusterNameOption = "default") -> None:
     """Show whether the local cluster runs, and where (exit code 4 when it does not)."""
-    from runner import cluster
+    from runner import local
 
-    running = cluster.running_local_cluster(name)
+    running = local.status(name)
     if running is None:
-        up = "rayjobs cluster up" + ("" if name == cluster.DEFAULT_CLUSTER_NAME else f" --name {name}")
+        up = "rayjobs cluster up" + ("" if name == local.DEFAULT_CLUSTER_NAME else f" --name {name}")
         _fail(f"no local cluster '{name}' is running; start one with `{up}`", ExitCode.CLUSTER_UNREACHABLE)
     typer.echo(f"name:      {running.name}\ndashboard: {running.dashboard_url}\ngcs:       {running.gcs_address}\n"
                f"auth:      {'token (' + running.token_file + ')' if running.token_file else 'none'}\n"

@@ -24,7 +24,7 @@ from jobs.address import dashboard_endpoint, normalize_address
 from runner.errors import BadInput, NoCluster
 
 if TYPE_CHECKING:
-    from runner.cluster import LocalCluster
+    from runner.local import LocalCluster
 
 
 @dataclass
@@ -96,7 +96,7 @@ def choose_target(
     cluster_name: str | None = None,
 ) -> Target:
     """Apply the documented precedence; reads the environment only, never a cluster."""
-    from runner.cluster import DEFAULT_CLUSTER_NAME
+    from runner.local import DEFAULT_CLUSTER_NAME
 
     if cluster_name is not None and not cluster_name.strip():
         raise BadInput("--cluster needs the name of a local cluster (`rayjobs cluster up --name NAME`)")
@@ -124,14 +124,15 @@ def resolve_connection(
 ) -> Connection:
     """Decide which cluster to talk to, following the documented precedence.
 
-    Only reads the state of local clusters: nothing is started, stopped or cleaned up.
+    Only reads the state of local clusters: nothing is started, stopped or cleaned up, even when a
+    state file is stale, so any command may call it whatever cluster it talks to.
     """
-    from runner import cluster
+    from runner import local
 
     target = choose_target(cli_address, spec_address, spec_address_source, cluster_name)
     if target.address is not None:
         address = _normalized(target.address)
-        serving = cluster.local_cluster_serving(address)
+        serving = local.find_serving(address)
         if cluster_name is not None and cli_address:
             _check_same_cluster(address, _running_cluster_named(cluster_name, "--cluster"), serving)
     else:
@@ -162,17 +163,17 @@ def _normalized(address: str) -> str:
 
 
 def _running_cluster_named(name: str, source: str) -> LocalCluster:
-    from runner import cluster
+    from runner import local
 
     try:
-        found = cluster.find_local_cluster(name)
-    except cluster.ClusterError as exc:
+        found = local.find_running(name)
+    except local.InvalidClusterRequest as exc:
         raise BadInput(f"{source}: {exc}") from None
     if found is not None:
         return found
-    others = cluster.local_clusters()
+    others = local.list_running()
     running = ("Running local clusters: " + ", ".join(f"'{c.name}' at {c.dashboard_url}" for c in others) + "."
-               if others else f"No local cluster is running under {cluster.rayjobs_home()}.")
+               if others else f"No local cluster is running under {local.rayjobs_home()}.")
     if source == "local cluster":
         pick = " Pick one with --cluster NAME." if others else ""
         raise NoCluster(

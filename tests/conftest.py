@@ -11,13 +11,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from runner.cluster import (
-    DEFAULT_CLUSTER_NAME,
-    LocalCluster,
-    loopback_env,
-    start_local_cluster,
-    stop_local_cluster,
-)
+from runner.local import DEFAULT_CLUSTER_NAME, LocalCluster, loopback_env
+from runner.local import start as start_local_cluster
+from runner.local import stop as stop_local_cluster
 
 # Variables that would silently point code under test at some other cluster.
 _FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAYJOBS_CLUSTER")
@@ -100,7 +96,7 @@ def isolated_env(
     """No stray cluster address from the caller; a private RAYJOBS_HOME per test.
 
     Tests that use the session cluster get its RAYJOBS_HOME instead, so that
-    ``running_local_cluster`` and CLI subprocesses find it.
+    ``runner.local.status`` and CLI subprocesses find it.
     """
     for variable in _FOREIGN_CLUSTER_ENV:
         monkeypatch.delenv(variable, raising=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.cluster import LocalCluster
+from runner.local import LocalCluster
 from tests.cli_helpers import cli_env, run_rayjobs
 
 pytestmark = pytest.mark.cluster

@@ -16,19 +16,12 @@ import pytest
 import requests
 
 from conftest import wait_for_condition
-from runner.cluster import (
-    ClusterError,
-    LocalCluster,
-    _free_ports,
-    _psutil,
-    cluster_dir,
-    cluster_processes,
-    loopback_env,
-    rayjobs_home,
-    running_local_cluster,
-    start_local_cluster,
-    stop_local_cluster,
-)
+from runner import local
+from runner.exit_codes import ExitCode
+from runner.local import ClusterError, LocalCluster, cluster_dir, cluster_processes, loopback_env, rayjobs_home
+from runner.local.ports import free_ports
+from runner.local.processes import psutil_module
+from tests.cli_helpers import cli_env, run_rayjobs
 
 TRIVIAL_DRIVER = 'python -c "import ray; ray.init(); print(ray.get(ray.remote(lambda: 42).remote()))"'
 
@@ -49,7 +42,7 @@ def _is_loopback(address: str) -> bool:
 
 def _listening_addresses(cluster: LocalCluster) -> dict[int, set[str]]:
     """Port -> addresses that the cluster's processes listen on."""
-    psutil = _psutil()
+    psutil = psutil_module()
     listening: dict[int, set[str]] = {}
     for proc in cluster_processes(cluster):
         try:
@@ -116,7 +109,7 @@ def test_loopback_env_names_the_auth_settings(tmp_path):
 
 
 def test_picked_ports_are_distinct_free_and_outside_the_ephemeral_range():
-    ports = _free_ports([f"p{i}" for i in range(9)])
+    ports = free_ports([f"p{i}" for i in range(9)])
     assert len(set(ports.values())) == 9
     ephemeral_floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for port in ports.values():
@@ -128,7 +121,7 @@ def test_picked_ports_are_distinct_free_and_outside_the_ephemeral_range():
 @pytest.mark.parametrize("name", ["", "../escape", "a/b", "-dash", "x" * 64])
 def test_bad_cluster_names_are_refused(name):
     with pytest.raises(ClusterError, match="Invalid cluster name"):
-        start_local_cluster(name=name)
+        local.start(name=name)
 
 
 def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path):
@@ -136,29 +129,29 @@ def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path):
     fake_ray.write_text("#!/bin/sh\necho 'cannot start: pretend failure'\nexit 3\n")
     fake_ray.chmod(0o755)
     with pytest.raises(ClusterError) as failure:
-        start_local_cluster(name="broken", ray_executable=str(fake_ray), timeout_s=30)
+        local.start(name="broken", ray_executable=str(fake_ray), timeout_s=30)
     message = str(failure.value)
     assert "exited with code 3" in message
     assert "pretend failure" in message
     assert "\n" not in message
     assert not _state_file("broken").exists()
-    assert running_local_cluster("broken") is None
+    assert local.status("broken") is None
 
 
 def test_start_timeout_kills_what_was_started(tmp_path):
     fake_ray = tmp_path / "hanging-ray"
     fake_ray.write_text("#!/bin/sh\necho still booting\nsleep 300\n")
     fake_ray.chmod(0o755)
-    before = {p.pid for p in _psutil().process_iter()}
+    before = {p.pid for p in psutil_module().process_iter()}
     started = time.monotonic()
     with pytest.raises(ClusterError, match="did not get its dashboard ready within 1 s.*still booting"):
-        start_local_cluster(name="hangs", ray_executable=str(fake_ray), timeout_s=1)
+        local.start(name="hangs", ray_executable=str(fake_ray), timeout_s=1)
     assert time.monotonic() - started < 20
 
     def survivors() -> list[str]:
         return [
             " ".join(p.info["cmdline"] or [])
-            for p in _psutil().process_iter(["pid", "cmdline"])
+            for p in psutil_module().process_iter(["pid", "cmdline"])
             if p.info["pid"] not in before
             and (str(fake_ray) in " ".join(p.info["cmdline"] or []) or p.info["cmdline"] == ["sleep", "300"])
         ]
@@ -184,10 +177,10 @@ def test_stale_state_of_a_dead_process_is_dropped():
     cluster_dir("stale").mkdir(parents=True)
     _state_file("stale").write_text(stale.to_json())
 
-    assert running_local_cluster("stale") is None
+    assert local.status("stale") is None
     assert not _state_file("stale").exists()
     assert not Path(temp_dir).exists()
-    assert stop_local_cluster("stale") is False
+    assert local.stop("stale") is False
 
 
 def test_state_pointing_at_an_unrelated_process_never_kills_it():
@@ -207,7 +200,7 @@ def test_state_pointing_at_an_unrelated_process_never_kills_it():
         )
         cluster_dir("reused").mkdir(parents=True)
         _state_file("reused").write_text(stale.to_json())
-        assert running_local_cluster("reused") is None
+        assert local.status("reused") is None
         assert not _state_file("reused").exists()
         assert bystander.poll() is None
     finally:
@@ -218,8 +211,38 @@ def test_state_pointing_at_an_unrelated_process_never_kills_it():
 def test_unreadable_state_file_is_dropped():
     cluster_dir("garbled").mkdir(parents=True)
     _state_file("garbled").write_text("{not json")
-    assert running_local_cluster("garbled") is None
+    assert local.status("garbled") is None
     assert not _state_file("garbled").exists()
+
+
+@pytest.mark.parametrize("command", ["status", "up", "down"])
+def test_cluster_commands_refuse_a_bad_name_as_bad_input(command, tmp_path):
+    result = run_rayjobs("cluster", command, "--name", "bad name!", home=tmp_path, timeout=60)
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
+    assert "Invalid cluster name 'bad name!'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("ray", ["exits", "missing"])
+def test_a_failed_start_has_one_exit_code_through_cluster_up_and_submit_local(ray, tmp_path):
+    fake_ray = tmp_path / "fake-ray"
+    if ray == "exits":
+        fake_ray.write_text("#!/bin/sh\necho 'cannot start: pretend failure'\nexit 3\n")
+        fake_ray.chmod(0o755)
+        expected = "exited with code 3"
+    else:
+        expected = f"The Ray executable '{fake_ray}' was not found"
+    env = cli_env(tmp_path / "home", RAYJOBS_RAY_EXECUTABLE=str(fake_ray))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: job\nentrypoint: echo hi\n")
+    up = run_rayjobs("cluster", "up", env=env, timeout=120)
+    submitted = run_rayjobs("submit", str(spec), "--local", env=env, timeout=120)
+    for result in (up, submitted):
+        assert result.returncode == ExitCode.CLUSTER_UNREACHABLE, result.stderr
+        assert expected in result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "home" / "clusters" / "default" / "cluster.json").exists()
 
 
 # ----------------------------------------------------------------- live cluster
@@ -247,10 +270,10 @@ def test_dashboard_refuses_requests_without_the_token(ray_cluster):
 
 @pytest.mark.cluster
 def test_running_cluster_is_found_by_name(ray_cluster):
-    found = running_local_cluster(ray_cluster.name)
+    found = local.status(ray_cluster.name)
     assert found == ray_cluster
     with pytest.raises(ClusterError, match=f"already running at {ray_cluster.dashboard_url}"):
-        start_local_cluster(name=ray_cluster.name)
+        local.start(name=ray_cluster.name)
 
 
 @pytest.mark.cluster
@@ -299,22 +322,22 @@ def test_cluster_listens_on_loopback_only(ray_cluster):
 
 @pytest.mark.cluster
 def test_second_cluster_starts_and_stops_without_touching_the_first(ray_cluster):
-    second = start_local_cluster(name="second", num_cpus=1, auth=False)
+    second = local.start(name="second", num_cpus=1, auth=False)
     try:
         assert second.token_file is None
         assert not set(second.ports.values()) & set(ray_cluster.ports.values())
         assert _get(f"{second.dashboard_url}/api/jobs/").status_code == 200
         with pytest.raises(ClusterError, match=f"already running at {second.dashboard_url}"):
-            start_local_cluster(name="second", auth=False)
+            local.start(name="second", auth=False)
         assert cluster_processes(second)
     finally:
-        assert stop_local_cluster("second") is True
+        assert local.stop("second") is True
 
     assert cluster_processes(second, leader_alive=False) == []
-    assert running_local_cluster("second") is None
+    assert local.status("second") is None
     assert not Path(second.temp_dir).exists()
-    assert stop_local_cluster("second") is False
+    assert local.stop("second") is False
 
-    assert running_local_cluster(ray_cluster.name) == ray_cluster
+    assert local.status(ray_cluster.name) == ray_cluster
     assert _get(f"{ray_cluster.dashboard_url}/api/jobs/", ray_cluster.auth_headers()).status_code == 200
     assert cluster_processes(ray_cluster)

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from jobs.address import normalize_address
-from runner.cluster import LocalCluster, cluster_dir
+from runner import local
+from runner.local import LocalCluster, cluster_dir
 from runner.connection import parse_header, resolve_connection
 from runner.errors import BadInput, NoCluster
 
@@ -179,6 +180,28 @@ def test_matching_only_reads_state(local_cluster_state):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_dead_clusters_leftovers_are_left_to_the_cluster_commands(local_cluster_state):
+    gone = local_cluster_state("gone", 23456, alive=False)
+    # A process the dead cluster left behind: it names the cluster's temp dir.
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", gone.temp_dir])
+    try:
+        with pytest.raises(NoCluster):
+            resolve_connection(cluster_name="gone")
+        with pytest.raises(NoCluster):
+            resolve_connection()
+        assert resolve_connection("localhost:23456").local_cluster is None
+        assert resolve_connection("http://remote.example:8265").local_cluster is None
+        assert leftover.poll() is None
+        assert (cluster_dir("gone") / "cluster.json").is_file()
+        # `rayjobs cluster status` is where a stale cluster gets cleaned up.
+        assert local.status("gone") is None
+        assert leftover.wait(timeout=30) is not None
+        assert not (cluster_dir("gone") / "cluster.json").exists()
+    finally:
+        leftover.kill()
+        leftover.wait()
 
 
 def test_cluster_by_name(local_cluster_state):

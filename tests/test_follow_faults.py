@@ -28,7 +28,7 @@ import pytest
 
 from jobs.status import TERMINAL_STATUSES
 from runner.api import JobsApi
-from runner.cluster import loopback_env
+from runner.local import loopback_env
 from runner.connection import Connection
 from tests.cli_helpers import REPO_ROOT, cli_env, rayjobs_command
 from tests.conftest import wait_for_condition

@@ -15,7 +15,9 @@ import urllib.parse
 
 import pytest
 
-from runner.cluster import cluster_processes, loopback_env, start_local_cluster, stop_local_cluster
+from runner.local import cluster_processes, loopback_env
+from runner.local import start as start_local_cluster
+from runner.local import stop as stop_local_cluster
 from tests.cli_helpers import cli_env
 from tests.conftest import wait_for_condition
 from tests.fault_proxy import FaultProxy

@@ -68,7 +68,7 @@ def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeyp
     from typer.testing import CliRunner
 
     from runner.cli import app
-    from runner.cluster import loopback_env
+    from runner.local import loopback_env
 
     # Ctrl-C lands just after the job request was answered, before rayjobs saw the answer.
     real_request = JobSubmissionClient._do_request

@@ -1,0 +1,88 @@
+"""The environment of a local cluster's processes, and of the processes that talk to it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jobs.ray_env import RAY_CLIENT_ENV
+from runner.local.ports import LOOPBACK_HOST
+from runner.local.state import LocalCluster
+
+# Variables that would point a process at some other cluster, or make it
+# present some other token.
+_FOREIGN_RAY_ENV = (
+    "RAY_ADDRESS",
+    "RAY_API_SERVER_ADDRESS",
+    "RAY_JOB_HEADERS",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_AUTH_MODE",
+)
+
+
+def loopback_env(cluster: LocalCluster | None = None) -> dict[str, str]:
+    """Environment additions for every process that talks to a local cluster.
+
+    These must be in the environment before ``ray`` is imported in that process: Ray reads
+    them once.
+
+    Args:
+        cluster: the cluster talked to; None for only the settings every Ray process here needs.
+
+    Returns:
+        Ray's client settings and a ``NO_PROXY`` that covers the loopback address; with a
+        cluster also ``RAY_AUTH_MODE`` and, for a token cluster, ``RAY_AUTH_TOKEN_PATH``.
+    """
+    env = dict(RAY_CLIENT_ENV)
+    # An HTTP proxy from the user's environment must never see loopback traffic.
+    no_proxy = [
+        entry
+        for entry in os.environ.get("NO_PROXY", os.environ.get("no_proxy", "")).split(",")
+        if entry.strip()
+    ]
+    for host in (LOOPBACK_HOST, "localhost"):
+        if host not in no_proxy:
+            no_proxy.append(host)
+    env["NO_PROXY"] = env["no_proxy"] = ",".join(no_proxy)
+    if cluster is not None:
+        if cluster.token_file is not None:
+            env["RAY_AUTH_MODE"] = "token"
+            env["RAY_AUTH_TOKEN_PATH"] = cluster.token_file
+        else:
+            env["RAY_AUTH_MODE"] = "disabled"
+    return env
+
+
+def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None) -> dict[str, str]:
+    """The full environment ``ray start`` runs in; every process of the cluster inherits it.
+
+    Args:
+        ray_path: the ``ray`` executable; its directory leads ``PATH``.
+        gcs_port: the cluster's GCS port on the loopback address.
+        token_file: the cluster's token file, or None to run without authentication.
+
+    Returns:
+        This process's environment without anything that points at another cluster or token,
+        plus the cluster's own address and auth settings.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_RAY_ENV}
+    env.update(loopback_env())
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Job entrypoints say `python ...`; it must be the interpreter that has
+    # this Ray installed, even when the caller's virtualenv is not activated.
+    ray_bin_dir = str(Path(ray_path).parent)
+    path_entries = [entry for entry in env.get("PATH", "").split(os.pathsep) if entry]
+    env["PATH"] = os.pathsep.join([ray_bin_dir] + [e for e in path_entries if e != ray_bin_dir])
+    # Every process of this cluster (workers included) inherits its own GCS address. Ray
+    # code that finds "the" cluster by scanning the machine (Ray Train's placement group
+    # cleaner, the state API) otherwise fails as soon as a second cluster runs beside it.
+    env["RAY_ADDRESS"] = f"{LOOPBACK_HOST}:{gcs_port}"
+    if token_file is not None:
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
+    else:
+        # Explicit, so that a ~/.ray/auth_token lying around does not switch
+        # token auth on behind the caller's back.
+        env["RAY_AUTH_MODE"] = "disabled"
+    return env

@@ -1,0 +1,290 @@
+"""Launching ``ray start --head --block`` for one local cluster and waiting until it serves jobs.
+
+The ``ray`` executable is, in this order: the one the caller names, ``$RAYJOBS_RAY_EXECUTABLE``,
+the one next to this Python (so the cluster runs the client's Ray version), the one on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from runner.backoff import Backoff, Deadline
+from runner.local.environment import ray_start_env
+from runner.local.errors import ClusterError
+from runner.local.ports import LOOPBACK_HOST, RAY_PORT_OPTIONS, free_ports
+from runner.local.processes import process_create_time, reap, stop_cluster_processes, track_child
+from runner.local.state import FAILED_START_LOGS, LOG_FILE, LocalCluster, new_temp_dir
+
+RAY_EXECUTABLE_ENV_VAR = "RAYJOBS_RAY_EXECUTABLE"
+
+_LOG_TAIL_LINES = 20
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# How often readiness is polled: soon at first, easing off while Ray boots.
+_READY_POLL_FIRST_S = 0.1
+_READY_POLL_MAX_S = 0.5
+_HTTP_PROBE_TIMEOUT_S = 2.0
+# Time a failed start gets to take its own processes down.
+_CLEANUP_TIMEOUT_S = 5
+
+
+class PortClash(ClusterError):
+    """Ray could not bind one of the ports picked for it; a second try with fresh ports may succeed."""
+
+
+def find_ray_executable(explicit: str | None = None) -> str:
+    """The ``ray`` command to start clusters with.
+
+    Args:
+        explicit: a command name or path that overrides the search.
+
+    Returns:
+        Its absolute path.
+
+    Raises:
+        ClusterError: it was not found or is not executable.
+    """
+    explicit = explicit or os.environ.get(RAY_EXECUTABLE_ENV_VAR) or None
+    if explicit:
+        resolved = shutil.which(explicit)
+        if resolved is None:
+            raise ClusterError(f"The Ray executable '{explicit}' was not found or is not executable.")
+        return resolved
+    sibling = Path(sys.executable).parent / "ray"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return str(sibling)
+    found = shutil.which("ray")
+    if found is None:
+        raise ClusterError(
+            "The 'ray' command was not found next to this Python or on PATH; "
+            "install ray[default] in this environment."
+        )
+    return found
+
+
+def ray_start_command(ray_path: str, temp_dir: str, ports: dict[str, int], num_cpus: int | None) -> list[str]:
+    """The ``ray start`` command line of a head bound to the loopback address on ``ports``."""
+    command = [
+        ray_path,
+        "start",
+        "--head",
+        "--block",
+        f"--node-ip-address={LOOPBACK_HOST}",
+        f"--dashboard-host={LOOPBACK_HOST}",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
+        # Plain text: the log tail ends up in error messages.
+        "--log-color=false",
+        f"--temp-dir={temp_dir}",
+        # 0/0 lets each worker take an ephemeral port instead of the shared
+        # default range 10002-19999 that other clusters draw from too.
+        "--min-worker-port=0",
+        "--max-worker-port=0",
+    ]
+    command += [f"{option}={ports[key]}" for option, key in RAY_PORT_OPTIONS.items()]
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    return command
+
+
+def launch(
+    name: str,
+    directory: Path,
+    ray_path: str,
+    num_cpus: int | None,
+    token_file: Path | None,
+    timeout_s: float,
+    progress: Callable[[str], None] | None = None,
+) -> LocalCluster:
+    """Run ``ray start`` on fresh ports and wait until its job API answers.
+
+    On any failure (Ctrl-C included) everything that was started is killed again and its temp
+    dir removed; Ray's own logs of the attempt are kept in ``directory/failed-start-logs``.
+
+    Args:
+        name: the cluster's name.
+        directory: the cluster's own directory (start log, token, kept logs).
+        ray_path: the ``ray`` executable.
+        num_cpus: CPUs the cluster offers, or None for all.
+        token_file: the token file for token auth, or None for none.
+        timeout_s: how long Ray may take to come up.
+        progress: receives short status lines while waiting.
+
+    Returns:
+        The running cluster's record (not yet written to its state file).
+
+    Raises:
+        PortClash: Ray's logs say a port was taken before it could bind it.
+        ClusterError: Ray exited, or was not ready within ``timeout_s``.
+    """
+    ports = free_ports(list(RAY_PORT_OPTIONS.values()))
+    temp_dir = new_temp_dir()
+    log_path = directory / LOG_FILE
+    env = ray_start_env(ray_path, ports["gcs"], token_file)
+    started_at = time.time()
+    deadline = Deadline(timeout_s)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            ray_start_command(ray_path, temp_dir, ports, num_cpus),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=directory,
+            start_new_session=True,
+        )
+    track_child(process)
+    cluster = LocalCluster(
+        name=name,
+        dashboard_url=f"http://{LOOPBACK_HOST}:{ports['dashboard']}",
+        gcs_address=f"{LOOPBACK_HOST}:{ports['gcs']}",
+        pid=process.pid,
+        temp_dir=temp_dir,
+        token_file=str(token_file) if token_file is not None else None,
+        log_file=str(log_path),
+        started_at=started_at,
+        num_cpus=num_cpus,
+        ports=ports,
+        leader_create_time=process_create_time(process.pid),
+    )
+    try:
+        wait_until_ready(cluster, process, deadline, progress)
+    except BaseException as failure:
+        # Also on KeyboardInterrupt: a half-started cluster nobody knows about
+        # would hold ports and memory until the machine reboots.
+        stop_cluster_processes(cluster, leader_alive=True, timeout_s=_CLEANUP_TIMEOUT_S)
+        reap(process.pid)
+        kept_logs = _keep_session_logs(temp_dir, directory / FAILED_START_LOGS)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not isinstance(failure, ClusterError):
+            raise
+        message = str(failure)
+        if kept_logs is not None:
+            message += f" Ray's own logs of this attempt are in {kept_logs}."
+        if _log_shows_port_clash(log_path) or _log_shows_port_clash(kept_logs):
+            raise PortClash(message) from None
+        raise ClusterError(message) from None
+    return cluster
+
+
+def wait_until_ready(
+    cluster: LocalCluster,
+    process: subprocess.Popen,
+    deadline: Deadline,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Poll until the dashboard, the job API and the head's job agent answer.
+
+    Args:
+        cluster: the record of the cluster being started.
+        process: its ``ray start`` leader.
+        deadline: when to give up.
+        progress: receives a line as each part is waited for.
+
+    Raises:
+        ClusterError: ``ray start`` exited, the deadline passed, or a token cluster answers
+            without the token.
+    """
+    headers = cluster.auth_headers()
+    agent_url = f"http://{LOOPBACK_HOST}:{cluster.ports['dashboard_agent_http']}"
+    steps = [
+        # Under token auth even /api/version wants the token.
+        ("dashboard", f"{cluster.dashboard_url}/api/version", headers),
+        ("job API", f"{cluster.dashboard_url}/api/jobs/", headers),
+        # Job submission goes through the head node's agent; the dashboard
+        # answers before it is up, and then submissions time out.
+        ("job agent", f"{agent_url}/api/healthz", {}),
+    ]
+    backoff = Backoff(first_s=_READY_POLL_FIRST_S, max_s=_READY_POLL_MAX_S)
+    for label, url, step_headers in steps:
+        if progress:
+            progress(f"waiting for the {label} of cluster '{cluster.name}'")
+        backoff.reset()
+        while True:
+            exit_code = process.poll()
+            if exit_code is not None:
+                raise ClusterError(
+                    f"ray start for local cluster '{cluster.name}' exited with code "
+                    f"{exit_code} before the {label} was ready. "
+                    + _log_tail_sentence(cluster.log_file)
+                )
+            last_status = _http_status(url, step_headers)
+            if last_status == 200:
+                break
+            if deadline.left() <= 0:
+                status_note = f" (last HTTP status {last_status})" if last_status else ""
+                raise ClusterError(
+                    f"Local cluster '{cluster.name}' did not get its {label} ready within "
+                    f"{deadline.seconds:.0f} s{status_note}. "
+                    + _log_tail_sentence(cluster.log_file)
+                )
+            time.sleep(min(backoff.next_delay(), max(deadline.left(), 0.0)))
+    if cluster.auth:
+        # Guards against a Ray that silently ignores RAY_AUTH_MODE: a cluster
+        # that runs anyone's code must not pretend to be protected.
+        anonymous_status = _http_status(f"{cluster.dashboard_url}/api/jobs/", {})
+        if anonymous_status not in (401, 403):
+            raise ClusterError(
+                f"Local cluster '{cluster.name}' accepts job API requests without a "
+                f"token (HTTP {anonymous_status}); refusing to run it with auth "
+                "switched off silently."
+            )
+
+
+def _http_status(url: str, headers: dict[str, str]) -> int | None:
+    """HTTP status of a GET, or None when nothing answers."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers=headers, method="GET")
+    try:
+        with opener.open(request, timeout=_HTTP_PROBE_TIMEOUT_S) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _keep_session_logs(temp_dir: str, destination: Path) -> Path | None:
+    """Copy Ray's logs of a failed start out of the temp dir that is about to go."""
+    source = Path(temp_dir) / "session_latest" / "logs"
+    shutil.rmtree(destination, ignore_errors=True)
+    if not source.is_dir():
+        return None
+    try:
+        shutil.copytree(source, destination, symlinks=False, ignore_dangling_symlinks=True)
+    except (OSError, shutil.Error):
+        return None
+    return destination
+
+
+def _log_tail(log_file: str, lines: int = _LOG_TAIL_LINES) -> list[str]:
+    try:
+        text = Path(log_file).read_text(errors="replace")
+    except OSError:
+        return []
+    text = _ANSI_ESCAPE.sub("", text)
+    return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+
+
+def _log_tail_sentence(log_file: str) -> str:
+    tail = _log_tail(log_file)
+    if not tail:
+        return f"The log {log_file} is empty."
+    return f"Last lines of {log_file}: " + " | ".join(tail)
+
+
+def _log_shows_port_clash(log_path: Path | None) -> bool:
+    """Whether `ray start`'s log, or any of Ray's logs in a directory, names a busy port."""
+    if log_path is None:
+        return False
+    paths = sorted(log_path.glob("*.err")) + sorted(log_path.glob("*.out")) if log_path.is_dir() else [log_path]
+    text = "\n".join(line for path in paths for line in _log_tail(str(path), lines=200)).lower()
+    return any(sign in text for sign in ("already in use", "already occupied", "failed to bind"))

@@ -1,0 +1,182 @@
+"""Finding and stopping the processes of one local cluster, and only those.
+
+A cluster's processes are its ``ray start`` leader, everything in that leader's process
+session, and anything whose command line names the cluster's private temp dir (Ray's
+daemons do; they may have left the session). Nothing here runs a machine-wide ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from runner.backoff import Deadline
+from runner.local.state import LocalCluster
+
+_STRAGGLER_GRACE_S = 3.0
+_KILL_ROUNDS = 3
+# Cluster members were all born after the cluster started; this much clock slack is allowed.
+_CREATE_TIME_SLACK_S = 2.0
+
+# Popen objects of clusters started by this process, kept so that stopping one
+# reaps its leader instead of leaving a zombie (and a ResourceWarning) behind.
+_children: dict[int, subprocess.Popen] = {}
+
+
+def track_child(process: subprocess.Popen) -> None:
+    """Remember a ``ray start`` this process launched, so that :func:`reap` can collect it later."""
+    _children[process.pid] = process
+
+
+def reap(pid: int) -> None:
+    """Collect the exit status of a leader this process launched (no-op for any other pid)."""
+    process = _children.pop(pid, None)
+    if process is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            process.wait(timeout=5)
+
+
+def psutil_module() -> Any:
+    """psutil, falling back to the copy that Ray ships inside its package.
+
+    Raises:
+        ImportError: neither psutil nor Ray is installed.
+    """
+    try:
+        import psutil
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.find_spec("ray")
+        if spec is None or not spec.submodule_search_locations:
+            raise
+        vendored = os.path.join(list(spec.submodule_search_locations)[0], "thirdparty_files")
+        if vendored not in sys.path:
+            sys.path.append(vendored)
+        import psutil
+    return psutil
+
+
+def process_create_time(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), or None if there is no such process."""
+    psutil = psutil_module()
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def leader_is_alive(cluster: LocalCluster) -> bool:
+    """Whether the recorded pid is still the cluster's ``ray start`` (not a reused pid); changes nothing."""
+    psutil = psutil_module()
+    try:
+        leader = psutil.Process(cluster.pid)
+        if leader.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if cluster.leader_create_time is not None and abs(leader.create_time() - cluster.leader_create_time) > 1.0:
+            return False
+        return any(cluster.temp_dir in part for part in leader.cmdline())
+    except psutil.Error:
+        return False
+
+
+def cluster_processes(cluster: LocalCluster, leader_alive: bool | None = None) -> list[Any]:
+    """Live processes (``psutil.Process``) that belong to the cluster.
+
+    Args:
+        cluster: the cluster's record.
+        leader_alive: whether its leader still runs, if the caller already knows.
+
+    Returns:
+        Processes in the leader's session, or whose command line names the cluster's temp dir;
+        never this process or its parent.
+    """
+    psutil = psutil_module()
+    if leader_alive is None:
+        leader_alive = leader_is_alive(cluster)
+    own_pids = {os.getpid(), os.getppid()}
+    # Linux does not hand out a pid while it still names a session, so while
+    # the leader's pid is unused its session id can only mean our cluster.
+    # If some other live program holds that pid now, the session is theirs.
+    match_session = leader_alive or not _pid_held_by_other_process(cluster.pid)
+    # Not a bare substring test: /tmp/rj-abc must not match /tmp/rj-abcd.
+    temp_dir_pattern = re.compile(re.escape(cluster.temp_dir) + r"(?![\w.-])")
+    members = []
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        pid = proc.info["pid"]
+        if pid in own_pids:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            in_session = match_session and os.getsid(pid) == cluster.pid
+        except (OSError, psutil.Error):
+            continue
+        if in_session and not leader_alive:
+            # Belt and braces against a pid reused between the check above and this scan.
+            created = proc.info.get("create_time") or 0.0
+            in_session = created >= cluster.started_at - _CREATE_TIME_SLACK_S
+        mentions_temp_dir = any(temp_dir_pattern.search(part) for part in (proc.info.get("cmdline") or []))
+        if in_session or mentions_temp_dir:
+            members.append(proc)
+    return members
+
+
+def _pid_held_by_other_process(pid: int) -> bool:
+    psutil = psutil_module()
+    try:
+        # A zombie is our own dead leader waiting to be reaped.
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_cluster_processes(cluster: LocalCluster, leader_alive: bool, timeout_s: float) -> bool:
+    """Shut the cluster down in order, then kill whatever of it is left.
+
+    Args:
+        cluster: the cluster's record.
+        leader_alive: whether its ``ray start`` leader still runs (it then gets SIGTERM first
+            and up to ``timeout_s`` to stop Ray's daemons itself).
+        timeout_s: how long the orderly part may take.
+
+    Returns:
+        True if any process of the cluster was running.
+    """
+    psutil = psutil_module()
+    deadline = Deadline(max(timeout_s, 0.0))
+    members = cluster_processes(cluster, leader_alive=leader_alive)
+    if not members and not leader_alive:
+        return False
+    if leader_alive:
+        # On SIGTERM `ray start --block` stops its daemons in order (raylet
+        # before GCS) in a few seconds. Signalling the whole group at once makes
+        # them wait on each other for half a minute instead.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(cluster.pid, signal.SIGTERM)
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(cluster.pid).wait(timeout=max(deadline.left(), 0.0))
+    # Workers, drivers and helpers that outlived the leader get a short grace
+    # period, then SIGKILL.
+    remaining = cluster_processes(cluster)
+    if remaining:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(cluster.pid, signal.SIGTERM)
+        for proc in remaining:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        psutil.wait_procs(remaining, timeout=min(_STRAGGLER_GRACE_S, max(deadline.left(), 0.0)))
+    for _ in range(_KILL_ROUNDS):
+        leftovers = cluster_processes(cluster)
+        if not leftovers:
+            break
+        for proc in leftovers:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(leftovers, timeout=3)
+    return True
