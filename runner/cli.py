@@ -20,6 +20,7 @@ import typer
 from jobs.keys import METADATA_ATTEMPT
 from jobs.ray_env import prepare_ray_env
 from jobs.status import JobStatus, is_terminal
+from runner.cli_export import export_app
 from runner.errors import BadInput, RayJobsError
 from runner.exit_codes import ExitCode
 
@@ -35,6 +36,7 @@ app = typer.Typer(
 cluster_app = typer.Typer(help="A local single-node Ray cluster on 127.0.0.1 for development and CI.",
                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(export_app, name="export")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,0 +1,394 @@
+"""`rayjobs export kuberay`: manifests checked against KubeRay's own CRD and operator rules, uploads to a real S3 server."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import socket
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from jobs.keys import WORKLOAD_ENV_VAR
+from jobs.loader import load_spec
+from jobs.submission import build_submission
+from runner.cli import app
+from runner.kuberay import Demand, WorkerGroup, size_worker_group
+from tests.cli_helpers import REPO_ROOT, run_rayjobs
+
+# The folder beside the repository holding reference data (RAYJOBS_SHARED_DIR overrides it).
+SHARED_DIR = Path(os.environ.get("RAYJOBS_SHARED_DIR") or REPO_ROOT.parent / "shared")
+RAYJOB_CRD = SHARED_DIR / "kuberay" / "ray.io_rayjobs.yaml"
+REMOTE_WORKING_DIR = "runtime_env.working_dir=s3://bucket/_ray_pkg_0123456789abcdef.zip"
+SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.fixture(scope="session")
+def rayjob_schema() -> jsonschema.protocols.Validator:
+    """The v1 RayJob schema of KubeRay's CRD, with unknown fields made errors (as kubeconform does)."""
+    if not RAYJOB_CRD.exists():
+        pytest.skip(f"KubeRay's RayJob CRD is not at {RAYJOB_CRD} (set RAYJOBS_SHARED_DIR to the folder holding "
+                    "kuberay/)")
+    crd = yaml.load(RAYJOB_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
+    _close_objects(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def _close_objects(node: Any) -> None:
+    if isinstance(node, dict):
+        if "properties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for value in node.values():
+            _close_objects(value)
+    elif isinstance(node, list):
+        for value in node:
+            _close_objects(value)
+
+
+def assert_valid_rayjob(manifest: dict[str, Any], schema: jsonschema.protocols.Validator) -> None:
+    """The CRD's schema, then the checks the operator makes itself (validation.go)."""
+    errors = sorted(schema.iter_errors(manifest), key=lambda error: list(error.absolute_path))
+    assert not errors, "\n".join(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+    assert_operator_rules(manifest)
+
+
+def assert_operator_rules(manifest: dict[str, Any]) -> None:
+    """What KubeRay's operator checks beyond the schema before it acts on a RayJob."""
+    name = manifest["metadata"]["name"]
+    assert len(name) <= 47 and DNS_1035_LABEL.match(name)
+    spec = manifest["spec"]
+    selected = (spec.get("clusterSelector") or {}).get("ray.io/cluster")
+    assert ("rayClusterSpec" in spec) != bool(selected), "exactly one of rayClusterSpec and clusterSelector"
+    if spec.get("ttlSecondsAfterFinished", 0) > 0:
+        assert spec.get("shutdownAfterJobFinishes") is True
+    if "activeDeadlineSeconds" in spec:
+        assert spec["activeDeadlineSeconds"] > 0
+    if spec.get("backoffLimit", 0) > 0:
+        assert not selected and spec.get("submissionMode") != "InteractiveMode"
+    if spec.get("suspend"):
+        assert spec.get("shutdownAfterJobFinishes") and not selected
+    assert spec.get("submissionMode", "K8sJobMode") in SUBMISSION_MODES
+    if "runtimeEnvYAML" in spec:
+        assert isinstance(yaml.safe_load(spec["runtimeEnvYAML"]), dict)
+    if "entrypointResources" in spec:
+        resources = json.loads(spec["entrypointResources"])
+        assert all(isinstance(amount, (int, float)) for amount in resources.values())
+    if "rayClusterSpec" in spec:
+        cluster = spec["rayClusterSpec"]
+        assert cluster["headGroupSpec"]["template"]["spec"]["containers"]
+        names = [group["groupName"] for group in cluster.get("workerGroupSpecs", [])]
+        assert len(names) == len(set(names))
+        for group in cluster.get("workerGroupSpecs", []):
+            assert group["template"]["spec"]["containers"]
+            assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+
+
+def export(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
+    """Run `rayjobs export kuberay ARGS…` in-process: exit code, the parsed manifest (if any), stderr."""
+    result = CliRunner().invoke(app, ["export", "kuberay", *args], env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    manifest = yaml.safe_load(result.stdout) if result.exit_code == 0 else None
+    return result.exit_code, manifest, result.stderr
+
+
+def runtime_env_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    return yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])
+
+
+def worker_group(manifest: dict[str, Any]) -> dict[str, Any]:
+    (group,) = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return group
+
+
+def container(group: dict[str, Any]) -> dict[str, Any]:
+    (only,) = group["template"]["spec"]["containers"]
+    return only
+
+
+def test_food101_gets_a_cluster_sized_from_its_workload(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR)
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    spec = manifest["spec"]
+    assert manifest["metadata"]["name"] == "food101-lite"
+    assert spec["entrypoint"] == "python -m workloads.vision"
+    assert spec["activeDeadlineSeconds"] == 21600
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
+    assert "backoffLimit" not in spec and "clusterSelector" not in spec
+
+    submission = build_submission(load_spec(REPO_ROOT / "specs/food101.yaml", [REMOTE_WORKING_DIR]))
+    runtime_env = runtime_env_of(manifest)
+    assert runtime_env == submission["runtime_env"]
+    assert json.loads(runtime_env["env_vars"][WORKLOAD_ENV_VAR])["train"]["num_workers"] == 4
+    assert spec["metadata"] == submission["metadata"]
+    assert spec["metadata"]["dataset"] == "food101-lite"
+
+    cluster = spec["rayClusterSpec"]
+    assert cluster["rayVersion"] == "2.60.0"
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"  # training and inference land on the workers
+    group = worker_group(manifest)
+    # 4 training workers of 4 CPUs; the 2 inference actors of 2 CPUs fit on them afterwards.
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
+    limits = container(group)["resources"]["limits"]
+    assert limits == {"cpu": "4", "memory": "16Gi"}
+    assert container(group)["resources"]["requests"] == limits
+    images = {container(group)["image"], container(head)["image"]}
+    assert images == {"rayproject/ray:2.60.0-py311"}
+    assert "4 pods of 4 CPU" in stderr
+
+
+def test_existing_cluster_is_selected_and_backoff_limit_dropped_with_a_warning(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--set", "max_retries=2",
+                                    "--cluster", "shared-ray")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    spec = manifest["spec"]
+    assert spec["clusterSelector"] == {"ray.io/cluster": "shared-ray"}
+    assert "rayClusterSpec" not in spec and "backoffLimit" not in spec
+    # The operator never deletes a selected cluster; saying so would mislead.
+    assert "shutdownAfterJobFinishes" not in spec and "ttlSecondsAfterFinished" not in spec
+    assert "warning: max_retries (2) is dropped" in stderr
+
+
+def test_own_cluster_keeps_retries_as_backoff_limit(rayjob_schema):
+    code, manifest, stderr = export("specs/hello.yaml", "--set", REMOTE_WORKING_DIR, "--set", "max_retries=3")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    assert manifest["spec"]["backoffLimit"] == 3
+    assert "warning: retry_on" in stderr  # KubeRay retries after any failure, not only the listed ones
+
+
+def test_gpu_training_asks_for_gpus_and_a_gpu_image(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR,
+                                    "--set", "workload.train.use_gpu=true")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    group = worker_group(manifest)
+    assert group["replicas"] == 4
+    assert container(group)["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
+    assert container(group)["image"] == "rayproject/ray:2.60.0-py311-gpu"
+
+
+def test_image_flag_replaces_the_default_image(rayjob_schema):
+    code, manifest, stderr = export("specs/vit-hf.yaml", "--set", REMOTE_WORKING_DIR, "--set",
+                                    "workload.data.path=/tmp", "--image", "registry.example/rayjobs:1")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    group = worker_group(manifest)
+    assert group["replicas"] == 2 and container(group)["resources"]["limits"]["cpu"] == "1"
+    assert container(group)["image"] == "registry.example/rayjobs:1"
+
+
+def test_hello_gets_a_small_worker_group_and_a_note(rayjob_schema):
+    code, manifest, stderr = export("specs/hello.yaml", "--set", REMOTE_WORKING_DIR)
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    group = worker_group(manifest)
+    assert group["replicas"] == 1
+    assert container(group)["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
+    assert "note: workload 'hello' does not say how many workers it needs" in stderr
+
+
+def test_fields_without_a_rayjob_equivalent_are_named_in_warnings(tmp_path, rayjob_schema):
+    spec = tmp_path / "unmapped.yaml"
+    spec.write_text(
+        "name: unmapped\nentrypoint: python -c pass\nruntime_env:\n  working_dir: s3://bucket/pkg.zip\n"
+        "entrypoint_num_cpus: 1.5\nentrypoint_num_gpus: 0\nentrypoint_memory: 2GiB\n"
+        "entrypoint_resources: {accel: 1}\nentrypoint_label_selector: {zone: a}\n"
+        "address: http://head:8265\nsubmission_id: unmapped-1\nstart_timeout_s: 90.5\n"
+        "workload:\n  kind: vision\n  stages: [preprocess]\n  train:\n    resources_per_worker: {accel: 1}\n")
+    code, manifest, stderr = export(str(spec))
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    job = manifest["spec"]
+    assert job["jobId"] == "unmapped-1"
+    assert job["entrypointNumCpus"] == 1.5 and job["entrypointNumGpus"] == 0
+    assert json.loads(job["entrypointResources"]) == {"accel": 1}
+    assert job["preRunningDeadlineSeconds"] == 91
+    head = job["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "2"  # the driver's 1.5 CPUs must exist on the head
+    assert json.loads(head["rayStartParams"]["resources"].strip('"').replace('\\"', '"')) == {"accel": 1}
+    warnings = [line for line in stderr.splitlines() if line.startswith("rayjobs: warning:")]
+    for field_name in ("entrypoint_memory", "entrypoint_label_selector", "address", "resources_per_worker"):
+        assert any(field_name in line for line in warnings), (field_name, stderr)
+    assert "note: workload 'vision' does not say how many workers it needs" in stderr  # no train stage
+
+
+def test_secrets_are_placeholders_never_values(tmp_path, rayjob_schema):
+    spec = tmp_path / "secrets.yaml"
+    spec.write_text("name: secrets\nentrypoint: python -c pass\nruntime_env:\n  working_dir: s3://b/pkg.zip\n"
+                    "  env_vars:\n    API_TOKEN: hunter2\n    DB_URL: postgres://u:swordfish@db\n"
+                    "    PLAIN: visible\nsecret_env_vars: [DB_URL]\n")
+    result = CliRunner().invoke(app, ["export", "kuberay", str(spec)])
+    assert result.exit_code == 0, result.stderr
+    assert "hunter2" not in result.output + result.stderr and "swordfish" not in result.output + result.stderr
+    manifest = yaml.safe_load(result.stdout)
+    assert_valid_rayjob(manifest, rayjob_schema)
+    env_vars = runtime_env_of(manifest)["env_vars"]
+    assert env_vars == {"API_TOKEN": "${API_TOKEN}", "DB_URL": "${DB_URL}", "PLAIN": "visible"}
+    assert "warning: secret environment variables API_TOKEN, DB_URL are written as placeholders" in result.stderr
+
+
+def test_local_working_dir_is_an_error_naming_upload_to(tmp_path):
+    result = run_rayjobs("export", "kuberay", "specs/hello.yaml", home=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "KubeRay cannot upload local files" in result.stderr and "--upload-to" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_spec_fails_as_validate_does(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nentrypoint: echo\ntimeout_s: soon\n")
+    validate = CliRunner().invoke(app, ["validate", str(spec)])
+    code, manifest, stderr = export(str(spec))
+    assert code == validate.exit_code == 2
+    assert manifest is None
+    assert stderr == validate.stderr
+    assert "timeout_s: Input should be a valid number" in stderr
+
+
+def test_names_the_operator_refuses_are_bad_input():
+    code, _, stderr = export("specs/hello.yaml", "--set", REMOTE_WORKING_DIR, "--set", "name=" + "a" * 48)
+    assert code == 2 and "at most 47 characters" in stderr
+    code, _, stderr = export("specs/hello.yaml", "--set", REMOTE_WORKING_DIR, "--set", "name=1hello")
+    assert code == 2 and "starting with a letter" in stderr
+    code, _, stderr = export("specs/hello.yaml", "--set", REMOTE_WORKING_DIR, "--cluster", "Not_A_Name")
+    assert code == 2 and "is not a RayCluster name" in stderr
+    code, _, stderr = export("specs/hello.yaml", "--upload-to", "https://bucket/prefix")
+    assert code == 2 and "is not s3://BUCKET[/PREFIX]" in stderr
+
+
+def test_worker_group_fits_the_hungriest_phase():
+    assert size_worker_group([Demand("training", 4, 4, 0), Demand("inference", 2, 2, 0)]) == WorkerGroup(4, 4, 16, 0)
+    # Inference wants more CPUs per bundle than training: pods grow to fit it, training packs two per pod.
+    assert size_worker_group([Demand("training", 4, 1, 0), Demand("inference", 3, 2, 0)]) == WorkerGroup(3, 2, 8, 0)
+    assert size_worker_group([Demand("training", 2, 1.5, 1), Demand("inference", 4, 1, 0)]) == WorkerGroup(2, 2, 8, 1)
+
+
+# --- --upload-to against a real S3 server (moto's, on loopback) ---
+
+BUCKET = "rayjobs-packages"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> str:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        _s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def _s3_client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
+@pytest.fixture
+def aws_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    values = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+              "AWS_REGION": "us-east-1"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values
+
+
+@pytest.fixture
+def project_spec(tmp_path: Path) -> Path:
+    """A spec whose working_dir holds files Ray would ship and files it would leave out."""
+    project = tmp_path / "project"
+    for relative, text in {
+        "main.py": "print('hi')\n", "pkg/mod.py": "X = 1\n", ".gitignore": "ignored.txt\n",
+        "ignored.txt": "by .gitignore\n", "data/big.bin": "by the spec's excludes\n",
+        ".git/config": "by rayjobs and Ray\n", "__pycache__/main.cpython-311.pyc": "by both too\n",
+    }.items():
+        (project / relative).parent.mkdir(parents=True, exist_ok=True)
+        (project / relative).write_text(text)
+    spec = tmp_path / "upload.yaml"
+    spec.write_text("name: upload-demo\nentrypoint: python main.py\nruntime_env:\n  working_dir: project\n"
+                    "  excludes: [data/]\nworkload:\n  kind: hello\n")
+    return spec
+
+
+def test_upload_to_packages_as_ray_does_and_references_the_zip(project_spec, s3_endpoint, aws_env):
+    code, manifest, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/team/jobs")
+    assert code == 0, stderr
+    assert_operator_rules(manifest)
+    runtime_env = runtime_env_of(manifest)
+    uri = runtime_env["working_dir"]
+    assert re.fullmatch(rf"s3://{BUCKET}/team/jobs/_ray_pkg_[0-9a-f]+\.zip", uri), uri
+    assert "excludes" not in runtime_env  # applied when packaging
+    assert f"uploaded working_dir {project_spec.parent / 'project'}" in stderr
+
+    # The name is the one Ray's own upload path gives the same directory with the same excludes.
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+    submission = build_submission(load_spec(project_spec))
+    ray_env = upload_working_dir_if_needed(dict(submission["runtime_env"]), include_gitignore=True,
+                                           upload_fn=lambda *args, **kwargs: None)
+    assert uri.rsplit("/", 1)[1] == ray_env["working_dir"].split("://", 1)[1]
+
+    body = _s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=uri.split(f"{BUCKET}/", 1)[1])["Body"].read()
+    names = {name for name in zipfile.ZipFile(io.BytesIO(body)).namelist() if not name.endswith("/")}
+    assert {"main.py", "pkg/mod.py"} <= names
+    assert not names & {"ignored.txt", "data/big.bin", ".git/config", "__pycache__/main.cpython-311.pyc"}
+
+    code, again, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/team/jobs")
+    assert code == 0 and runtime_env_of(again)["working_dir"] == uri
+    assert "is already uploaded as" in stderr
+
+
+def test_upload_to_a_missing_bucket_is_bad_input(project_spec, aws_env):
+    code, manifest, stderr = export(str(project_spec), "--upload-to", "s3://no-such-bucket/x")
+    assert code == 2 and manifest is None
+    assert "bucket 'no-such-bucket' does not exist at http://127.0.0.1:" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_upload_with_refused_credentials_exits_7(project_spec, aws_env, monkeypatch):
+    import moto.settings
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks keys from now on
+    code, _, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/x")
+    assert code == 7, stderr
+    assert "refused access" in stderr and "AWS_ACCESS_KEY_ID" in stderr
+    assert "testing" not in stderr
+
+
+def test_upload_to_an_unreachable_endpoint_fails_within_seconds(project_spec, aws_env, monkeypatch):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port}")
+    started = time.monotonic()
+    code, _, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/x")
+    assert code == 4, stderr
+    assert time.monotonic() - started < 15
+    assert f"cannot reach the object store at http://127.0.0.1:{closed_port}" in stderr
+    assert len(stderr.strip().splitlines()) == 1
