@@ -1,7 +1,10 @@
-"""How images sit in the Parquet dataset, and how they become model input.
+"""Pixel work: how photos enter the dataset, how the dataset holds them, how they become model input.
 
-Both ingestion modes of training, the validation pass and batch inference go
-through the same three steps, so they see identical pixels:
+The preprocess stage and single-image prediction turn any photo into the square
+JPEG the dataset holds with :func:`square_jpeg_from_bytes`; :class:`ImageLayout`
+records how the ``image`` column is encoded. Both ingestion modes of training, the
+validation pass and batch inference then go through the same three steps, so they
+see identical pixels:
 
 1. :func:`decode_batch`: the ``image`` column (JPEG bytes, or raw uint8 arrays for
    MNIST and CIFAR-10) → a uint8 tensor ``N×C×H×W``.
@@ -9,9 +12,6 @@ through the same three steps, so they see identical pixels:
    per image, applied to the whole batch at once.
 3. :func:`normalize`: uint8 → float32 with the dataset's mean and std, on the
    device that runs the model (a uint8 batch is a quarter of the bytes to move).
-
-Before that, the preprocess stage and single-image prediction turn any photo into
-the square JPEG the dataset holds with :func:`square_jpeg_from_bytes`.
 """
 
 from __future__ import annotations
