@@ -44,7 +44,7 @@ MODES = {
 def run_mode(data: Path, storage: Path, name: str, settings: dict, args) -> dict[str, float]:
     """Train once; return the last epoch's metrics."""
     from workloads.vision.config import VisionParams
-    from workloads.vision.preprocess import load_dataset_info
+    from workloads.vision.dataset_format import load_dataset_info
     from workloads.vision.train import run_training
 
     params = VisionParams.model_validate({

@@ -32,8 +32,9 @@ import pyarrow as pa  # noqa: E402
 
 from benchmarks.common import start_private_ray  # noqa: E402
 from tests.fixtures_images import photo_like_jpeg  # noqa: E402
-from workloads.vision import preprocess  # noqa: E402
+from workloads.vision import dataset_format, preprocess  # noqa: E402
 from workloads.vision.config import DataConfig  # noqa: E402
+from workloads.vision.images import square_jpeg_from_bytes  # noqa: E402
 from workloads.vision.sources import list_source  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "food101-sample"
@@ -56,27 +57,27 @@ def serial_run(data: DataConfig, out: Path) -> int:
     written = 0
     for split in ("train", "val"):
         (out / split).mkdir(parents=True)
-        columns = {name: [] for name in preprocess.PARQUET_SCHEMA.names}
+        columns = {name: [] for name in dataset_format.PARQUET_SCHEMA.names}
         part = 0
         items = [i for i in listing.items if i.split == split]
         for n, item in enumerate(items, 1):
-            columns["image"].append(preprocess.square_jpeg_from_bytes(item.file.read_bytes(), data.image_size, data.jpeg_quality))
+            columns["image"].append(square_jpeg_from_bytes(item.file.read_bytes(), data.image_size, data.jpeg_quality))
             columns["label"].append(item.label)
             columns["class_name"].append(listing.classes[item.label])
             columns["split"].append(split)
             columns["path"].append(item.path)
             if len(columns["image"]) == data.rows_per_file or n == len(items):
-                table = pa.table(columns, schema=preprocess.PARQUET_SCHEMA)
-                preprocess._write_part(out / split / f"part-{part:05d}.parquet", table, data.rows_per_file)
+                table = pa.table(columns, schema=dataset_format.PARQUET_SCHEMA)
+                dataset_format.write_part(out / split / f"part-{part:05d}.parquet", table, data.rows_per_file)
                 written += table.num_rows
                 part += 1
-                columns = {name: [] for name in preprocess.PARQUET_SCHEMA.names}
+                columns = {name: [] for name in dataset_format.PARQUET_SCHEMA.names}
     return written
 
 
 def _encode_files(args: tuple[list[str], int, int]) -> list[bytes]:
     paths, size, quality = args
-    return [preprocess.square_jpeg_from_bytes(Path(p).read_bytes(), size, quality) for p in paths]
+    return [square_jpeg_from_bytes(Path(p).read_bytes(), size, quality) for p in paths]
 
 
 def pool_run(data: DataConfig, out: Path, pool) -> int:
@@ -98,9 +99,9 @@ def pool_run(data: DataConfig, out: Path, pool) -> int:
                 "split": [i.split for i in rows],
                 "path": [i.path for i in rows],
             },
-            schema=preprocess.PARQUET_SCHEMA,
+            schema=dataset_format.PARQUET_SCHEMA,
         )
-        preprocess._write_part(out / f"part-{n // data.rows_per_file:05d}.parquet", table, data.rows_per_file)
+        dataset_format.write_part(out / f"part-{n // data.rows_per_file:05d}.parquet", table, data.rows_per_file)
     return len(images)
 
 
@@ -119,7 +120,7 @@ def ray_data_run(data: DataConfig, out: Path) -> int:
     size, quality = data.image_size, data.jpeg_quality
 
     def encode(batch):
-        batch["image"] = [preprocess.square_jpeg_from_bytes(Path(p).read_bytes(), size, quality) for p in batch["path"]]
+        batch["image"] = [square_jpeg_from_bytes(Path(p).read_bytes(), size, quality) for p in batch["path"]]
         return batch
 
     rows = [{"path": i.path, "label": i.label, "split": i.split} for i in listing.items]

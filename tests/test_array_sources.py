@@ -19,7 +19,7 @@ from tests.fixtures_arrays import (
     write_pattern_mnist,
 )
 from workloads.vision.config import DataConfig, VisionParams
-from workloads.vision.sources import DataSourceError
+from workloads.vision.errors import DataSourceError
 
 
 def _load(source: str, root: Path, **settings):
@@ -164,7 +164,8 @@ def test_preprocess_writes_raw_arrays_that_decode_to_the_source_pixels(tmp_path)
     import pyarrow.parquet as pq
 
     from workloads.vision.images import decode_batch
-    from workloads.vision.preprocess import load_dataset_info, run_preprocess
+    from workloads.vision.dataset_format import load_dataset_info
+    from workloads.vision.preprocess import run_preprocess
 
     write_pattern_mnist(tmp_path / "m", {"train": 5, "test": 2}, gz=True)
     data = DataConfig(source="mnist", root=tmp_path / "m", output_dir=tmp_path / "out", rows_per_file=16)

@@ -27,7 +27,7 @@ from jobs.yaml_reader import MAX_SPEC_BYTES
 from tests.cli_helpers import run_rayjobs
 from tests.fixtures_images import jpeg_bytes, make_hf_shards, write_text_as_jpeg, write_truncated_jpeg
 from workloads.vision.config import DataConfig
-from workloads.vision.preprocess import _PayloadReader, _process_payload, _Skip
+from workloads.vision.payloads import PayloadReader as _PayloadReader, Skip as _Skip, encode_payload as _process_payload
 from workloads.vision.sources import DataSourceError, SourceItem, list_source
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "specs"

@@ -1,10 +1,13 @@
 """The preprocess stage end to end on a private local Ray: Parquet contents, skipping,
-reuse, atomic replacement and the real Food-101 sample."""
+reuse, atomic replacement, the real Food-101 sample and the entry points' exit status."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import pytest
 from PIL import Image
 
 from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
+from tests.cli_helpers import REPO_ROOT
 from tests.conftest import private_ray
 from tests.fixtures_images import (
     jpeg_bytes,
@@ -26,15 +30,12 @@ from tests.fixtures_images import (
     write_text_as_jpeg,
     write_truncated_jpeg,
 )
-from workloads.vision import preprocess
+from workloads.vision import dataset_format, preprocess
 from workloads.vision.config import DataConfig
-from workloads.vision.preprocess import (
-    MANIFEST_NAME,
-    DataSourceError,
-    load_dataset_info,
-    run_preprocess,
-    square_jpeg_from_bytes,
-)
+from workloads.vision.dataset_format import MANIFEST_NAME, load_dataset_info
+from workloads.vision.errors import BAD_INPUT_EXIT_CODE, DataSourceError
+from workloads.vision.images import square_jpeg_from_bytes
+from workloads.vision.preprocess import run_preprocess
 
 
 EXPECTED_SCHEMA = pa.schema(
@@ -205,7 +206,7 @@ def test_failure_mid_write_leaves_previous_dataset_intact(ray_local, tmp_path, m
     before = run_preprocess(data, progress=False)
     rows_before = read_split(out, "train") + read_split(out, "val")
 
-    real_write = preprocess._write_part
+    real_write = dataset_format.write_part
     calls = []
 
     def write_then_fail(path, table, *args):
@@ -214,7 +215,7 @@ def test_failure_mid_write_leaves_previous_dataset_intact(ray_local, tmp_path, m
         calls.append(path)
         real_write(path, table, *args)
 
-    monkeypatch.setattr(preprocess, "_write_part", write_then_fail)
+    monkeypatch.setattr(dataset_format, "write_part", write_then_fail)
     with pytest.raises(OSError, match="simulated"):
         run_preprocess(data.model_copy(update={"force": True, "image_size": 20}), progress=False)
     assert len(calls) == 1  # it failed after writing one file of the new dataset
@@ -238,6 +239,27 @@ def test_refuses_to_replace_a_folder_that_is_not_a_dataset(ray_local, tmp_path):
 def test_load_dataset_info_without_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(DataSourceError, match="preprocess"):
         load_dataset_info(tmp_path / "nothing-here")
+
+
+@pytest.mark.parametrize("module", ["workloads.vision.preprocess",
+                                    pytest.param("workloads.vision", marks=pytest.mark.cluster)])
+def test_a_bad_data_root_exits_2_from_both_entry_points(request, tmp_path, module):
+    missing = tmp_path / "no-such-folder"
+    params = tmp_path / "params.yaml"
+    params.write_text(f"stages: [preprocess]\ndata:\n  source: imagefolder\n  root: {missing}\n"
+                      f"  output_dir: {tmp_path / 'out'}\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAYJOBS_WORKLOAD")}
+    env.update(PYTHONPATH=str(REPO_ROOT), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    if module == "workloads.vision":
+        # This entry point connects to Ray before it runs the stage: give it the session's cluster.
+        env = {**request.getfixturevalue("ray_cluster_env"), "PYTHONPATH": str(REPO_ROOT),
+               "RAY_ADDRESS": request.getfixturevalue("ray_cluster").gcs_address}
+    done = subprocess.run([sys.executable, "-m", module, "--params", str(params)], capture_output=True, text=True,
+                          timeout=180, env=env, cwd=REPO_ROOT)
+    assert done.returncode == BAD_INPUT_EXIT_CODE == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and str(missing) in error_lines[0] and "data.root" in error_lines[0]
 
 
 def test_synthetic_is_deterministic_and_classes_differ(ray_local, tmp_path):
@@ -271,8 +293,6 @@ def test_a_photo_already_at_the_target_size_is_kept_byte_for_byte_but_still_chec
 
     import numpy as np
     from PIL import Image
-
-    from workloads.vision.preprocess import square_jpeg_from_bytes
 
     buffer = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buffer, "JPEG")

@@ -10,14 +10,9 @@ import pytest
 from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
 from tests.fixtures_images import make_food101_tree, make_hf_shards, make_imagefolder_tree
 from workloads.vision.config import DataConfig
-from workloads.vision.sources import (
-    FOOD101_CLASSES,
-    DataSourceError,
-    display_name,
-    food101_folder,
-    list_source,
-    split_train_val,
-)
+from workloads.vision.errors import DataSourceError
+from workloads.vision.listing import display_name, food101_folder, split_train_val
+from workloads.vision.sources import FOOD101_CLASSES, list_source
 
 
 FOOD_COUNTS = {"pizza": (6, 2), "hamburger": (4, 2), "fried_rice": (5, 3), "breakfast_burrito": (3, 1)}

@@ -3,6 +3,10 @@
 Runs the spec's stages in order (preprocess → train → infer) on the Ray cluster the
 job belongs to. A stage can run alone: ``train`` reads the dataset preprocessed
 earlier, ``infer`` uses the best checkpoint of the run named ``run_name``.
+
+Exit status: 0 when every stage did its work, 1 when a stage failed, 2 for bad input
+(invalid parameters, or data that cannot be read as asked: the message names it); see
+:mod:`workloads.vision.errors`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 
 from workloads.params import parse_command_line, run_on_cluster
 from workloads.vision.config import VisionParams
+from workloads.vision.errors import BAD_INPUT_EXIT_CODE, STAGE_FAILED_EXIT_CODE, DataSourceError
 
 STAGE_TITLES = {
     "preprocess": "Preprocess: images -> Parquet",
@@ -26,19 +31,17 @@ def _header(index: int, total: int, stage: str) -> None:
     print(f"\n{'=' * len(title)}\n{title}\n{'=' * len(title)}", flush=True)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
+def _stage_failures() -> tuple[type[BaseException], ...]:
     from workloads.vision.dataset import DatasetMissingError
     from workloads.vision.inference import InferenceError
-    from workloads.vision.sources import DataSourceError
     from workloads.vision.train import TrainingError
 
-    return DatasetMissingError, InferenceError, DataSourceError, TrainingError
+    return DatasetMissingError, InferenceError, TrainingError
 
 
 def _dataset_info(params: VisionParams):
     from workloads.vision.dataset import DatasetMissingError
     from workloads.vision.preprocess import load_dataset_info
-    from workloads.vision.sources import DataSourceError
 
     try:
         return load_dataset_info(Path(params.data.output_dir))
@@ -93,15 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, connect to Ray and run the stages; return the exit status."""
     params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0], argv)
 
-    if "preprocess" not in params.stages:
-        # Fail before connecting to the cluster when the dataset a later stage needs is missing.
-        try:
+    try:
+        if "preprocess" not in params.stages:
+            # Fail before connecting to the cluster when the dataset a later stage needs is missing.
             _dataset_info(params)
-        except _user_errors() as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-
-    return run_on_cluster(lambda: run_stages(params), _user_errors())
+        return run_on_cluster(lambda: run_stages(params), _stage_failures())
+    except DataSourceError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT_CODE
+    except _stage_failures() as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return STAGE_FAILED_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ import numpy as np
 
 from workloads.vision.config import ARRAY_SOURCES, DataConfig
 from workloads.vision.images import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, ImageLayout
-from workloads.vision.sources import DataSourceError, _cap, _resolve_classes, _stat_signature
+from workloads.vision.errors import DataSourceError
+from workloads.vision.listing import cap_per_class, resolve_classes, shard_split, stat_signature
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -70,7 +71,7 @@ def source_signature(data: DataConfig) -> list[tuple]:
         files = sorted(path for path in batches.iterdir() if path.is_file())
     else:
         files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
-    return [_stat_signature(path, root) for path in files]
+    return [stat_signature(path, root) for path in files]
 
 
 def load_array_source(data: DataConfig) -> ArraySource:
@@ -88,7 +89,7 @@ def _select(source: str, root: Path, data: DataConfig, all_classes: list[str], l
     Each split is (images, labels, where): ``where`` is the file every row comes
     from (rows are named ``file#index``) or a list naming each row.
     """
-    folders = _resolve_classes(data.classes, all_classes, str(root), "class {folder!r}")
+    folders = resolve_classes(data.classes, all_classes, str(root), "class {folder!r}")
     wanted = [all_classes.index(folder) for folder in folders]
     out: dict[str, ArraySplit] = {}
     for split, (images, labels, where) in splits.items():
@@ -96,7 +97,7 @@ def _select(source: str, root: Path, data: DataConfig, all_classes: list[str], l
         new_labels: list[int] = []
         for new_label, original in enumerate(wanted):
             rows = np.flatnonzero(labels == original).tolist()
-            rows = _cap(rows, data.max_per_class, data.seed, split, all_classes[original])
+            rows = cap_per_class(rows, data.max_per_class, data.seed, split, all_classes[original])
             keep.extend(rows)
             new_labels.extend([new_label] * len(rows))
         order = np.argsort(np.asarray(keep, dtype=np.int64), kind="stable")
@@ -268,12 +269,10 @@ def _read_cifar_parquet(root: Path, shards: list[Path]):
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from workloads.vision.sources import _hf_split_of
-
     classes = list(ARRAY_SOURCES["cifar10"][1])
     by_split: dict[str, list[Path]] = {"train": [], "val": []}
     for shard in shards:
-        split = _hf_split_of(shard.relative_to(root).as_posix())
+        split = shard_split(shard.relative_to(root).as_posix())
         if split is not None:
             by_split["train" if split == "train" else "val"].append(shard)
     if not by_split["train"] or not by_split["val"]:

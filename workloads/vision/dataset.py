@@ -20,11 +20,8 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from workloads.vision.errors import DatasetMissingError
 from workloads.vision.images import Augment, ImageLayout, augment_batch, decode_one
-
-
-class DatasetMissingError(RuntimeError):
-    """The Parquet split a stage needs is not on disk."""
 
 
 def split_files(dataset_root: Path, split: str) -> list[Path]:

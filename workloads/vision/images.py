@@ -1,7 +1,10 @@
-"""How images sit in the Parquet dataset, and how they become model input.
+"""Pixel work: how photos enter the dataset, how the dataset holds them, how they become model input.
 
-Both ingestion modes of training, the validation pass and batch inference go
-through the same three steps, so they see identical pixels:
+The preprocess stage and single-image prediction turn any photo into the square
+JPEG the dataset holds with :func:`square_jpeg_from_bytes`; :class:`ImageLayout`
+records how the ``image`` column is encoded. Both ingestion modes of training, the
+validation pass and batch inference then go through the same three steps, so they
+see identical pixels:
 
 1. :func:`decode_batch`: the ``image`` column (JPEG bytes, or raw uint8 arrays for
    MNIST and CIFAR-10) → a uint8 tensor ``N×C×H×W``.
@@ -14,11 +17,13 @@ through the same three steps, so they see identical pixels:
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Literal
 
 import numpy as np
 import torch
+from PIL import Image
 
 # ImageNet statistics: the values torchvision's pretrained models were trained with.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -78,8 +83,6 @@ def decode_one(data: bytes, layout: ImageLayout) -> np.ndarray:
     # Writable arrays (bytearray, np.array): torch refuses to wrap read-only memory without a warning.
     if layout.encoding == "raw":
         return np.frombuffer(bytearray(data), dtype=np.uint8).reshape(layout.height, layout.width, layout.channels)
-    from PIL import Image
-
     with Image.open(io.BytesIO(data)) as image:
         pixels = np.array(image.convert("L" if layout.channels == 1 else "RGB"))
     return pixels.reshape(pixels.shape[0], pixels.shape[1], layout.channels)
@@ -154,11 +157,61 @@ def fit_external_image(data: bytes, layout: ImageLayout) -> np.ndarray:
     The resize and centre crop are the preprocess stage's, so a photo classified
     later looks like the images the model was trained on.
     """
-    from PIL import Image
-
-    from workloads.vision.preprocess import square_jpeg_from_bytes
-
     square = square_jpeg_from_bytes(data, layout.height, quality=95)
     with Image.open(io.BytesIO(square)) as image:
         pixels = np.asarray(image.convert("L" if layout.channels == 1 else "RGB"))
     return pixels.reshape(layout.height, layout.width, layout.channels)
+
+
+def square_jpeg_from_image(image: Image.Image, size: int, quality: int) -> bytes:
+    """Resize the shorter side to ``size``, crop the centre square, encode as RGB JPEG."""
+    if image.mode != "RGB":
+        image = _to_rgb(image)
+    width, height = image.size
+    side = min(width, height)
+    # Resizing only the centre box does the crop and the resize in one pass, so
+    # no time goes into pixels that would be cropped away.
+    box = ((width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2)
+    square = image.resize((size, size), Image.Resampling.BICUBIC, box=box)
+    out = io.BytesIO()
+    square.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def square_jpeg_from_bytes(data: bytes, size: int, quality: int) -> bytes:
+    """Decode an encoded image and return it as a ``size``×``size`` JPEG.
+
+    Raises ``UnidentifiedImageError`` for data that is not an image and ``OSError``
+    (or another decoder error) for a damaged one.
+    """
+    with Image.open(io.BytesIO(data)) as image:
+        orientation = image.getexif().get(0x0112, 1)
+        if image.format == "JPEG" and image.mode == "RGB" and image.size == (size, size) and orientation == 1:
+            # Already what the preprocess stage writes: encoding again would only lose detail.
+            # Decoding still checks that the file is whole.
+            image.load()
+            return data
+        if image.format == "JPEG":
+            width, height = image.size
+            scale = size / min(width, height)
+            if scale < 1:
+                # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result still
+                # covers the target: much less work for large photos.
+                image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+        image.load()
+        if orientation != 1:
+            from PIL import ImageOps
+
+            image = ImageOps.exif_transpose(image)
+        return square_jpeg_from_image(image, size, quality)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+        # Transparent areas become white rather than whatever colour the hidden
+        # pixels happen to hold.
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return image.convert("RGB")

@@ -1,10 +1,15 @@
-"""Where the vision workload's images come from.
+"""Where the vision workload's photos come from: Food-101, ImageFolder trees and Hugging Face shards.
 
-Each source turns a :class:`DataConfig` into a :class:`SourceListing`: the classes
-that were asked for, one :class:`SourceItem` per image to process (with its split
-and label) and a signature of the inputs used to decide whether an earlier run can
-be reused. Listing is cheap (file names, sizes, label columns); decoding happens
-later, in parallel, in :mod:`workloads.vision.preprocess`.
+:func:`list_source` turns a :class:`DataConfig` into a :class:`SourceListing`: the
+classes that were asked for, one :class:`SourceItem` per image to process (with its
+split and label) and a signature of the inputs used to decide whether an earlier run
+can be reused. Listing is cheap (file names, sizes, label columns); decoding happens
+later, in parallel, in the preprocess stage's tasks.
+
+The listing types and the rules every source shares (class names, seeded splits and
+caps) are in :mod:`workloads.vision.listing`; generated images in
+:mod:`workloads.vision.synthetic`; MNIST and CIFAR-10, which hold pixel arrays rather
+than files to decode, in :mod:`workloads.vision.arrays`.
 
 Sources never download anything: a missing dataset is an error that says where to
 point ``workload.data.root``.
@@ -13,13 +18,36 @@ point ``workload.data.root``.
 from __future__ import annotations
 
 import json
-import random
-import re
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from workloads.vision.config import DataConfig
+from workloads.vision.errors import DataSourceError
+from workloads.vision.listing import (
+    SourceItem,
+    SourceListing,
+    cap_per_class,
+    check_requested_classes,
+    display_name,
+    preview_names,
+    require_root,
+    resolve_classes,
+    root_hint,
+    shard_split,
+    split_train_val,
+    stat_signature,
+)
+from workloads.vision.synthetic import list_synthetic
+
+# What other modules use from here; the listing types and the error are defined in listing.py and errors.py.
+__all__ = [
+    "FOOD101_CLASSES",
+    "IMAGE_EXTENSIONS",
+    "DataSourceError",
+    "SourceItem",
+    "SourceListing",
+    "list_source",
+]
 
 # Folder names of the 101 Food-101 classes, in the order of the official
 # meta/classes.txt. Hugging Face's ``food101`` labels index into this list. It is
@@ -45,166 +73,19 @@ FOOD101_CLASSES: tuple[str, ...] = (
     "tuna_tartare", "waffles",
 )
 
-# Display names whose Food-101 folder is not simply the name with underscores.
-_DISPLAY_TO_FOLDER = {"pancake": "pancakes", "burrito": "breakfast_burrito"}
-
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
-
-# Bumped when the synthetic images change, so that earlier datasets are not reused.
-SYNTHETIC_VERSION = 1
-
-SPLITS = ("train", "val")
-
-_ROOT_HINT = "point the spec at local data, e.g. --set workload.data.root=/path/to/{example} (nothing is downloaded)"
-
-
-class DataSourceError(ValueError):
-    """The configured data cannot be read as asked (missing root, unknown class, ...)."""
-
-
-@dataclass(frozen=True)
-class SourceItem:
-    """One image to preprocess. Exactly one way of getting its pixels is set:
-    ``file`` (a file on disk), ``shard``/``row_group``/``row`` (a row of a Parquet
-    shard) or ``synthetic_seed`` (generated)."""
-
-    split: str
-    label: int
-    path: str
-    file: Path | None = None
-    shard: Path | None = None
-    row_group: int = -1
-    row: int = -1
-    synthetic_seed: int | None = None
-
-
-@dataclass
-class SourceListing:
-    """Everything a source found, before any image is decoded."""
-
-    source: str
-    root: Path | None
-    classes: list[str]  # display names, in label order
-    folders: list[str]  # the source's own class names, same order
-    items: list[SourceItem]
-    signature: list[tuple]  # what identifies the inputs (files with size and mtime)
-    skipped: Counter = field(default_factory=Counter)  # inputs dropped while listing
-
-    def count(self, split: str) -> int:
-        return sum(1 for item in self.items if item.split == split)
-
-
-def food101_folder(name: str) -> str:
-    """Food-101 folder name for a display name ("fried rice" → "fried_rice")."""
-    key = " ".join(name.strip().lower().replace("_", " ").split())
-    return _DISPLAY_TO_FOLDER.get(key, key.replace(" ", "_"))
-
-
-def display_name(name: str) -> str:
-    """Human-readable class name ("fried_rice" → "fried rice"); display names pass unchanged."""
-    return " ".join(name.strip().replace("_", " ").split())
 
 
 def list_source(data: DataConfig) -> SourceListing:
     """List the images ``data`` asks for; raises :class:`DataSourceError` on bad input."""
-    _check_requested_classes(data.classes)
+    check_requested_classes(data.classes)
     listers = {
         "food101": _list_food101,
         "hf_parquet": _list_hf_parquet,
         "imagefolder": _list_imagefolder,
-        "synthetic": _list_synthetic,
+        "synthetic": list_synthetic,
     }
     return listers[data.source](data)
-
-
-# ---------------------------------------------------------------------------
-# Class names
-
-
-def _check_requested_classes(classes: list[str]) -> None:
-    seen: dict[str, str] = {}
-    for name in classes:
-        if not name.strip():
-            raise DataSourceError("data.classes contains an empty class name")
-        folder = food101_folder(name)
-        if folder in seen:
-            raise DataSourceError(
-                f"data.classes names the same class twice: {seen[folder]!r} and {name!r} both mean {folder!r}"
-            )
-        seen[folder] = name
-
-
-def _resolve_classes(requested: list[str], available: list[str], where: str, looked_for: str) -> list[str]:
-    """Map each requested name onto one of ``available`` (the source's own names)."""
-    by_lower = {name.lower(): name for name in available}
-    resolved = []
-    for name in requested:
-        candidates = [food101_folder(name), name.strip(), name.strip().replace(" ", "_"), display_name(name)]
-        match = next((by_lower[c.lower()] for c in candidates if c.lower() in by_lower), None)
-        if match is None:
-            raise DataSourceError(
-                f"class {name!r} was not found in {where}: looked for {looked_for.format(folder=food101_folder(name))}. "
-                f"Available classes: {_preview(available)}. Fix data.classes or data.root."
-            )
-        resolved.append(match)
-    return resolved
-
-
-def _preview(names: list[str], limit: int = 25) -> str:
-    if not names:
-        return "(none)"
-    shown = ", ".join(names[:limit])
-    return shown + (f", … ({len(names)} in total)" if len(names) > limit else "")
-
-
-# ---------------------------------------------------------------------------
-# Shared helpers
-
-
-def _require_root(data: DataConfig, example: str) -> Path:
-    root = Path(data.root).expanduser()
-    if not root.exists():
-        raise DataSourceError(
-            f"data.root {str(root)!r} does not exist (source {data.source!r}); " + _ROOT_HINT.format(example=example)
-        )
-    return root
-
-
-def _rng(seed: int, *parts: object) -> random.Random:
-    # String seeds hash deterministically (unlike hash()), so splits and caps are
-    # the same on every machine and every run.
-    return random.Random(":".join(str(p) for p in (seed, *parts)))
-
-
-def _cap(entries: list, max_per_class: int | None, seed: int, *key: object) -> list:
-    """Keep at most ``max_per_class`` entries, a seeded sample, in their original order."""
-    if max_per_class is None or len(entries) <= max_per_class:
-        return entries
-    keep = set(_rng(seed, "cap", *key).sample(range(len(entries)), max_per_class))
-    return [e for i, e in enumerate(entries) if i in keep]
-
-
-def split_train_val(entries: list, val_fraction: float, seed: int, key: object) -> tuple[list, list]:
-    """Seeded split of one class's entries; at least one on each side when there are two or more."""
-    order = list(range(len(entries)))
-    _rng(seed, "split", key).shuffle(order)
-    n_val = round(len(entries) * val_fraction)
-    if len(entries) >= 2:
-        n_val = min(max(n_val, 1), len(entries) - 1)
-    else:
-        n_val = 0
-    val_idx = set(order[:n_val])
-    train = [e for i, e in enumerate(entries) if i not in val_idx]
-    val = [e for i, e in enumerate(entries) if i in val_idx]
-    return train, val
-
-
-def _stat_signature(path: Path, base: Path) -> tuple | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (path.relative_to(base).as_posix(), st.st_size, st.st_mtime_ns)
 
 
 # ---------------------------------------------------------------------------
@@ -242,13 +123,13 @@ def _read_food101_split(meta: Path, split_file: str) -> list[str]:
 
 
 def _list_food101(data: DataConfig) -> SourceListing:
-    root = _require_root(data, "food-101")
+    root = require_root(data, "food-101")
     base = _find_food101_dir(root)
     if base is None:
         raise DataSourceError(
             f"no Food-101 dataset under {str(root)!r}: looked for images/<class>/<id>.jpg and meta/classes.txt, "
             f"meta/train.txt, meta/test.txt in that folder and in {str(root / 'food-101')!r}; "
-            + _ROOT_HINT.format(example="food-101")
+            + root_hint(example="food-101")
         )
     meta, images = base / "meta", base / "images"
     classes_txt = meta / "classes.txt"
@@ -256,7 +137,7 @@ def _list_food101(data: DataConfig) -> SourceListing:
         available = [line.strip() for line in classes_txt.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
         available = sorted(p.name for p in images.iterdir() if p.is_dir())
-    folders = _resolve_classes(data.classes, available, str(base), "images/{folder}/ listed in meta/classes.txt")
+    folders = resolve_classes(data.classes, available, str(base), "images/{folder}/ listed in meta/classes.txt")
 
     # Official split: train → "train", test → "val".
     ids_by_split = {"train": _read_food101_split(meta, "train"), "val": _read_food101_split(meta, "test")}
@@ -266,7 +147,7 @@ def _list_food101(data: DataConfig) -> SourceListing:
     skipped: Counter = Counter()
     for meta_file in sorted(meta.iterdir()):
         if meta_file.suffix in (".txt", ".json"):
-            signature.append(_stat_signature(meta_file, base))
+            signature.append(stat_signature(meta_file, base))
     per_class_found = Counter()
     for split, ids in ids_by_split.items():
         by_class: dict[str, list[str]] = {folder: [] for folder in folders}
@@ -275,9 +156,9 @@ def _list_food101(data: DataConfig) -> SourceListing:
             if folder in by_class:
                 by_class[folder].append(image_id)
         for folder in folders:
-            for image_id in _cap(by_class[folder], data.max_per_class, data.seed, split, folder):
+            for image_id in cap_per_class(by_class[folder], data.max_per_class, data.seed, split, folder):
                 path = images / f"{image_id}.jpg"
-                sig = _stat_signature(path, base)
+                sig = stat_signature(path, base)
                 if sig is None:
                     skipped["missing"] += 1
                     continue
@@ -289,7 +170,7 @@ def _list_food101(data: DataConfig) -> SourceListing:
             raise DataSourceError(
                 f"class {requested!r} has no images in {str(base)!r}: looked for {str(images / folder)}/<id>.jpg files "
                 f"listed in meta/train and meta/test. Classes with images there: "
-                f"{_preview(_food101_classes_with_images(images, available))}."
+                f"{preview_names(_food101_classes_with_images(images, available))}."
             )
     return SourceListing("food101", base, [display_name(n) for n in data.classes], folders, items, signature, skipped)
 
@@ -303,16 +184,16 @@ def _food101_classes_with_images(images: Path, available: list[str]) -> list[str
 
 
 def _list_imagefolder(data: DataConfig) -> SourceListing:
-    root = _require_root(data, "images")
+    root = require_root(data, "images")
     if not root.is_dir():
         raise DataSourceError(f"data.root {str(root)!r} is not a directory; the imagefolder source expects <root>/<class>/<image files>")
     available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not available:
         raise DataSourceError(
             f"no class folders in {str(root)!r}: the imagefolder source expects <root>/<class>/<image files> "
-            f"({', '.join(sorted(IMAGE_EXTENSIONS))}); " + _ROOT_HINT.format(example="images")
+            f"({', '.join(sorted(IMAGE_EXTENSIONS))}); " + root_hint(example="images")
         )
-    folders = _resolve_classes(data.classes, available, str(root), "a folder named {folder!r} (or the name as written)")
+    folders = resolve_classes(data.classes, available, str(root), "a folder named {folder!r} (or the name as written)")
     items: list[SourceItem] = []
     signature: list[tuple] = []
     for label, (folder, requested) in enumerate(zip(folders, data.classes)):
@@ -323,12 +204,12 @@ def _list_imagefolder(data: DataConfig) -> SourceListing:
         if not files:
             raise DataSourceError(
                 f"class {requested!r} has no images: {str(root / folder)!r} holds no files ending in "
-                f"{', '.join(sorted(IMAGE_EXTENSIONS))}. Classes in {str(root)!r}: {_preview(available)}."
+                f"{', '.join(sorted(IMAGE_EXTENSIONS))}. Classes in {str(root)!r}: {preview_names(available)}."
             )
         train, val = split_train_val(files, data.val_fraction, data.seed, folder)
         for split, chosen in (("train", train), ("val", val)):
-            for path in _cap(chosen, data.max_per_class, data.seed, split, folder):
-                sig = _stat_signature(path, root)
+            for path in cap_per_class(chosen, data.max_per_class, data.seed, split, folder):
+                sig = stat_signature(path, root)
                 if sig is None:
                     continue
                 signature.append(sig)
@@ -338,19 +219,6 @@ def _list_imagefolder(data: DataConfig) -> SourceListing:
 
 # ---------------------------------------------------------------------------
 # Hugging Face food101 Parquet shards
-
-_HF_SPLIT_PATTERN = re.compile(r"(?:^|[-_/.])(train|training|validation|valid|val|test)(?=$|[-_/.])", re.IGNORECASE)
-
-
-def _hf_split_of(relative: str) -> str | None:
-    """'train'/'val'/'test' for a shard path like data/train-00000-of-00008.parquet."""
-    found = _HF_SPLIT_PATTERN.findall(relative.lower())
-    if not found:
-        return None
-    word = found[-1]
-    if word.startswith("train"):
-        return "train"
-    return "test" if word == "test" else "val"
 
 
 def _hf_label_names(schema_metadata: dict | None) -> list[str] | None:
@@ -370,12 +238,12 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = _require_root(data, "food101 (the folder holding data/train-*.parquet)")
+    root = require_root(data, "food101 (the folder holding data/train-*.parquet)")
     shards = [root] if root.is_file() else sorted(p for p in root.rglob("*.parquet") if p.is_file())
     base = root.parent if root.is_file() else root
     by_split: dict[str, list[Path]] = {"train": [], "val": [], "test": []}
     for shard in shards:
-        split = _hf_split_of(shard.relative_to(base).as_posix())
+        split = shard_split(shard.relative_to(base).as_posix())
         if split is not None:
             by_split[split].append(shard)
     if not by_split["val"]:
@@ -385,7 +253,7 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
         raise DataSourceError(
             f"no Hugging Face Parquet shards under {str(root)!r}: looked for files like data/train-00000-of-00008.parquet "
             f"and data/validation-00000-of-00003.parquet (found {len(shards)} .parquet file(s) without a train split); "
-            + _ROOT_HINT.format(example="food101")
+            + root_hint(example="food101")
         )
 
     label_names: list[str] | None = None
@@ -411,7 +279,7 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
                     "holds integer class indices there"
                 )
             label_names = label_names or _hf_label_names(schema.metadata)
-            signature.append(_stat_signature(shard, base))
+            signature.append(stat_signature(shard, base))
             for group in range(parquet.num_row_groups):
                 labels = parquet.read_row_group(group, columns=["label"]).column("label").to_pylist()
                 for row, label in enumerate(labels):
@@ -419,7 +287,7 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
                         rows.setdefault((split, int(label)), []).append((shard, group, row))
 
     names = label_names or list(FOOD101_CLASSES)
-    folders = _resolve_classes(data.classes, names, str(root), "label {folder!r} among the food101 class names")
+    folders = resolve_classes(data.classes, names, str(root), "label {folder!r} among the food101 class names")
     items: list[SourceItem] = []
     have_val = bool(by_split["val"])
     for label, (folder, requested) in enumerate(zip(folders, data.classes)):
@@ -430,12 +298,12 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
             present = sorted({names[lab] for (_, lab) in rows if 0 <= lab < len(names)})
             raise DataSourceError(
                 f"class {requested!r} has no images in the shards under {str(root)!r}: looked for rows with "
-                f"label {hf_label} ({folder}). Classes present: {_preview(present)}."
+                f"label {hf_label} ({folder}). Classes present: {preview_names(present)}."
             )
         if not have_val:
             train_rows, val_rows = split_train_val(train_rows, data.val_fraction, data.seed, folder)
         for split, chosen in (("train", train_rows), ("val", val_rows)):
-            for shard, group, row in _cap(chosen, data.max_per_class, data.seed, split, folder):
+            for shard, group, row in cap_per_class(chosen, data.max_per_class, data.seed, split, folder):
                 ref = f"{shard.relative_to(base).as_posix()}#{group}:{row}"
                 items.append(SourceItem(split=split, label=label, path=ref, shard=shard, row_group=group, row=row))
     unknown = sorted({lab for (_, lab) in rows if not 0 <= lab < len(names)})
@@ -445,72 +313,3 @@ def _list_hf_parquet(data: DataConfig) -> SourceListing:
             "these shards are not the Hugging Face food101 dataset"
         )
     return SourceListing("hf_parquet", base, [display_name(n) for n in data.classes], folders, items, signature)
-
-
-# ---------------------------------------------------------------------------
-# Synthetic images (offline quickstart)
-
-
-def _list_synthetic(data: DataConfig) -> SourceListing:
-    folders = [food101_folder(name) for name in data.classes]
-    items: list[SourceItem] = []
-    for label, folder in enumerate(folders):
-        indices = list(range(data.synthetic_per_class))
-        train, val = split_train_val(indices, data.val_fraction, data.seed, folder)
-        for split, chosen in (("train", train), ("val", val)):
-            for index in _cap(chosen, data.max_per_class, data.seed, split, folder):
-                seed = _rng(data.seed, "synthetic", folder, index).getrandbits(63)
-                items.append(
-                    SourceItem(split=split, label=label, path=f"synthetic/{folder}/{index:05d}", synthetic_seed=seed)
-                )
-    signature = [("synthetic", SYNTHETIC_VERSION, data.synthetic_per_class)]
-    return SourceListing("synthetic", None, [display_name(n) for n in data.classes], folders, items, signature)
-
-
-def render_synthetic(label: int, num_classes: int, seed: int, height: int):
-    """A photo-sized RGB image (PIL) whose class shows in colour and stripe direction.
-
-    Class ``label`` gets its own hue and stripe angle; position, size, stripe
-    period, background and noise vary per image so that no two are alike.
-    """
-    import colorsys
-
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    height = max(16, height)
-    width = round(height * 1.25)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-
-    background = rng.uniform(60, 190, size=3).astype(np.float32)
-    direction = rng.uniform(0, 2 * np.pi)
-    gradient = (np.cos(direction) * xx + np.sin(direction) * yy) / max(width, height) * rng.uniform(-70, 70)
-    image = background[None, None, :] + gradient[..., None]
-
-    hue = (label / num_classes + rng.normal(0, 0.012)) % 1.0
-    colour = np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.65, 0.95), rng.uniform(0.75, 1.0)), np.float32) * 255
-    angle = np.pi * label / num_classes + rng.normal(0, 0.05)
-    period = rng.uniform(0.14, 0.22) * height
-    phase = rng.uniform(0, 2 * np.pi)
-    stripes = np.sin(2 * np.pi * (xx * np.cos(angle) + yy * np.sin(angle)) / period + phase) > 0
-
-    # Keep the shape inside the centre square that survives the crop.
-    cx = width / 2 + rng.uniform(-0.18, 0.18) * height
-    cy = height / 2 + rng.uniform(-0.18, 0.18) * height
-    rx, ry = rng.uniform(0.22, 0.4, size=2) * height
-    inside = ((xx - cx) / rx) ** 2 + ((yy - cy) / ry) ** 2 <= 1.0
-    foreground = np.where(stripes[..., None], colour[None, None, :], colour[None, None, :] * 0.45)
-    image = np.where(inside[..., None], foreground, image)
-    image += rng.normal(0, 10, size=image.shape).astype(np.float32)
-    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8), "RGB")
-
-
-def source_description(listing: SourceListing) -> str:
-    """One line naming the source, for logs."""
-    where = f" at {listing.root}" if listing.root is not None else ""
-    return (
-        f"source {listing.source}{where}: {listing.count('train')} train + {listing.count('val')} val images, "
-        f"{len(listing.classes)} classes"
-    )
-

@@ -1,0 +1,267 @@
+"""The preprocessed dataset on disk: its Parquet schema, its manifest, how it is written and read back.
+
+Layout under ``data.output_dir``::
+
+    train/part-00000.parquet ...   one row group of ``rows_per_file`` rows per file
+    val/part-00000.parquet ...
+    _manifest.json                 classes, counts, skipped, fingerprint, files
+
+Each row is ``image`` (JPEG bytes, RGB, image_size × image_size; or, for MNIST
+and CIFAR-10, the raw uint8 H×W×C array), ``label``, ``class_name``, ``split`` and
+``path`` (where the image came from). The manifest's ``layout`` says which.
+
+The manifest's fingerprint covers the settings and a signature of the inputs, so a
+run with the same inputs can reuse the dataset. A new dataset is built in a hidden
+sibling folder and renamed into place (:func:`new_dataset_folder`), so a failed run
+leaves the previous one intact. Training reads the rows back with
+:mod:`workloads.vision.dataset` (PyTorch) or :mod:`workloads.vision.ingest` (Ray Data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs import atomic
+from workloads.vision.config import DataConfig
+from workloads.vision.errors import DataSourceError
+from workloads.vision.images import ImageLayout
+
+MANIFEST_NAME = "_manifest.json"
+# Bumped whenever the bytes written for the same inputs change, so that datasets
+# built by an older version are rebuilt rather than reused.
+FORMAT_VERSION = 1
+
+PARQUET_SCHEMA = pa.schema(
+    [
+        pa.field("image", pa.binary()),
+        pa.field("label", pa.int64()),
+        pa.field("class_name", pa.string()),
+        pa.field("split", pa.string()),
+        pa.field("path", pa.string()),
+    ]
+)
+
+
+@dataclass
+class DatasetInfo:
+    """What the preprocess stage produced (or found already produced)."""
+
+    root: Path
+    classes: list[str]
+    counts: dict[str, int]
+    image_size: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    reused: bool = False
+    layout: ImageLayout | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = ImageLayout.photos(self.image_size)
+
+
+def load_dataset_info(root: Path) -> DatasetInfo:
+    """Read ``<root>/_manifest.json`` written by the preprocess stage.
+
+    ``reused`` is False: it describes a preprocess run, not a dataset on disk.
+    """
+    root = Path(root).expanduser()
+    manifest = read_manifest(root)
+    if manifest is None:
+        raise DataSourceError(
+            f"no preprocessed dataset at {str(root)!r} ({MANIFEST_NAME} is missing or unreadable): run the "
+            "'preprocess' stage first, or point workload.data.output_dir at the folder it wrote"
+        )
+    return info_from_manifest(root, manifest, reused=False)
+
+
+# ---------------------------------------------------------------------------
+# Manifest and fingerprint
+
+
+def read_manifest(root: Path) -> dict | None:
+    """The manifest of the dataset at ``root``, or None when there is no readable one."""
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and "classes" in manifest and "counts" in manifest else None
+
+
+def manifest_intact(root: Path, manifest: dict) -> bool:
+    """True when every part file the manifest lists is there with its recorded size."""
+    files = manifest.get("files")
+    if not isinstance(files, list) or not files:
+        return False
+    for entry in files:
+        try:
+            if (root / entry["path"]).stat().st_size != entry["bytes"]:
+                return False
+        except (OSError, KeyError, TypeError):
+            return False
+    return True
+
+
+def info_from_manifest(root: Path, manifest: dict, *, reused: bool) -> DatasetInfo:
+    """The :class:`DatasetInfo` a manifest describes."""
+    return DatasetInfo(
+        root=root,
+        classes=list(manifest["classes"]),
+        counts={split: int(n) for split, n in manifest["counts"].items()},
+        image_size=int(manifest["image_size"]),
+        skipped={reason: int(n) for reason, n in manifest.get("skipped", {}).items()},
+        reused=reused,
+        layout=ImageLayout.from_manifest(manifest),
+    )
+
+
+def dataset_settings(data: DataConfig, root: Path | None, folders: list[str]) -> dict:
+    """The settings that shape the bytes written, as recorded in the manifest and fingerprinted."""
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "source": data.source,
+        "root": str(root) if root is not None else None,
+        "classes": list(data.classes),
+        "folders": folders,
+        "max_per_class": data.max_per_class,
+        "image_size": data.image_size,
+        "val_fraction": data.val_fraction,
+        "jpeg_quality": data.jpeg_quality,
+        "seed": data.seed,
+        "rows_per_file": data.rows_per_file,
+    }
+    if data.source == "synthetic":
+        settings["synthetic_per_class"] = data.synthetic_per_class
+    return settings
+
+
+def dataset_fingerprint(settings: dict, signature: list[tuple]) -> str:
+    """A digest of the settings and the inputs' signature: equal fingerprints, equal datasets."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for entry in signature:
+        digest.update(json.dumps(entry).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, *, fingerprint: str, settings: dict, classes: list[str], folders: list[str],
+                   writers: dict[str, "SplitWriter"], layout: ImageLayout, skipped: Counter, seconds: float) -> dict:
+    """Write ``_manifest.json`` of the dataset the ``writers`` (closed, one per split) wrote; return it."""
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": {"type": settings["source"], "root": settings["root"]},
+        "classes": classes,
+        "folders": folders,
+        "counts": {split: writer.rows for split, writer in writers.items()},
+        "counts_per_class": {split: {c: writer.per_class[c] for c in classes} for split, writer in writers.items()},
+        "image_size": settings["image_size"],
+        "layout": layout.to_dict(),
+        "skipped": dict(sorted(skipped.items())),
+        "files": [entry for writer in writers.values() for entry in writer.files],
+        "settings": settings,
+        "seconds": round(seconds, 3),
+    }
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Refuse an ``output_dir`` that holds something other than a dataset written here."""
+    # The old folder is replaced wholesale, so a typo in output_dir must not delete a home folder.
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise DataSourceError(f"data.output_dir {str(output_dir)!r} exists and is a file; choose a folder path")
+    if any(output_dir.iterdir()) and not (output_dir / MANIFEST_NAME).exists():
+        raise DataSourceError(
+            f"data.output_dir {str(output_dir)!r} is not empty and holds no {MANIFEST_NAME}, so it is not a dataset "
+            "written by this stage; refusing to replace it. Choose a new or empty folder."
+        )
+
+
+@contextlib.contextmanager
+def new_dataset_folder(output_dir: Path) -> Iterator[Path]:
+    """Yield a hidden sibling folder to build the dataset in; it replaces ``output_dir`` when the block
+    succeeds and is removed when it fails."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    building = output_dir.with_name(f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        yield building
+        atomic.replace_dir(building, output_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
+def write_part(path: Path, table: pa.Table, rows_per_file: int, image_compression: str = "NONE") -> None:
+    """Write one Parquet part (one row group)."""
+    pq.write_table(
+        table,
+        path,
+        row_group_size=rows_per_file,
+        compression={"image": image_compression, "label": "SNAPPY", "class_name": "SNAPPY", "split": "SNAPPY",
+                     "path": "SNAPPY"},
+        use_dictionary=["class_name", "split"],
+        write_statistics=["label", "class_name", "split"],
+    )
+
+
+class SplitWriter:
+    """Buffers rows of one split and writes them as part files of ``rows_per_file`` rows."""
+
+    def __init__(self, directory: Path, split: str, rows_per_file: int, class_names: list[str], raw: bool = False):
+        # JPEG bytes do not compress, so spending CPU on them only slows readers; raw
+        # pixel arrays (mostly black MNIST digits) shrink several times.
+        self.image_compression = "SNAPPY" if raw else "NONE"
+        self.directory = directory
+        self.split = split
+        self.rows_per_file = rows_per_file
+        self.class_names = class_names
+        self.columns: dict[str, list] = {name: [] for name in PARQUET_SCHEMA.names}
+        self.files: list[dict] = []
+        self.rows = 0
+        self.per_class: Counter = Counter()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def add(self, image: bytes, label: int, path: str) -> None:
+        """Buffer one row; a full buffer becomes a part file."""
+        self.columns["image"].append(image)
+        self.columns["label"].append(label)
+        self.columns["class_name"].append(self.class_names[label])
+        self.columns["split"].append(self.split)
+        self.columns["path"].append(path)
+        self.per_class[self.class_names[label]] += 1
+        if len(self.columns["image"]) >= self.rows_per_file:
+            self._flush()
+
+    def close(self) -> None:
+        """Write the rows still buffered."""
+        # An empty split still gets one (empty) part so readers find the schema.
+        if self.columns["image"] or not self.files:
+            self._flush()
+
+    def _flush(self) -> None:
+        table = pa.table(self.columns, schema=PARQUET_SCHEMA)
+        name = f"part-{len(self.files):05d}.parquet"
+        target = self.directory / name
+        write_part(target, table, self.rows_per_file, self.image_compression)
+        self.files.append({"path": f"{self.split}/{name}", "rows": table.num_rows, "bytes": target.stat().st_size})
+        self.rows += table.num_rows
+        self.columns = {name: [] for name in PARQUET_SCHEMA.names}
