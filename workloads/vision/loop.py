@@ -21,7 +21,7 @@ from workloads.training.metrics import METRICS_CSV, read_metrics_csv, write_metr
 from workloads.training.trainer import TrainingError
 from workloads.vision.batches import RayDataBatches, TorchBatches
 from workloads.vision.config import TrainConfig
-from workloads.vision.images import ImageLayout
+from workloads.vision.images import ImageLayout, normalize
 from workloads.vision.model import META_FILE, STATE_FILE, build_model, checkpoint_state, read_checkpoint_state
 from workloads.vision.recipe import (HEAD_WEIGHTS_GROUP, Diverged, DivergenceGuard, divergence_report, epoch_warning,
                                      make_optimizer, make_scheduler, restart_schedule_at)
@@ -75,8 +75,6 @@ class Worker:
 
     def normalize(self, images):
         """A uint8 batch as the model's float input, in the worker's memory format."""
-        from workloads.vision.images import normalize
-
         return normalize(images, self.layout, self.memory_format)
 
     def all_reduce(self, values: list[float], op=None) -> list[float]:
