@@ -39,7 +39,7 @@ def make_checkpoint(directory: Path, size: int) -> Path:
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.train import STATE_FILE, build_model
+    from workloads.vision.model import STATE_FILE, build_model
 
     directory.mkdir(parents=True, exist_ok=True)
     layout = ImageLayout.photos(size)

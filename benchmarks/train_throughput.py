@@ -75,7 +75,8 @@ def ddp_worker(args) -> None:
     from workloads.vision.config import TrainConfig
     from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
     from workloads.vision.images import ImageLayout, normalize
-    from workloads.vision.train import build_model, make_optimizer, make_scheduler
+    from workloads.vision.model import build_model
+    from workloads.vision.recipe import make_optimizer, make_scheduler
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -153,7 +154,8 @@ def data_path_rates(data: Path, args) -> tuple[float, float]:
     from workloads.vision.config import TrainConfig
     from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
     from workloads.vision.images import ImageLayout, normalize
-    from workloads.vision.train import build_model, make_optimizer
+    from workloads.vision.model import build_model
+    from workloads.vision.recipe import make_optimizer
 
     torch.set_num_threads(1)
     per_worker = args.batch // 2

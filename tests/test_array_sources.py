@@ -223,7 +223,7 @@ def test_vision_transformer_is_built_to_the_configured_shape():
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.train import build_model
+    from workloads.vision.model import build_model
 
     cfg = TrainConfig(model="vit", vit={"patch_size": 4, "num_layers": 2, "num_heads": 2, "hidden_dim": 32,
                                         "mlp_dim": 64})

@@ -10,6 +10,7 @@ import pytest
 from tests.cli_helpers import read_metrics_csv
 from tests.conftest import private_ray
 from tests.fixtures_images import write_tiny_dataset
+from tests.train_faults import SETUP_HOOK, fail_workers_at_epoch
 
 CLASSES = ["red", "green", "blue"]
 TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot split them evenly
@@ -38,7 +39,8 @@ def tiny_dataset(workdir) -> Path:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    with private_ray():
+    # The hook lets a test make one training worker die (tests/train_faults.py); idle otherwise.
+    with private_ray(runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
         yield
 
 
@@ -114,7 +116,7 @@ def test_sampler_shards_cover_every_row_once_and_keep_group_locality(tiny_datase
 
 def test_learning_rate_schedule_warmup_and_cosine():
     from workloads.vision.config import TrainConfig
-    from workloads.vision.train import lr_factor
+    from workloads.vision.recipe import lr_factor
 
     cfg = TrainConfig(epochs=4, warmup_epochs=1, lr_schedule="cosine")
     factors = [lr_factor(step, 10, cfg) for step in range(40)]
@@ -148,7 +150,7 @@ def test_weights_file_is_loaded_and_head_replaced(tmp_path):
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.train import build_model, load_pretrained_state
+    from workloads.vision.model import build_model, load_pretrained_state
 
     pretrained = resnet18(weights=None)
     torch.save(pretrained.state_dict(), tmp_path / "r18.pth")
@@ -202,7 +204,7 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(first_run,
     from workloads.vision.config import TrainConfig
     from workloads.vision.dataset import ParquetImageDataset, split_files
     from workloads.vision.images import ImageLayout, normalize
-    from workloads.vision.train import build_model
+    from workloads.vision.model import build_model
 
     state = torch.load(first_run["outcome"].run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu",
                        weights_only=False)
@@ -245,9 +247,9 @@ def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
 
 @pytest.mark.cluster
 def test_worker_killed_mid_run_recovers_from_checkpoint(local_ray, tiny_dataset, workdir, monkeypatch, first_run):
-    from workloads.vision.train import FAIL_AT_EPOCH_ENV_VAR, run_training
+    from workloads.vision.train import run_training
 
-    monkeypatch.setenv(FAIL_AT_EPOCH_ENV_VAR, "1")
+    fail_workers_at_epoch(monkeypatch, 1)
     params = _params(workdir / "runs", "killed-worker", epochs=2, max_failures=1)
     outcome = run_training(params, _info(tiny_dataset))
     marker = outcome.run_dir / ".test-fail-marker"
@@ -287,7 +289,7 @@ def test_imagenet_weights_are_for_resnet18_only():
 
 
 def test_an_exploding_validation_loss_at_chance_is_a_warning():
-    from workloads.vision.train import epoch_warning
+    from workloads.vision.recipe import epoch_warning
 
     assert "WARNING" in epoch_warning({"val_loss": 22426.1, "val_accuracy": 0.10}, 10)
     assert epoch_warning({"val_loss": 2.2, "val_accuracy": 0.12}, 10) == ""  # early, but sane
@@ -295,14 +297,15 @@ def test_an_exploding_validation_loss_at_chance_is_a_warning():
 
 
 def test_imagenet_weights_missing_offline_name_the_cache_and_how_to_seed_it(tmp_path, monkeypatch):
-    from workloads.vision import train
+    from workloads.training.trainer import TrainingError
+    from workloads.vision import model
     from workloads.vision.config import TrainConfig
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     # A closed loopback port stands in for a cluster without internet.
-    monkeypatch.setitem(train.IMAGENET_WEIGHTS_URL, "resnet18", "http://127.0.0.1:9/models/resnet18-f37072fd.pth")
-    with pytest.raises(train.TrainingError) as failure:
-        train.load_pretrained_state(TrainConfig(weights="imagenet"))
+    monkeypatch.setitem(model.IMAGENET_WEIGHTS_URL, "resnet18", "http://127.0.0.1:9/models/resnet18-f37072fd.pth")
+    with pytest.raises(TrainingError) as failure:
+        model.load_pretrained_state(TrainConfig(weights="imagenet"))
     message = str(failure.value)
     assert str(tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in message
     assert "TORCH_HOME" in message and "IMAGENET1K_V1" in message and "downloading them" in message
@@ -355,7 +358,7 @@ def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings
 
 def test_loader_processes_never_outnumber_the_cpus_beside_the_training_process():
     from workloads.vision.config import TrainConfig
-    from workloads.vision.train import effective_loader_workers
+    from workloads.vision.batches import effective_loader_workers
 
     assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=1)) == 0
     assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=4)) == 2

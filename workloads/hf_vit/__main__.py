@@ -14,12 +14,13 @@ def main(argv: list[str] | None = None) -> int:
     params = parse_command_line(HFViTParams, "hf_vit", "python -m workloads.hf_vit", __doc__.splitlines()[0], argv)
     try:
         from workloads.hf_vit.train import HFWorkloadError, run
+        from workloads.training.trainer import TrainingError
     except ImportError as exc:
         print(f"error: the hf_vit workload needs the 'hf' extra on the cluster ({exc}); install it with "
               "pip install 'rayjobs[hf]' or add transformers and datasets to runtime_env.pip", file=sys.stderr)
         return 2
 
-    return run_on_cluster(lambda: run(params), (HFWorkloadError,))
+    return run_on_cluster(lambda: run(params), (HFWorkloadError, TrainingError))
 
 
 if __name__ == "__main__":

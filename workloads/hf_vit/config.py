@@ -13,10 +13,10 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from jobs.paths import SpecPath
 from jobs.strict import StrictModel
+from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # "google/vit-base-patch16-224": what a Hugging Face hub model id looks like.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
 
 
 class HFDataConfig(StrictModel):
@@ -24,11 +24,16 @@ class HFDataConfig(StrictModel):
 
     path: SpecPath = Field(description="A folder written by DatasetDict.save_to_disk, a folder of Parquet shards "
                            "as on the hub (data/train-*.parquet, ...), or an imagefolder tree (train/<class>/*.jpg).")
-    format: Literal["auto", "disk", "parquet", "imagefolder"] = "auto"
-    image_column: str | None = Field(None, description="Default: 'image' or 'img', whichever exists.")
-    label_column: str | None = Field(None, description="Default: 'labels' or 'label', whichever exists.")
-    train_split: str = "train"
-    eval_split: str | None = Field(None, description="Default: 'validation', else 'test'.")
+    format: Literal["auto", "disk", "parquet", "imagefolder"] = Field(
+        "auto", description="How path is laid out: 'disk' (save_to_disk), 'parquet' (shards named <split>-*.parquet), "
+        "'imagefolder', or 'auto' to tell from the files.")
+    image_column: str | None = Field(None, description="Column holding the images. Default: 'image' or 'img', "
+                                     "whichever exists.")
+    label_column: str | None = Field(None, description="Column holding the class labels. Default: 'labels' or "
+                                     "'label', whichever exists.")
+    train_split: str = Field("train", description="Split to train on.")
+    eval_split: str | None = Field(None, description="Split to evaluate on after each epoch. Default: 'validation' "
+                                   "(or 'valid', 'val'), else 'test'.")
     max_per_split: PositiveInt | None = Field(None, description="Keep at most this many rows per split (quick runs).")
 
 
@@ -40,12 +45,14 @@ class HFModelConfig(StrictModel):
         "and the weights (save_pretrained / a hub snapshot), or a hub model id such as "
         "google/vit-base-patch16-224-in21k, read from the Hugging Face cache (HF_HOME) and downloaded into it "
         "once when downloads are allowed (HF_HUB_OFFLINE=0).")
-    image_size: PositiveInt = 224
-    patch_size: PositiveInt = 16
-    hidden_size: PositiveInt = 768
-    num_hidden_layers: PositiveInt = 12
-    num_attention_heads: PositiveInt = 12
-    intermediate_size: PositiveInt = 3072
+    image_size: PositiveInt = Field(224, description="Side of the square input images (weights 'none' only; "
+                                    "loaded weights keep their own).")
+    patch_size: PositiveInt = Field(16, description="Side of the square patches each image is cut into; must "
+                                    "divide image_size.")
+    hidden_size: PositiveInt = Field(768, description="Width of the transformer (embedding size).")
+    num_hidden_layers: PositiveInt = Field(12, description="Transformer encoder layers.")
+    num_attention_heads: PositiveInt = Field(12, description="Attention heads per layer; must divide hidden_size.")
+    intermediate_size: PositiveInt = Field(3072, description="Width of each layer's feed-forward block.")
 
     @property
     def hub_id(self) -> str | None:
@@ -65,28 +72,26 @@ class HFModelConfig(StrictModel):
         return self
 
 
-class HFTrainConfig(StrictModel):
+class HFTrainConfig(RayTrainSettings):
     """The transformers Trainer's settings, and how many Ray Train workers run it."""
 
-    epochs: PositiveInt = 3
+    epochs: PositiveInt = Field(3, description="Passes over the training split.")
     batch_size: PositiveInt = Field(32, description="Global batch size, split evenly across workers.")
-    lr: PositiveFloat = 5e-5
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    num_workers: PositiveInt = 2
-    cpus_per_worker: PositiveFloat = 1.0
-    use_gpu: bool = False
+    lr: PositiveFloat = Field(5e-5, description="Peak learning rate (AdamW), reached after the warm-up, then "
+                              "decayed linearly to zero.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW's decoupled weight decay.")
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Share of the training steps spent warming the "
+                                "learning rate up linearly from zero.")
     bf16: bool = Field(True, description="bf16 mixed precision on GPU (ignored on CPU).")
-    max_failures: int = Field(2, ge=-1)
-    num_to_keep: PositiveInt = 2
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the Trainer's random numbers (initialization, shuffling).")
 
 
-class HFViTParams(StrictModel):
+class HFViTParams(TrainingRunParams):
     """The ``workload`` section of an ``hf_vit`` spec."""
 
-    run_name: str = Field("vit-hf", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    storage_path: SpecPath = "~/rayjobs-results"
-    data: HFDataConfig
-    model: HFModelConfig = Field(default_factory=HFModelConfig)
-    train: HFTrainConfig = Field(default_factory=HFTrainConfig)
+    run_name: str = run_name_field("vit-hf")
+    data: HFDataConfig = Field(description="The local image-classification dataset to fine-tune on.")
+    model: HFModelConfig = Field(default_factory=HFModelConfig, description="The ViT to fine-tune: local or "
+                                 "cached weights, or a fresh one of the given shape.")
+    train: HFTrainConfig = Field(default_factory=HFTrainConfig, description="Trainer settings and Ray Train "
+                                 "workers.")

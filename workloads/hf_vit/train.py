@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
-from workloads.raytrain import first_line, root_cause, run_config
-from workloads.vision.plots import LOSS_CURVE, METRICS_CSV, plot_loss_curve, write_metrics_csv
+from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, write_run_metrics
+from workloads.training.trainer import fit, first_line
 
 for _variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_variable, "1")
@@ -249,9 +249,6 @@ def run(params: HFViTParams) -> dict:
     """Fine-tune on the connected Ray cluster; write metrics.csv and loss_curve.png; return the final metrics."""
     import tempfile
 
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
     # Fail on the driver, with one message, before any worker starts.
     train, evaluation, _, _, classes = dataset_splits(params.data)
     if params.model.hub_id:
@@ -263,28 +260,16 @@ def run(params: HFViTParams) -> dict:
     print(f"Dataset {params.data.path}: {len(train)} train and {len(evaluation)} eval images, classes {classes}",
           flush=True)
 
-    cfg = params.train
-    run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
-    resources = {"CPU": float(cfg.cpus_per_worker)}
-    if cfg.use_gpu:
-        resources["GPU"] = 1.0
+    run_dir = params.run_dir
     scratch = tempfile.mkdtemp(prefix="rayjobs-hf-")
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"params": params.model_dump(mode="json"), "scratch": scratch},
-        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                               resources_per_worker=resources),
-        run_config=run_config(run_dir, cfg.num_to_keep, "eval_accuracy", cfg.max_failures),
-    )
     try:
-        result = trainer.fit()
-    except Exception as exc:  # noqa: BLE001 - Ray wraps the worker's error; show its last line
-        raise HFWorkloadError(f"training run {params.run_name!r} failed: {root_cause(exc)}") from None
+        result = fit(train_loop_per_worker, {"params": params.model_dump(mode="json"), "scratch": scratch}, run_dir,
+                     params.train, "eval_accuracy")
     finally:
         # The Trainer's own output; every checkpoint that matters is in the run's storage by now.
         shutil.rmtree(scratch, ignore_errors=True)
     rows = epoch_rows(result)
-    write_metrics(run_dir, rows)
+    write_run_metrics(run_dir, rows)
     best = None
     if getattr(result, "best_checkpoints", None):
         best_checkpoint, best_metrics = max(result.best_checkpoints, key=lambda item: item[1].get("eval_accuracy", 0))
@@ -293,7 +278,7 @@ def run(params: HFViTParams) -> dict:
               f"eval_accuracy {best_metrics.get('eval_accuracy', 0):.4f})", flush=True)
     final = rows[-1] if rows else {}
     print(f"Metrics: {run_dir / METRICS_CSV}; loss curve: {run_dir / LOSS_CURVE}", flush=True)
-    print("Final metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in final.items()), flush=True)
+    print(final_metrics_line(final), flush=True)
     return {"final": final, "best_checkpoint": best, "run_dir": str(run_dir)}
 
 
@@ -315,9 +300,3 @@ def epoch_rows(result) -> list[dict[str, float]]:
         }
     return [rows[e] for e in sorted(rows)]
 
-
-def write_metrics(run_dir: Path, rows: list[dict[str, float]]) -> None:
-    """metrics.csv and loss_curve.png next to the run's checkpoints."""
-    if rows:
-        write_metrics_csv(run_dir / METRICS_CSV, rows, list(rows[0]))
-        plot_loss_curve(run_dir / METRICS_CSV, run_dir / LOSS_CURVE)

@@ -81,7 +81,7 @@ def run_stages(params: VisionParams) -> dict:
     if training is None and "infer" in produced:
         from workloads.vision.train import outcome_from_disk
 
-        training = outcome_from_disk(Path(params.storage_path).expanduser().resolve() / params.run_name, [], True)
+        training = outcome_from_disk(params.run_dir, [], True)
     if training is not None:
         print_training_summary(training)
     if "infer" in produced:

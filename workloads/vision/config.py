@@ -12,6 +12,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from jobs.paths import SpecPath
 from jobs.strict import StrictModel
+from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # The ten Food-101-Lite classes, by their display names.
 FOOD101_LITE_CLASSES = [
@@ -35,7 +36,6 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 ARRAY_SOURCES = {"mnist": (28, MNIST_CLASSES), "cifar10": (32, CIFAR10_CLASSES)}
 
 Stage = Literal["preprocess", "train", "infer"]
-
 
 
 class DataConfig(StrictModel):
@@ -67,9 +67,11 @@ class DataConfig(StrictModel):
     output_dir: SpecPath = Field(
         "~/rayjobs-data/food101-lite", description="Where the Parquet dataset is written (and read by training)."
     )
-    jpeg_quality: int = Field(90, ge=1, le=100)
+    jpeg_quality: int = Field(90, ge=1, le=100, description="JPEG quality of the images re-encoded for Parquet "
+                              "(photo sources; mnist and cifar10 keep raw pixels).")
     rows_per_file: PositiveInt = Field(256, description="Rows per Parquet row group; small groups stream well.")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of every random choice of preprocessing: the validation hold-out, "
+                      "max_per_class sampling, row order and the 'synthetic' images.")
     force: bool = Field(False, description="Preprocess again even if the same inputs and settings were done before.")
 
     @model_validator(mode="after")
@@ -95,12 +97,13 @@ class DataConfig(StrictModel):
 class ViTConfig(StrictModel):
     """Shape of torchvision's VisionTransformer (the defaults are the CIFAR-10 recipe's)."""
 
-    patch_size: PositiveInt = 4
-    num_layers: PositiveInt = 12
-    num_heads: PositiveInt = 8
-    hidden_dim: PositiveInt = 384
-    mlp_dim: PositiveInt = 768
-    dropout: float = Field(0.0, ge=0, lt=1)
+    patch_size: PositiveInt = Field(4, description="Side of the square patches each image is cut into; must "
+                                    "divide data.image_size.")
+    num_layers: PositiveInt = Field(12, description="Transformer encoder layers.")
+    num_heads: PositiveInt = Field(8, description="Attention heads per layer; must divide hidden_dim.")
+    hidden_dim: PositiveInt = Field(384, description="Width of the transformer (embedding size).")
+    mlp_dim: PositiveInt = Field(768, description="Width of each layer's feed-forward block.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate inside the encoder.")
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ViTConfig":
@@ -109,12 +112,13 @@ class ViTConfig(StrictModel):
         return self
 
 
-class TrainConfig(StrictModel):
+class TrainConfig(RayTrainSettings):
     """Distributed training with Ray Train's TorchTrainer."""
 
     model: Literal["resnet18", "vit"] = Field("resnet18", description="torchvision ResNet-18, or a "
                                               "VisionTransformer shaped by train.vit.")
-    vit: ViTConfig = Field(default_factory=lambda: ViTConfig())
+    vit: ViTConfig = Field(default_factory=lambda: ViTConfig(), description="Shape of the VisionTransformer "
+                           "(model: vit only).")
     weights: str = Field(
         "none", description="'none' (random initialization), 'imagenet' (torchvision's published ImageNet "
         "weights, resnet18 only, read from torch.hub's cache and downloaded into it once when the cluster has "
@@ -131,7 +135,8 @@ class TrainConfig(StrictModel):
     )
     data_cpus: float = Field(1.0, ge=0, description="ray_data only: CPUs reserved by each decode/augment task.")
     prefetch_batches: int = Field(2, ge=0, description="ray_data only: batches prepared ahead of the model.")
-    epochs: PositiveInt = 10
+    epochs: PositiveInt = Field(10, description="Passes over the training split; raise it and rerun the same "
+                                "run_name to train further.")
     batch_size: PositiveInt = Field(64, description="Global batch size, split evenly across workers.")
     # Measured on real Food-101 photos (docs/vision.md, "The training recipe"): SGD at lr 0.1 blew up in
     # its first epoch at 64 and at 224 px, while AdamW with the settings below learned at both sizes.
@@ -161,17 +166,11 @@ class TrainConfig(StrictModel):
     freeze_epochs: int = Field(
         0, ge=0, description="With pretrained weights: train only the new classification head for this "
         "many epochs before the whole network.")
-    num_workers: PositiveInt = Field(2, description="Ray Train workers (processes).")
-    cpus_per_worker: PositiveFloat = 1.0
-    use_gpu: bool = False
-    resources_per_worker: dict[str, float] = Field(default_factory=dict)
     amp: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU).")
     channels_last: bool = Field(True, description="channels_last memory format on GPU (ignored on CPU).")
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per training worker. On CPU "
                                 "at most cpus_per_worker - 1: each needs a CPU beside the training process.")
-    max_failures: int = Field(2, ge=-1, description="Worker failures survived by restoring the latest checkpoint (-1: no limit).")
-    num_to_keep: PositiveInt = Field(2, description="Checkpoints kept, best by validation accuracy.")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the weights' initialization and of the data shuffling.")
 
     @model_validator(mode="after")
     def _weights_exist_for_model(self) -> "TrainConfig":
@@ -219,22 +218,25 @@ class TrainConfig(StrictModel):
 class InferConfig(StrictModel):
     """Batch inference over the validation split with the best checkpoint."""
 
-    batch_size: PositiveInt = 64
-    num_actors: PositiveInt = 2
-    cpus_per_actor: PositiveFloat = 1.0
-    use_gpu: bool = False
+    batch_size: PositiveInt = Field(64, description="Images per batch handed to a model actor.")
+    num_actors: PositiveInt = Field(2, description="Most model actors in the pool (it starts with as many as the "
+                                    "cluster fits now).")
+    cpus_per_actor: PositiveFloat = Field(1.0, description="CPUs reserved by each actor; also its torch threads.")
+    use_gpu: bool = Field(False, description="Give each actor one GPU.")
 
 
-class VisionParams(StrictModel):
+class VisionParams(TrainingRunParams):
     """The ``workload`` section of a vision spec (``kind: vision``; the kind itself is read by rayjobs)."""
 
-    stages: list[Stage] = Field(default_factory=lambda: ["preprocess", "train", "infer"], min_length=1)
-    run_name: str = Field("food101-lite", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-                          description="Ray Train run name; the same name resumes from its latest checkpoint.")
-    storage_path: SpecPath = Field("~/rayjobs-results", description="Where runs, checkpoints and artifacts are kept.")
-    data: DataConfig = Field(default_factory=DataConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    infer: InferConfig = Field(default_factory=InferConfig)
+    stages: list[Stage] = Field(default_factory=lambda: ["preprocess", "train", "infer"], min_length=1,
+                                description="Stages to run, in order: preprocess (images to Parquet), train, "
+                                "infer (batch predictions on the validation split).")
+    run_name: str = run_name_field("food101-lite")
+    data: DataConfig = Field(default_factory=DataConfig, description="Where the images come from and how they "
+                             "are written to Parquet.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Model, recipe and Ray Train workers of "
+                               "the train stage.")
+    infer: InferConfig = Field(default_factory=InferConfig, description="Actor pool of the infer stage.")
 
     @model_validator(mode="after")
     def _patches_fit(self) -> "VisionParams":

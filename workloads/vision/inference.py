@@ -20,6 +20,7 @@ import ray
 
 from jobs import atomic
 from workloads.vision.config import InferConfig, VisionParams
+from workloads.vision.model import STATE_FILE, best_checkpoint, model_from_state, read_checkpoint_state
 
 PREDICTIONS_DIR = "predictions"
 METRICS_FILE = "inference_metrics.json"
@@ -44,20 +45,9 @@ def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> 
     """Load the model saved by the training stage in ``checkpoint_dir``."""
     import torch
 
-    from workloads.vision.config import TrainConfig
-    from workloads.vision.images import ImageLayout
-    from workloads.vision.train import STATE_FILE, build_model
-
-    state_path = Path(checkpoint_dir) / STATE_FILE
-    if not state_path.is_file():
+    if not (Path(checkpoint_dir) / STATE_FILE).is_file():
         raise InferenceError(f"{checkpoint_dir} is not a checkpoint of the training stage (no {STATE_FILE} in it).")
-    state = torch.load(state_path, map_location="cpu", weights_only=False)
-    classes = list(state["classes"])
-    config = state.get("config", {})
-    layout = ImageLayout.from_manifest(config)
-    train_cfg = TrainConfig.model_validate(config.get("train", {}))
-    model = build_model(train_cfg, len(classes), layout)
-    model.load_state_dict(state["model"])
+    model, classes, layout = model_from_state(read_checkpoint_state(checkpoint_dir))
     device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
     model = model.to(device).eval()
     if device.type == "cuda":
@@ -67,12 +57,7 @@ def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> 
 
 def load_classes(checkpoint_dir: str | Path) -> list[str]:
     """Class names stored in a checkpoint (without building the model)."""
-    import torch
-
-    from workloads.vision.train import STATE_FILE
-
-    state = torch.load(Path(checkpoint_dir) / STATE_FILE, map_location="cpu", weights_only=False, mmap=True)
-    return list(state["classes"])
+    return list(read_checkpoint_state(checkpoint_dir, mmap=True)["classes"])
 
 
 def classify_tensors(loaded: LoadedModel, images) -> tuple[np.ndarray, np.ndarray]:
@@ -144,8 +129,6 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferC
 
 def resolve_checkpoint(run_dir: Path) -> tuple[Path, dict]:
     """The best checkpoint of the run in ``run_dir``, or a clear error if it has none."""
-    from workloads.vision.train import best_checkpoint
-
     best = best_checkpoint(run_dir)
     if best is None:
         raise InferenceError(
@@ -175,7 +158,7 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
 
     cfg: InferConfig = params.infer
     dataset_root = Path(dataset_root or params.data.output_dir)
-    run_dir = Path(run_dir or Path(params.storage_path).expanduser().resolve() / params.run_name)
+    run_dir = Path(run_dir or params.run_dir)
     val_files = split_files(dataset_root, "val")
     if checkpoint_dir is None:
         checkpoint_dir, checkpoint_metrics = resolve_checkpoint(run_dir)

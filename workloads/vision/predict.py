@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = args.run_dir.expanduser().resolve()
         else:
             params = read_params(VisionParams, args.params, "vision")
-            run_dir = Path(params.storage_path).expanduser().resolve() / params.run_name
+            run_dir = params.run_dir
         images = [(argument, *read_image_argument(argument)) for argument in args.images]
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,46 @@
+"""What the training workloads share: run directory, worker resources, error lines and the final metrics line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def test_both_workloads_place_the_run_under_storage_path(tmp_path):
+    from workloads.hf_vit.config import HFViTParams
+    from workloads.vision.config import VisionParams
+
+    vision = VisionParams.model_validate({"storage_path": str(tmp_path / "results"), "run_name": "a"})
+    hf = HFViTParams.model_validate({"storage_path": str(tmp_path / "results"), "data": {"path": str(tmp_path)}})
+    assert vision.run_dir == (tmp_path / "results" / "a").resolve()
+    assert hf.run_dir == (tmp_path / "results" / "vit-hf").resolve()
+    assert VisionParams().run_dir == Path("~/rayjobs-results").expanduser().resolve() / "food101-lite"
+
+
+def test_worker_resources_add_a_gpu_unless_one_is_given():
+    from workloads.vision.config import TrainConfig
+
+    assert TrainConfig(cpus_per_worker=2).worker_resources() == {"CPU": 2.0}
+    assert TrainConfig(use_gpu=True).worker_resources() == {"CPU": 1.0, "GPU": 1.0}
+    assert TrainConfig(use_gpu=True, resources_per_worker={"GPU": 0.5, "fast": 1}).worker_resources() == {
+        "CPU": 1.0, "GPU": 0.5, "fast": 1.0}
+
+
+def test_root_cause_reaches_the_innermost_error():
+    from workloads.training.trainer import first_line, root_cause
+
+    try:
+        try:
+            raise ValueError("first\nthe real reason")
+        except ValueError as inner:
+            raise RuntimeError("wrapper") from inner
+    except RuntimeError as outer:
+        assert root_cause(outer) == "ValueError: the real reason"
+        assert first_line(outer.__cause__) == "first"
+
+
+def test_final_metrics_line_prints_the_epoch_as_a_whole_number():
+    from workloads.training.metrics import final_metrics_line
+
+    final = {"epoch": 3.0, "train_loss": 0.123456, "val_accuracy": 0.5}
+    assert final_metrics_line(final) == "Final metrics: epoch=3, train_loss=0.1235, val_accuracy=0.5"
+    assert final_metrics_line(final, ["val_accuracy", "lr", "epoch"]) == "Final metrics: val_accuracy=0.5, epoch=3"

@@ -1,0 +1,88 @@
+"""What a training run leaves beside its checkpoints: ``metrics.csv``, ``loss_curve.png``, and its final metrics line."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from jobs import atomic
+
+METRICS_CSV = "metrics.csv"
+LOSS_CURVE = "loss_curve.png"
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (jobs run without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` atomically, so a reader never sees half a PNG."""
+    atomic.replace_file(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
+
+
+def write_metrics_csv(path: Path, rows: Sequence[Mapping[str, float]], fields: Sequence[str]) -> None:
+    """Write ``rows`` (one per epoch) as a ``metrics.csv`` with columns ``fields``, atomically."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(fields))
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in fields})
+
+    atomic.replace_file(path, write)
+
+
+def read_metrics_csv(path: Path) -> list[dict[str, float]]:
+    """Rows of a ``metrics.csv`` with every field as a number, in file order."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
+
+
+def plot_loss_curve(metrics_csv: Path, out_path: Path) -> Path:
+    """Draw train/val loss and val accuracy by epoch from ``metrics_csv`` into ``out_path``."""
+    rows = read_metrics_csv(metrics_csv)
+    plt = pyplot()
+    epochs = [int(r["epoch"]) for r in rows]
+    fig, loss_axis = plt.subplots(figsize=(7, 4))
+    loss_axis.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train loss")
+    loss_axis.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="val loss")
+    loss_axis.set_xlabel("epoch")
+    # One early spike (batch-norm statistics before they settle) would flatten a linear axis.
+    losses = [r[key] for r in rows for key in ("train_loss", "val_loss") if r[key] > 0]
+    if losses and max(losses) / min(losses) > 20:
+        loss_axis.set_yscale("log")
+    loss_axis.set_ylabel("cross-entropy loss")
+    accuracy_axis = loss_axis.twinx()
+    accuracy_axis.plot(epochs, [r["val_accuracy"] for r in rows], marker="s", color="tab:green", label="val accuracy")
+    accuracy_axis.set_ylabel("val accuracy")
+    accuracy_axis.set_ylim(0, 1)
+    handles = loss_axis.get_legend_handles_labels()[0] + accuracy_axis.get_legend_handles_labels()[0]
+    labels = loss_axis.get_legend_handles_labels()[1] + accuracy_axis.get_legend_handles_labels()[1]
+    loss_axis.legend(handles, labels, loc="center right")
+    if epochs:
+        loss_axis.set_xticks(epochs if len(epochs) <= 20 else epochs[:: max(1, len(epochs) // 10)])
+    loss_axis.set_title("Training progress")
+    save_figure(fig, out_path)
+    plt.close(fig)
+    return out_path
+
+
+def write_run_metrics(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
+    """``metrics.csv`` (the columns of the first row) and ``loss_curve.png`` in ``run_dir``; nothing without rows."""
+    if rows:
+        write_metrics_csv(run_dir / METRICS_CSV, rows, list(rows[0]))
+        plot_loss_curve(run_dir / METRICS_CSV, run_dir / LOSS_CURVE)
+
+
+def final_metrics_line(final: Mapping[str, float], fields: Sequence[str] | None = None) -> str:
+    """``Final metrics: epoch=N, name=value, ...`` over ``fields`` (default: all of ``final``), 4 significant digits."""
+    keys = [key for key in fields if key in final] if fields is not None else list(final)
+    return "Final metrics: " + ", ".join(
+        f"epoch={int(final[key])}" if key == "epoch" else f"{key}={final[key]:.4g}" for key in keys)

@@ -1,0 +1,74 @@
+"""Fitting a ``TorchTrainer``: the run's configuration, and Ray Train's wrapped errors turned into one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from workloads.training.config import RayTrainSettings
+
+
+class TrainingError(RuntimeError):
+    """Training cannot start or did not finish; the message says why."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters ('' for an empty message)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost error behind Ray Train's wrappers, as ``Type: last line of its message``."""
+    seen = set()
+    while True:
+        inner = exc.__cause__ or getattr(exc, "cause", None) or exc.__context__
+        nested = getattr(exc, "worker_failures", None)
+        if isinstance(nested, dict) and nested:
+            inner = next(iter(nested.values()))
+        if inner is None or id(inner) in seen or not isinstance(inner, BaseException):
+            break
+        seen.add(id(exc))
+        exc = inner
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+def run_config(run_dir: Path, settings: RayTrainSettings, score_attribute: str):
+    """``RunConfig`` of a run kept at ``run_dir`` (``<storage_path>/<run_name>``): the best ``num_to_keep``
+    checkpoints by ``score_attribute`` (higher is better), and ``max_failures`` worker failures survived."""
+    import ray.train
+
+    return ray.train.RunConfig(
+        name=run_dir.name,
+        storage_path=str(run_dir.parent),
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=settings.num_to_keep,
+                                                     checkpoint_score_attribute=score_attribute,
+                                                     checkpoint_score_order="max"),
+        failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+    )
+
+
+def fit(train_loop: Callable[[dict], Any], loop_config: dict, run_dir: Path, settings: RayTrainSettings,
+        score_attribute: str, **trainer_options: Any):
+    """Run ``train_loop`` on ``settings.num_workers`` Ray Train workers and return the ``Result``.
+
+    ``trainer_options`` go to ``TorchTrainer`` as they are (``datasets``, ``dataset_config``).
+    Raises :class:`TrainingError` naming the run and the root cause when the run fails.
+    """
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=loop_config,
+        scaling_config=settings.scaling_config(),
+        run_config=run_config(run_dir, settings, score_attribute),
+        **trainer_options,
+    )
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause once
+        raise TrainingError(f"training run {run_dir.name!r} failed: {root_cause(exc)}") from None
+    if getattr(result, "error", None) is not None:
+        raise TrainingError(f"training run {run_dir.name!r} failed: {root_cause(result.error)}")
+    return result
