@@ -103,6 +103,8 @@ class FakeClient:
         self.calls.append(("stop_job", job_id))
         if self.stop_error is not None:
             raise self.stop_error
+        if job_id not in self.records:
+            raise JobNotFound(f"no job {job_id!r} on the cluster at {self.address}")
         record = self.records[job_id]
         if record["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
             return False
@@ -119,6 +121,12 @@ class FakeClient:
 
     def has_autoscaler(self) -> bool:
         return self.autoscaler
+
+    def job_log(self, job_id: str, tail: int | None = None) -> str:
+        self.calls.append(("job_log", job_id, tail))
+        self.get_job(job_id)
+        text = self._plays[job_id][0].log.decode("utf-8", "replace")
+        return "".join(text.splitlines(keepends=True)[-tail:]) if tail else text
 
     def get_logs(self, job_id: str) -> str:
         self.calls.append(("get_logs", job_id))
