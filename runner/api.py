@@ -87,9 +87,11 @@ class JobsApi:
 
     @property
     def address(self) -> str:
+        """The dashboard's address (normalized: scheme, host, port)."""
         return self.connection.address
 
     def version(self) -> dict[str, Any]:
+        """The dashboard's version answer; a cheap way to see that the address is a Ray dashboard."""
         return self._request("GET", "/api/version")
 
     def get_job(self, job_id: str) -> dict[str, Any]:
