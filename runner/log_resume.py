@@ -37,6 +37,7 @@ class LogChunk:
 
     @property
     def end(self) -> int:
+        """The offset just past the last byte."""
         return self.offset + len(self.data)
 
 
@@ -56,6 +57,7 @@ class ResumePlan:
 
     @property
     def replay(self) -> bool:
+        """True when the log is asked for from its start (no anchor to find)."""
         return self.anchor is None
 
 
