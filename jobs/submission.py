@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.keys import METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
-from jobs.loader import LoadedSpec
+
+if TYPE_CHECKING:
+    from jobs.loader import LoadedSpec
 
 
 # Left out of every working_dir upload: they are never needed on the cluster and can
@@ -18,10 +20,16 @@ DEFAULT_EXCLUDES = [
 ]
 
 
-
-
 def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
-    """Keyword arguments for ``JobSubmissionClient.submit_job`` (runtime_env paths absolute)."""
+    """Keyword arguments for ``JobSubmissionClient.submit_job`` (runtime_env paths absolute).
+
+    Args:
+        loaded: a validated spec (``jobs.loader.load_spec``).
+
+    Returns:
+        The arguments, with the workload's parameters in ``runtime_env.env_vars``, rayjobs' default
+        excludes added to a local working_dir, and metadata ``rayjobs.name`` and ``rayjobs.spec_hash``.
+    """
     spec = loaded.spec
     runtime_env = spec.runtime_env.model_dump(exclude_none=True) if spec.runtime_env else {}
     if loaded.workload is not None:
@@ -59,7 +67,15 @@ def spec_hash(submission: dict[str, Any]) -> str:
 
 
 def should_retry(info: dict[str, Any], retry_on: list[str]) -> bool:
-    """Whether a FAILED job's error matches the spec's ``retry_on`` list."""
+    """Whether a FAILED job's error matches the spec's ``retry_on`` list.
+
+    Args:
+        info: the job's record (``error_type``, ``driver_exit_code``).
+        retry_on: Ray error types, or ``exit_code:N`` for a driver that exited with N.
+
+    Returns:
+        True if the failure should be submitted again.
+    """
     error_type = info.get("error_type") or ""
     if error_type in retry_on:
         return True

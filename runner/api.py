@@ -1,12 +1,15 @@
-"""A small client for the Ray dashboard's job REST API (``/api/jobs/…``).
+"""The one client for a Ray cluster's job API: every request rayjobs makes goes through ``JobsApi``.
 
-It uses only the standard library so that ``rayjobs status``/``list``/``logs``/``stop``
-start in a fraction of the time ``import ray`` takes. Submission, which needs Ray's
-working_dir packaging, goes through ``JobSubmissionClient`` in ``runner.submit``.
+Status, lists, stops and deletes use only the standard library, so ``rayjobs status``/``list``/
+``logs``/``stop`` start in a fraction of the time ``import ray`` takes. ``submit`` goes through Ray's
+``JobSubmissionClient`` (which packages and uploads the working_dir, see ``runner.submit``), and the
+log tails through aiohttp, both imported only when used. Job ids are quoted into URLs and the TLS
+context is built here, once per client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
@@ -15,18 +18,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from runner.connection import Connection
+from runner.backoff import Backoff, Deadline
+from runner.connection import Connection, resolve_connection
 from runner.errors import (
     AuthFailed,
     BadInput,
     ClusterRequestFailed,
     ClusterUnreachable,
     JobNotFound,
+    NoLogApi,
     NotADashboard,
 )
+from runner.log_resume import LogChunk, ResumePlan, resumed_chunks
 
 _TRANSIENT_HTTP = {502, 503, 504}
 # Ray's job manager checks each job's supervisor actor once a second until it sees the actor
@@ -34,12 +40,45 @@ _TRANSIENT_HTTP = {502, 503, 504}
 # one (JOB_SUPERVISOR_ACTOR_DIED, "Entrypoint not found."), so the deleted job comes back.
 # The supervisor exits right after writing the final status; this much margin covers a busy head.
 _RECORD_SETTLE_S = 5.0
+_LOG_POLL_S = 0.5  # how often Ray's log agent looks for new bytes in a followed file
+_FILE_FETCH_TIMEOUT_S = 300  # Ray's default of 30 s cuts a large log short
+# No overall limit: a followed log stays open as long as the job runs.
+_STREAM_TIMEOUT_S = {"total": None, "sock_connect": 10}
 
 T = TypeVar("T")
 
 
+def connect(address: str | None = None, *, cluster: str | None = None, headers: list[str] | None = None,
+            verify: bool = True, ca_cert: str | None = None, spec_address: str | None = None,
+            spec_address_source: str = "the spec") -> JobsApi:
+    """A client for the cluster the documented address precedence picks (see ``runner.connection``).
+
+    Args:
+        address: the dashboard address (highest precedence), e.g. ``http://127.0.0.1:8265``.
+        cluster: a local cluster by name, instead of an address.
+        headers: extra headers as ``'Name: value'`` texts.
+        verify: whether to verify the dashboard's TLS certificate.
+        ca_cert: a CA bundle to verify it with.
+        spec_address: the spec's ``address``, below ``address`` and ``cluster``.
+        spec_address_source: how messages name where ``spec_address`` came from.
+
+    Returns:
+        The client. Nothing is contacted yet.
+
+    Raises:
+        BadInput: a malformed address, header or CA file, or ``address`` and ``cluster`` naming two clusters.
+        NoCluster: nothing names a cluster and no local one runs, or the named local cluster does not run.
+    """
+    return JobsApi(resolve_connection(address, spec_address, spec_address_source, headers, verify=verify,
+                                      ca_cert=ca_cert, cluster_name=cluster))
+
+
 class JobsApi:
-    """Blocking calls to one cluster's job API; every failure is a ``RayJobsError``."""
+    """Calls to one cluster's job API: blocking REST calls, ``submit``, and async log tails.
+
+    Every failure is a ``RayJobsError``: ``ClusterUnreachable`` (worth retrying), ``AuthFailed``,
+    ``JobNotFound``, ``BadInput``, ``ClusterRequestFailed``.
+    """
 
     def __init__(self, connection: Connection, timeout_s: float = 10.0) -> None:
         self.connection = connection
@@ -48,19 +87,45 @@ class JobsApi:
 
     @property
     def address(self) -> str:
+        """The dashboard's address (normalized: scheme, host, port)."""
         return self.connection.address
 
     def version(self) -> dict[str, Any]:
+        """The dashboard's version answer; a cheap way to see that the address is a Ray dashboard."""
         return self._request("GET", "/api/version")
 
     def get_job(self, job_id: str) -> dict[str, Any]:
+        """Ray's record of one job (status, times, message, metadata, ...). Raises ``JobNotFound``."""
         return self._request("GET", f"/api/jobs/{_quote(job_id)}", job_id=job_id)
 
     def list_jobs(self) -> list[dict[str, Any]]:
+        """The records of every job on the cluster."""
         return self._request("GET", "/api/jobs/")
 
     def get_logs(self, job_id: str) -> str:
+        """The job API's text of the log (carriage returns become line ends; fails on invalid UTF-8)."""
         return self._request("GET", f"/api/jobs/{_quote(job_id)}/logs", job_id=job_id).get("logs", "")
+
+    def submit(self, submission: dict[str, Any], *, warn: Callable[[str], None] = lambda text: None,
+               progress: Callable[[str], None] = lambda text: None) -> str:
+        """Submit a job through Ray's ``JobSubmissionClient`` (which uploads a local working_dir).
+
+        Args:
+            submission: keyword arguments of ``submit_job`` (``jobs.submission.build_submission``).
+            warn: hears of a working_dir that nears the dashboard's upload limit.
+            progress: hears of a large working_dir before it is packaged and uploaded.
+
+        Returns:
+            The submission id (chosen here when the submission names none).
+
+        Raises:
+            SubmitInterrupted: Ctrl-C; it tells whether the job request had gone out.
+            BadInput: the upload is too large, or the cluster or Ray refused the job as malformed.
+            AuthFailed, ClusterUnreachable, ClusterRequestFailed: as for every call.
+        """
+        from runner.submit import submit_job
+
+        return submit_job(self.connection, submission, warn=warn, progress=progress)
 
     def job_log(self, job_id: str, tail: int | None = None) -> str:
         """The job's log (its last ``tail`` lines), invalid UTF-8 shown as U+FFFD.
@@ -73,19 +138,20 @@ class JobsApi:
             return ""
         node_id = self.get_job(job_id).get("driver_node_id")
         if node_id:
-            query = urllib.parse.urlencode({"submission_id": job_id, "node_id": node_id, "lines": tail or -1,
-                                            "timeout": 300})
             try:
-                return self._request("GET", f"/api/v0/logs/file?{query}", raw=True).decode("utf-8", "replace")
+                return self._request("GET", _driver_log_path(job_id, node_id, tail or -1, follow=False),
+                                     raw=True).decode("utf-8", "replace")
             except NotADashboard:
                 pass  # no state API on this cluster
         text = self.get_logs(job_id)
         return "".join(text.splitlines(keepends=True)[-tail:]) if tail else text
 
     def stop_job(self, job_id: str) -> bool:
+        """Ask the cluster to stop a job. Returns False if it had already ended."""
         return bool(self._request("POST", f"/api/jobs/{_quote(job_id)}/stop", job_id=job_id).get("stopped"))
 
     def delete_job(self, job_id: str) -> bool:
+        """Delete a finished job's record (once; see ``delete_finished_job``)."""
         return bool(self._request("DELETE", f"/api/jobs/{_quote(job_id)}", job_id=job_id).get("deleted"))
 
     def delete_finished_job(self, job_id: str, end_time_ms: int | None) -> None:
@@ -125,6 +191,78 @@ class JobsApi:
         status = self._request("GET", "/api/cluster_status").get("data", {}).get("autoscalingStatus") or ""
         _, _, worker_types = status.partition("Worker node types:")
         return any(line.strip() for line in worker_types.splitlines())
+
+    async def tail_job_logs(self, job_id: str, *, node_id: str, resume: ResumePlan,
+                            follow: bool = True) -> AsyncIterator[LogChunk]:
+        """The driver log's raw bytes from Ray's state API, as Ray's ``JobSubmissionClient.tail_job_logs`` does
+        with text: an async iterator that ends when the server closes the stream.
+
+        Args:
+            job_id: the submission id.
+            node_id: the node the driver runs on (``driver_node_id`` in the job's record).
+            resume: which part of the log to ask for, and where the bytes already printed end.
+            follow: keep the stream open for new bytes; False fetches what there is now, once.
+
+        Yields:
+            LogChunk: bytes placed at their offset in the log.
+
+        Raises:
+            NoLogApi: the cluster has no state API (follow the websocket instead).
+            Misaligned: the tail did not hold ``resume``'s resume point.
+            ClusterUnreachable: the connection failed or broke off.
+            ClusterRequestFailed: any other answer than 200 or 404.
+        """
+        import aiohttp
+
+        url = self.address + _driver_log_path(job_id, node_id, resume.lines, follow)
+        try:
+            async with aiohttp.ClientSession(headers=self.connection.headers) as session:
+                async with session.get(url, ssl=self._aiohttp_ssl(),
+                                       timeout=aiohttp.ClientTimeout(**_STREAM_TIMEOUT_S)) as response:
+                    if response.status == 404:
+                        raise NoLogApi(f"the Ray dashboard at {self.address} has no state API log endpoint")
+                    if response.status != 200:
+                        raise ClusterRequestFailed(f"the cluster answered {response.status} "
+                                                   f"{last_line(await response.text(errors='replace'))}")
+                    async for chunk in resumed_chunks(response.content, resume):
+                        yield chunk
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ClusterUnreachable(f"the log download broke off ({type(exc).__name__})") from None
+
+    async def tail_job_logs_websocket(self, job_id: str) -> AsyncIterator[LogChunk]:
+        """The log as the job API's websocket sends it (clusters without the state API).
+
+        Every connection replays the log from its start as text, so offsets start at 0 each time.
+
+        Yields:
+            LogChunk: the UTF-8 bytes of each message, at their offset.
+
+        Raises:
+            NoLogApi: the job has no log stream (not a submission job).
+            ClusterUnreachable: the connection failed or broke off.
+        """
+        import aiohttp
+
+        url = self.address.replace("http", "ws", 1) + f"/api/jobs/{_quote(job_id)}/logs/tail"
+        received = 0
+        try:
+            async with aiohttp.ClientSession(headers=self.connection.headers) as session:
+                async with session.ws_connect(url, ssl=self._aiohttp_ssl(), heartbeat=30, max_msg_size=0) as ws:
+                    async for message in ws:
+                        if message.type != aiohttp.WSMsgType.TEXT:
+                            break
+                        data = message.data.encode()
+                        yield LogChunk(data, received)
+                        received += len(data)
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (400, 404):
+                raise NoLogApi(f"job {job_id} has no log stream to follow") from None
+            raise ClusterUnreachable(f"the log stream was refused ({exc.status})") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ClusterUnreachable(f"the log stream broke off ({type(exc).__name__})") from None
+
+    def _aiohttp_ssl(self) -> ssl.SSLContext | bool:
+        return self._ssl_context or True  # True: aiohttp's default (ignored for plain http)
 
     def _request(self, method: str, path: str, job_id: str | None = None, raw: bool = False) -> Any:
         url = self.connection.address + path
@@ -187,23 +325,46 @@ class JobsApi:
 
 def retrying(call: Callable[[], T], give_up_after_s: float, on_retry: Callable[[Exception, float], None] | None = None,
              first_delay_s: float = 0.2, max_delay_s: float = 2.0) -> T:
-    """Run ``call``; retry with exponential backoff while the cluster is unreachable, up to ``give_up_after_s``."""
-    deadline = time.monotonic() + give_up_after_s
-    delay = first_delay_s
+    """Run ``call``, retrying with backoff while the cluster is unreachable.
+
+    Args:
+        call: the request to make.
+        give_up_after_s: no retry starts later than this after the first try.
+        on_retry: hears of each failure and the delay before the next try.
+        first_delay_s, max_delay_s: the backoff's first and largest delay.
+
+    Returns:
+        What ``call`` returned.
+
+    Raises:
+        ClusterUnreachable: still unreachable at the deadline; ``NotADashboard`` at once (retrying will not help).
+        RayJobsError: any other failure of ``call``, at once.
+    """
+    deadline = Deadline(give_up_after_s)
+    backoff = Backoff(first_delay_s, max_delay_s)
     while True:
         try:
             return call()
         except ClusterUnreachable as exc:
-            if isinstance(exc, NotADashboard) or time.monotonic() + delay > deadline:
+            delay = backoff.next_delay()
+            if isinstance(exc, NotADashboard) or not deadline.allows(delay):
                 raise
             if on_retry is not None:
                 on_retry(exc, delay)
             time.sleep(delay)
-            delay = min(delay * 2, max_delay_s)
 
 
 def _quote(job_id: str) -> str:
     return urllib.parse.quote(job_id, safe="")
+
+
+def _driver_log_path(job_id: str, node_id: str, lines: int, follow: bool) -> str:
+    query: dict[str, Any] = {"submission_id": job_id, "node_id": node_id, "lines": lines}
+    if follow:
+        query["interval"] = _LOG_POLL_S
+    else:
+        query["timeout"] = _FILE_FETCH_TIMEOUT_S
+    return f"/api/v0/logs/{'stream' if follow else 'file'}?{urllib.parse.urlencode(query)}"
 
 
 def last_line(text: str) -> str:

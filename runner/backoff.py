@@ -8,22 +8,24 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Backoff:
-    """Delays that double from ``first_s`` up to ``max_s``; ``reset()`` after a success starts over.
+    """Delays that grow by ``factor`` (doubling by default) from ``first_s`` up to ``max_s``; ``reset()`` after a
+    success starts over.
 
     Used the same way by blocking and async loops: ask :meth:`next_delay`, sleep that long yourself.
     """
 
     first_s: float = 0.2
     max_s: float = 2.0
+    factor: float = 2.0
     _current: float = field(init=False, repr=False, default=0.0)
 
     def __post_init__(self) -> None:
         self._current = self.first_s
 
     def next_delay(self) -> float:
-        """The delay to wait now; the following call returns twice as much (at most ``max_s``)."""
+        """The delay to wait now; the following call returns ``factor`` times as much (at most ``max_s``)."""
         delay = self._current
-        self._current = min(self._current * 2, self.max_s)
+        self._current = min(self._current * self.factor, self.max_s)
         return delay
 
     def peek(self) -> float:

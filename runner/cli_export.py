@@ -6,49 +6,17 @@ notes and warnings go to stderr as ``rayjobs: …`` lines.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Optional
 
 import typer
 
-from runner.errors import RayJobsError
-from runner.exit_codes import ExitCode
+from runner.cli_support import handles_errors, say as _say
 
 export_app = typer.Typer(help="Write a spec out for another system to run (no cluster is contacted).",
                          no_args_is_help=True, rich_markup_mode=None)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _say(text: str) -> None:
-    typer.echo(f"rayjobs: {text}", err=True)
-
-
-def _reports_errors(command: F) -> F:
-    """Print the library's exceptions as rayjobs' other commands do (one paragraph, exit code by kind)."""
-
-    @wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from jobs.errors import SpecError
-
-        try:
-            return command(*args, **kwargs)
-        except SpecError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(int(ExitCode.BAD_INPUT)) from None
-        except RayJobsError as exc:
-            typer.echo(f"rayjobs: error: {exc}", err=True)
-            raise typer.Exit(int(exc.exit_code)) from None
-        except KeyboardInterrupt:
-            _say("interrupted")
-            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 @export_app.command("kuberay")
-@_reports_errors
+@handles_errors
 def kuberay(
     spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="Spec file (YAML).", show_default=False)],
     set_: Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field "

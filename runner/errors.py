@@ -15,6 +15,8 @@ class RayJobsError(Exception):
 
 
 class BadInput(RayJobsError):
+    """A spec, flag, argument or request the cluster refused as malformed; nothing was submitted."""
+
     exit_code = ExitCode.BAD_INPUT
 
 
@@ -28,6 +30,10 @@ class NotADashboard(ClusterUnreachable):
     """Something answered, but not Ray's job API (an HTML page, a proxy's error page)."""
 
 
+class NoLogApi(NotADashboard):
+    """The dashboard does not serve this way of reading a job's log (an older Ray, or not a submission job)."""
+
+
 class ClusterRequestFailed(RayJobsError):
     """The cluster understood the request and failed it (an internal error on its side)."""
 
@@ -35,10 +41,14 @@ class ClusterRequestFailed(RayJobsError):
 
 
 class AuthFailed(RayJobsError):
+    """The cluster refused the credentials, or wanted some."""
+
     exit_code = ExitCode.AUTH_FAILED
 
 
 class JobNotFound(RayJobsError):
+    """The cluster has no job with the id asked for."""
+
     exit_code = ExitCode.NOT_FOUND
 
 

@@ -12,7 +12,10 @@ is replayed from its start instead: slower, never wrong.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 ANCHOR_BYTES = 4096
 # Below this, replaying the log from its start costs less than a second tail request would.
@@ -21,6 +24,21 @@ REPLAY_BELOW_BYTES = 64 * 1024
 KEPT_BYTES = 4 * 1024 * 1024
 MIN_TAIL_LINES = 100
 MAX_ESCALATIONS = 3
+# A tail arrives at once; this long without its resume point means it has none.
+ALIGN_IDLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of a job's log and where they start in it (a byte offset), so a repeat can be told apart."""
+
+    data: bytes
+    offset: int
+
+    @property
+    def end(self) -> int:
+        """The offset just past the last byte."""
+        return self.offset + len(self.data)
 
 
 class Misaligned(Exception):
@@ -39,14 +57,22 @@ class ResumePlan:
 
     @property
     def replay(self) -> bool:
+        """True when the log is asked for from its start (no anchor to find)."""
         return self.anchor is None
 
 
 def plan_resume(kept: bytes, printed: int, expected_new_lines: float, escalation: int = 0) -> ResumePlan:
     """How to pick up a log after ``printed`` bytes, of which ``kept`` are its last ones.
 
-    ``expected_new_lines`` estimates the lines written since; each ``escalation`` asks for
-    four times more, and past ``MAX_ESCALATIONS`` the log is replayed from its start.
+    Args:
+        kept: the last bytes printed (up to ``KEPT_BYTES``).
+        printed: how many bytes of the log were printed.
+        expected_new_lines: an estimate of the lines written since.
+        escalation: tails in a row that missed; each asks for four times more lines, and past
+            ``MAX_ESCALATIONS`` the log is replayed from its start.
+
+    Returns:
+        The plan: a replay (``lines=-1``) or a tail of ``lines`` lines to find the anchor in.
     """
     anchor = kept[-ANCHOR_BYTES:]
     if (printed < REPLAY_BELOW_BYTES or escalation > MAX_ESCALATIONS or not anchor
@@ -72,7 +98,14 @@ class TailAligner:
         self._searched = 0
 
     def add(self, chunk: bytes) -> int | None:
-        """Take the tail's next bytes; once the resume point is among them, return its index in ``buffer``."""
+        """Take the tail's next bytes.
+
+        Returns:
+            The resume point's index in ``buffer`` once it is among the bytes taken, else None.
+
+        Raises:
+            Misaligned: the anchor matched text that was never printed, or the tail grew too long without it.
+        """
         self.buffer += chunk
         found = self.buffer.find(self.anchor, max(0, self._searched - len(self.anchor) + 1))
         self._searched = len(self.buffer)
@@ -92,3 +125,50 @@ class TailAligner:
             self.dropped += excess
             self._searched -= excess
         return None
+
+
+async def resumed_chunks(body: Any, plan: ResumePlan) -> AsyncIterator[LogChunk]:
+    """The chunks of a response ``body`` (aiohttp's ``StreamReader``) placed at their log offsets.
+
+    A body for a replay starts at the log's byte 0. Otherwise it is a tail that must hold
+    ``plan``'s resume point: the first chunk yielded starts there (it may be empty).
+
+    Args:
+        body: has an async ``readany()`` that returns b"" at the end.
+        plan: what was asked for (see :func:`plan_resume`).
+
+    Yields:
+        LogChunk, in order.
+
+    Raises:
+        Misaligned: the tail ended, or grew too long, without the resume point.
+        asyncio.TimeoutError: nothing at all arrived for ``ALIGN_IDLE_S`` (a network fault, not a short tail).
+    """
+    offset = 0
+    if not plan.replay:
+        aligner = TailAligner(plan)
+        while True:
+            chunk = await _read_within(body, ALIGN_IDLE_S)
+            if chunk is None and not aligner.buffer and not aligner.dropped:
+                raise asyncio.TimeoutError
+            if not chunk:  # the tail is over (a stream sends it at once, then waits for new bytes)
+                raise Misaligned("the tail ended before the resume point")
+            resume_index = aligner.add(chunk)
+            if resume_index is not None:
+                yield LogChunk(bytes(aligner.buffer[resume_index:]), plan.resume_at)
+                offset = plan.resume_at + len(aligner.buffer) - resume_index
+                break
+    while chunk := await body.readany():
+        yield LogChunk(chunk, offset)
+        offset += len(chunk)
+
+
+async def _read_within(body: Any, seconds: float) -> bytes | None:
+    """The next chunk of ``body`` (b"" at its end), or None if none came within ``seconds``."""
+    reader = asyncio.ensure_future(body.readany())
+    try:
+        await asyncio.wait({reader}, timeout=seconds)
+    finally:
+        if not reader.done():
+            reader.cancel()
+    return reader.result() if reader.done() and not reader.cancelled() else None

@@ -24,14 +24,28 @@ def entrypoint_demand(submission: dict[str, Any]) -> dict[str, float]:
 
 
 def unmet_on_every_node(demand: dict[str, float], nodes: list[dict[str, float]]) -> dict[str, float] | None:
-    """None if some node has enough of everything; else the most any single node offers of each."""
+    """Whether some node can host ``demand``.
+
+    Returns:
+        None if some node has enough of every resource; else the most any single node offers of each.
+    """
     if not demand or any(all(node.get(name, 0) >= amount for name, amount in demand.items()) for node in nodes):
         return None
     return {name: max((node.get(name, 0) for node in nodes), default=0) for name in demand}
 
 
 def check_entrypoint_fits(api: Any, submission: dict[str, Any], warn: Callable[[str], None]) -> None:
-    """Raise BadInput when no node can host the entrypoint; warn instead if the cluster autoscales."""
+    """Refuse an entrypoint that no node can host; only warn if the cluster autoscales.
+
+    Args:
+        api: the cluster client (``node_resources``, ``has_autoscaler``).
+        submission: ``submit_job`` arguments with the entrypoint's resources.
+        warn: hears why a submission goes ahead although no node fits it now.
+
+    Raises:
+        BadInput: no node offers enough of every resource asked for, and the cluster cannot grow.
+        A cluster that cannot answer the check is not a reason to refuse: its errors are ignored.
+    """
     demand = entrypoint_demand(submission)
     if not demand:
         return

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.status import JobStatus
 from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
+from jobs.status import JobStatus
 from runner.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from runner.connection import Connection
+    from runner.follow import Outcome
 
 
 def job_id_of(info: dict[str, Any]) -> str:
+    """A job's submission id, else its Ray job id."""
     return info.get("submission_id") or info.get("job_id") or "?"
 
 
 def job_name_of(info: dict[str, Any]) -> str:
+    """The name rayjobs gave the job ("" for jobs submitted otherwise)."""
     return (info.get("metadata") or {}).get(METADATA_NAME, "")
 
 
 def duration_s(info: dict[str, Any]) -> float | None:
+    """Seconds from start to end (to now while it runs); None before it started."""
     start = info.get("start_time")
     if not start:
         return None
@@ -27,6 +34,7 @@ def duration_s(info: dict[str, Any]) -> float | None:
 
 
 def format_duration(seconds: float | None) -> str:
+    """``12.3s``, ``4m05s`` or ``1h02m03s``; ``-`` for None."""
     if seconds is None:
         return "-"
     if seconds < 60:
@@ -37,6 +45,7 @@ def format_duration(seconds: float | None) -> str:
 
 
 def format_time(ms: int | float | None) -> str:
+    """Local time of a Ray timestamp (milliseconds); ``-`` for none."""
     if not ms:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
@@ -115,3 +124,46 @@ def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:
         error = f" {job['error_type']}" if job.get("error_type") else ""
         lines.append(f"  {number}. {job_id_of(job)}  {job.get('status')}{error}")
     return "\n".join(lines)
+
+
+def address_hint(connection: Connection) -> str:
+    """The flag that reaches the same cluster again in a printed command ("" for the default local cluster)."""
+    if connection.source == "local cluster":
+        return ""
+    if connection.source in ("--cluster", "RAYJOBS_CLUSTER"):
+        return f" --cluster {connection.local_cluster}"
+    return f" --address {connection.address}"
+
+
+def where_from(connection: Connection) -> str:
+    """Where the address came from, naming the local cluster it reaches when that is not obvious."""
+    if connection.local_cluster is None or connection.source == "local cluster":
+        return connection.source
+    return f"local cluster '{connection.local_cluster}' via {connection.source}"
+
+
+def follow_up_lines(job_id: str, connection: Connection) -> list[str]:
+    """The commands to follow, check or stop a job that keeps running."""
+    hint = address_hint(connection)
+    return [f"follow it:  rayjobs logs --follow {job_id}{hint}",
+            f"its status: rayjobs status {job_id}{hint}",
+            f"stop it:    rayjobs stop {job_id}{hint}"]
+
+
+def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, address: str,
+                attempts: list[str]) -> dict[str, Any]:
+    """The one JSON document ``rayjobs submit --output json`` prints when it has followed a job to its end."""
+    info = followed.info or {}
+    return {
+        "submission_id": job_id, "status": followed.status, "exit_code": int(exit_code), "summary": summary,
+        "error_type": info.get("error_type"), "message": info.get("message"), "start_time": info.get("start_time"),
+        "end_time": info.get("end_time"), "address": address, "attempts": attempts,
+    }
+
+
+def dry_run_text(submission: dict[str, Any], address: str | None) -> str:
+    """What ``submit --dry-run`` prints: where it would go, then the submission as YAML."""
+    import yaml
+
+    header = f"# would submit to {address or 'the resolved cluster (see --address)'}\n"
+    return header + yaml.safe_dump(submission, sort_keys=False, default_flow_style=False, width=100)

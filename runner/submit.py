@@ -1,4 +1,7 @@
-"""Submitting a job with Ray's ``JobSubmissionClient`` (which packages and uploads working_dir)."""
+"""Submitting a job with Ray's ``JobSubmissionClient`` (which packages and uploads working_dir).
+
+Reached through the cluster client, ``runner.api.JobsApi.submit``.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,15 @@ UPLOAD_NOTE_BYTES = 16 * 1024**2
 
 
 def working_dir_size(working_dir: str, excludes: list[str]) -> int:
-    """Bytes of the files Ray would upload from ``working_dir`` (its excludes, .gitignore and .rayignore)."""
+    """Bytes of the files Ray would upload from ``working_dir``.
+
+    Args:
+        working_dir: a local directory.
+        excludes: ``runtime_env.excludes``; .gitignore and .rayignore files count too, as for Ray.
+
+    Returns:
+        The total size in bytes, before compression.
+    """
     from ray._private.runtime_env import packaging
 
     total = 0
@@ -67,10 +78,21 @@ def new_submission_id() -> str:
 def submit_job(connection: Connection, submission: dict[str, Any],
                warn: Callable[[str], None] = lambda text: None,
                progress: Callable[[str], None] = lambda text: None) -> str:
-    """Submit and return the submission id. Raises a ``RayJobsError`` subclass on failure.
+    """Submit a job to the cluster of ``connection``.
 
-    ``progress`` hears of a large working_dir before it is packaged and uploaded. Ctrl-C raises
-    ``SubmitInterrupted``, which tells whether the job request had gone out.
+    Args:
+        connection: where to submit, with its headers and TLS verification.
+        submission: keyword arguments of ``JobSubmissionClient.submit_job``.
+        warn: hears of a working_dir that nears the dashboard's upload limit.
+        progress: hears of a large working_dir before it is packaged and uploaded.
+
+    Returns:
+        The submission id (chosen here when ``submission`` names none).
+
+    Raises:
+        SubmitInterrupted: Ctrl-C; it tells whether the job request had gone out.
+        BadInput: the upload is too large, or the cluster or Ray refused the job as malformed.
+        AuthFailed, ClusterUnreachable, ClusterRequestFailed: refused credentials, no answer, a server error.
     """
     # Chosen here rather than by the cluster, so that after an interrupt in mid-request the
     # job can still be looked up.

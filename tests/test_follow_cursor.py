@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from runner.follow import LogCursor
+from runner.log_cursor import LogCursor
 from runner.log_resume import ANCHOR_BYTES, KEPT_BYTES, REPLAY_BELOW_BYTES, Misaligned, TailAligner, plan_resume
 
 

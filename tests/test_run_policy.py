@@ -1,0 +1,267 @@
+"""The run policy (``runner.run``) called from Python against a scripted client: submit, attach, follow, retry."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from jobs.keys import METADATA_ATTEMPT, METADATA_PARENT, METADATA_SPEC_HASH
+from jobs.loader import load_spec
+from jobs.submission import build_submission
+from runner.errors import BadInput, ClusterUnreachable
+from runner.exit_codes import ExitCode
+from runner.run import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
+from runner.submit import SubmitInterrupted
+from tests.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
+
+HINT = f" --address {FAKE_ADDRESS}"
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch):
+    speed_up_following(monkeypatch)
+
+
+class Run:
+    """One call of ``run_with_retries`` with its two output streams."""
+
+    def __init__(self, tmp_path: Path, client: FakeClient, body: str = "", **options) -> None:
+        spec_file = tmp_path / "spec.yaml"
+        spec_file.write_text(f"name: demo\nentrypoint: python job.py\n{body}")
+        self.loaded = load_spec(spec_file)
+        self.client = client
+        self.logs, self.notes = io.StringIO(), io.StringIO()
+        self.result = run_with_retries(client, self.loaded.spec, build_submission(self.loaded),
+                                       options=RunOptions(**options), notes=self.notes, logs_out=self.logs)
+
+    @property
+    def note_lines(self) -> list[str]:
+        return self.notes.getvalue().splitlines()
+
+
+def test_a_job_that_succeeds(tmp_path):
+    client = FakeClient(Script(["RUNNING", "SUCCEEDED"], log=b"hello\nworld\n"))
+    run = Run(tmp_path, client)
+    assert (run.result.exit_code, run.result.outcome, run.result.attempts) == \
+        (ExitCode.SUCCEEDED, RunOutcome.SUCCEEDED, ["raysubmit_fake1"])
+    assert run.result.job_id == "raysubmit_fake1" and run.result.info["status"] == "SUCCEEDED"
+    assert client.calls[:3] == [("submit", None), ("get_job", "raysubmit_fake1"), ("get_job", "raysubmit_fake1")]
+    assert not client.called("stop_job")
+    assert run.logs.getvalue() == "hello\nworld\n"
+    assert run.note_lines[0] == f"rayjobs: submitted demo as raysubmit_fake1 to {FAKE_ADDRESS} (--address)"
+    assert "rayjobs: job raysubmit_fake1 is RUNNING" in run.note_lines
+    assert run.note_lines[-1] == "rayjobs: job raysubmit_fake1 SUCCEEDED in 1.5s"
+    assert run.result.summary == "job raysubmit_fake1 SUCCEEDED in 1.5s"
+
+
+def test_a_job_that_fails_shows_its_last_log_lines(tmp_path):
+    log = b"".join(b"line %d\n" % i for i in range(15))
+    client = FakeClient(Script(["RUNNING", "FAILED"], log=log, error_type="JOB_ENTRYPOINT_COMMAND_ERROR",
+                               message="Job entrypoint command failed with exit code 3", driver_exit_code=3))
+    run = Run(tmp_path, client, "max_retries: 2\n")  # exit codes are not retried by default
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.FAILED, RunOutcome.FAILED)
+    assert len(client.called("submit")) == 1
+    assert ("rayjobs: job raysubmit_fake1 FAILED in 1.5s: JOB_ENTRYPOINT_COMMAND_ERROR Job entrypoint command "
+            "failed with exit code 3") in run.note_lines
+    tail = run.note_lines[run.note_lines.index("rayjobs: last lines of its log:") + 1:]
+    assert tail == [f"  | line {i}" for i in range(5, 15)]
+
+
+def test_a_job_that_is_stopped(tmp_path):
+    run = Run(tmp_path, FakeClient(Script(["RUNNING", "STOPPED"])))
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.STOPPED, RunOutcome.STOPPED)
+
+
+def test_summaries_can_be_left_to_the_caller(tmp_path):
+    run = Run(tmp_path, FakeClient(Script(["RUNNING", "SUCCEEDED"])), summaries=False)
+    assert run.result.summary == "job raysubmit_fake1 SUCCEEDED in 1.5s"
+    assert not any("SUCCEEDED" in line for line in run.note_lines)
+
+
+def _failing(exit_code: int = 3) -> Script:
+    return Script(["RUNNING", "FAILED"], error_type="JOB_ENTRYPOINT_COMMAND_ERROR", driver_exit_code=exit_code,
+                  message=f"Job entrypoint command failed with exit code {exit_code}")
+
+
+def test_retry_links_attempts_through_metadata(tmp_path):
+    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 2\nretry_on: ['exit_code:3']\n")
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.SUCCEEDED, ["raysubmit_fake1", "raysubmit_fake2"])
+    first, second = client.submitted
+    assert first["metadata"][METADATA_ATTEMPT] == "1" and METADATA_PARENT not in first["metadata"]
+    assert second["metadata"][METADATA_ATTEMPT] == "2"
+    assert second["metadata"][METADATA_PARENT] == "raysubmit_fake1"
+    assert second["metadata"][METADATA_SPEC_HASH] == first["metadata"][METADATA_SPEC_HASH]
+    assert ("rayjobs: attempt 1 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 2 of 3"
+            in run.note_lines)
+    # A retry skips the pre-flight: the first attempt already passed it.
+    assert [call[0] for call in client.calls if call[0] in ("submit", "node_resources")] == ["submit", "submit"]
+
+
+def test_retry_of_a_fixed_submission_id_gets_an_attempt_suffix(tmp_path):
+    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "submission_id: nightly-1\nmax_retries: 1\nretry_on: ['exit_code:3']\n")
+    assert run.result.attempts == ["nightly-1", "nightly-1-attempt2"]
+    assert client.called("submit") == [("submit", "nightly-1"), ("submit", "nightly-1-attempt2")]
+
+
+def test_retries_give_up_after_max_retries(tmp_path):
+    client = FakeClient(_failing(), _failing(), _failing())
+    run = Run(tmp_path, client, "max_retries: 1\nretry_on: ['exit_code:3']\n")
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.FAILED, RunOutcome.FAILED)
+    assert run.result.attempts == ["raysubmit_fake1", "raysubmit_fake2"]
+    assert len(client.submitted) == 2
+    assert sum("submitting attempt" in line for line in run.note_lines) == 1
+
+
+def test_a_failure_outside_retry_on_is_not_retried(tmp_path):
+    client = FakeClient(_failing(exit_code=4), Script())
+    run = Run(tmp_path, client, "max_retries: 2\nretry_on: ['exit_code:3']\n")
+    assert run.result.exit_code == ExitCode.FAILED and run.result.attempts == ["raysubmit_fake1"]
+
+
+def test_same_spec_under_a_fixed_id_attaches(tmp_path):
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("name: demo\nentrypoint: python job.py\nsubmission_id: fixed-1\n")
+    submission = build_submission(load_spec(spec_file))
+    client = FakeClient()
+    client.existing("fixed-1", Script(["RUNNING", "SUCCEEDED"], log=b"from before\n"), submission["metadata"])
+    notes = io.StringIO()
+    assert submit_or_attach(client, submission, name="demo", notes=notes) == "fixed-1"
+    assert not client.called("submit")
+    assert notes.getvalue().startswith("rayjobs: job fixed-1 was already submitted from this spec (")
+    assert notes.getvalue().endswith("); attaching to it\n")
+
+
+def test_attached_job_is_followed_to_its_end(tmp_path):
+    client = FakeClient()
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("name: demo\nentrypoint: python job.py\nsubmission_id: fixed-1\n")
+    client.existing("fixed-1", Script(["RUNNING", "RUNNING", "SUCCEEDED"], log=b"from before\n"),
+                    build_submission(load_spec(spec_file))["metadata"])
+    run = Run(tmp_path, client, "submission_id: fixed-1\n")
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.SUCCEEDED, ["fixed-1"])
+    assert run.logs.getvalue() == "from before\n"
+    assert not client.called("submit")
+
+
+def test_different_spec_under_a_fixed_id_is_a_conflict(tmp_path):
+    client = FakeClient()
+    client.existing("fixed-1", Script(), {METADATA_SPEC_HASH: "0123456789abcdef"})
+    with pytest.raises(BadInput, match="submission_id 'fixed-1' is already taken by a job with different content "
+                                       r"\(spec hash 0123456789abcdef, this spec [0-9a-f]{16}\)"):
+        Run(tmp_path, client, "submission_id: fixed-1\n")
+    assert not client.called("submit")
+
+
+def test_job_timeout_stops_the_job(tmp_path):
+    client = FakeClient(Script(["RUNNING"], start_time=AN_HOUR_AGO_MS))
+    run = Run(tmp_path, client, "timeout_s: 5\n")
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.TIMEOUT, RunOutcome.TIMED_OUT)
+    assert client.called("stop_job") == [("stop_job", "raysubmit_fake1")]
+    assert "rayjobs: the job ran past its timeout_s of 5s; stopping the job" in run.note_lines
+    assert run.result.summary.startswith("job raysubmit_fake1 STOPPED after ")
+    assert run.result.summary.endswith(": the job ran past its timeout_s of 5s")
+
+
+def test_start_timeout_stops_a_job_left_pending(tmp_path):
+    client = FakeClient(Script(["PENDING"], start_time=AN_HOUR_AGO_MS))
+    run = Run(tmp_path, client, "start_timeout_s: 3\nentrypoint_num_cpus: 2\n")
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.TIMEOUT, RunOutcome.TIMED_OUT)
+    assert client.calls[0] == ("node_resources",)  # the pre-flight: 2 CPUs fit the fake's node
+    assert client.called("stop_job") == [("stop_job", "raysubmit_fake1")]
+    assert "still PENDING after 3s (start_timeout_s)" in run.result.summary
+    assert "which asks for CPU 2" in run.result.summary and "The stop is queued" in run.result.summary
+
+
+def test_lost_contact_gives_up_and_leaves_the_job_alone(tmp_path):
+    client = FakeClient(Script(["RUNNING"], unreachable_from_poll=1))
+    run = Run(tmp_path, client, give_up_after_s=0.05)
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.CLUSTER_UNREACHABLE, RunOutcome.STATE_UNKNOWN)
+    assert not client.called("stop_job")
+    assert any(line.startswith("rayjobs: lost contact with the cluster (cannot reach") for line in run.note_lines)
+    assert "may still be running" in run.result.summary
+
+
+def test_unreachable_cluster_at_submission_raises(tmp_path):
+    client = FakeClient()
+    client.submit_error = ClusterUnreachable("cannot reach the Ray dashboard at http://127.0.0.1:8265: refused")
+    with pytest.raises(ClusterUnreachable, match="cannot reach"):
+        Run(tmp_path, client)
+
+
+def test_ctrl_c_while_following_detaches(tmp_path):
+    client = FakeClient(Script(["RUNNING"], raise_on_poll={2: KeyboardInterrupt()}))
+    run = Run(tmp_path, client)
+    assert (run.result.exit_code, run.result.outcome) == (ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED)
+    assert run.result.attempts == ["raysubmit_fake1"] and run.result.followed is None
+    assert not client.called("stop_job")
+    assert run.note_lines[-4:] == [
+        "rayjobs: interrupted: detached from job raysubmit_fake1, which keeps running on the cluster",
+        f"rayjobs: follow it:  rayjobs logs --follow raysubmit_fake1{HINT}",
+        f"rayjobs: its status: rayjobs status raysubmit_fake1{HINT}",
+        f"rayjobs: stop it:    rayjobs stop raysubmit_fake1{HINT}",
+    ]
+
+
+def test_ctrl_c_while_following_with_stop_on_interrupt_stops(tmp_path):
+    client = FakeClient(Script(["RUNNING"], raise_on_poll={2: KeyboardInterrupt()}))
+    run = Run(tmp_path, client, stop_on_interrupt=True)
+    assert run.result.exit_code == ExitCode.INTERRUPTED
+    assert client.called("stop_job") == [("stop_job", "raysubmit_fake1")]
+    assert run.note_lines[-2:] == [
+        "rayjobs: interrupted: stopping job raysubmit_fake1 (--stop-on-interrupt)",
+        f"rayjobs: stop requested; check with: rayjobs status raysubmit_fake1{HINT}",
+    ]
+
+
+def test_ctrl_c_before_the_job_request_submits_nothing(tmp_path):
+    client = FakeClient()
+    client.submit_error = SubmitInterrupted(None)
+    run = Run(tmp_path, client)
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.INTERRUPTED, [])
+    assert run.note_lines == ["rayjobs: interrupted: nothing was submitted"]
+
+
+def test_ctrl_c_after_the_job_request_asks_the_cluster(tmp_path):
+    client = FakeClient()
+    client.interrupt_after_request = True
+    run = Run(tmp_path, client)
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.INTERRUPTED, ["raysubmit_fake1"])
+    assert client.calls[-1] == ("get_job", "raysubmit_fake1")
+    assert run.note_lines == [
+        f"rayjobs: interrupted: job raysubmit_fake1 was submitted and keeps running; follow it with "
+        f"`rayjobs logs --follow raysubmit_fake1{HINT}`, stop it with `rayjobs stop raysubmit_fake1{HINT}`"]
+
+
+def test_ctrl_c_after_a_job_request_the_cluster_did_not_take(tmp_path):
+    client = FakeClient()
+    client.submit_error = SubmitInterrupted("raysubmit_never")
+    run = Run(tmp_path, client, stop_on_interrupt=True)
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.INTERRUPTED, [])
+    assert not client.called("stop_job")
+    assert run.note_lines == [
+        "rayjobs: interrupted: nothing was submitted (the cluster has no job raysubmit_never; "
+        f"`rayjobs status raysubmit_never{HINT}` checks again)"]
+
+
+def test_without_waiting_it_returns_once_submitted(tmp_path):
+    client = FakeClient()
+    run = Run(tmp_path, client, "timeout_s: 60\n", wait=False)
+    assert (run.result.exit_code, run.result.outcome, run.result.attempts) == \
+        (ExitCode.SUCCEEDED, RunOutcome.SUBMITTED, ["raysubmit_fake1"])
+    assert client.calls == [("submit", None)]
+    assert run.note_lines[-1] == ("rayjobs: note: timeout_s, start_timeout_s and max_retries are applied only while "
+                                  "rayjobs follows the job")
+
+
+def test_follow_job_on_its_own(tmp_path):
+    client = FakeClient()
+    client.existing("raysubmit_other", Script(["RUNNING", "FAILED"], log=b"boom\n", error_type="X"), {})
+    logs, notes = io.StringIO(), io.StringIO()
+    result = follow_job(client, "raysubmit_other", log_tail_on_failure=False, notes=notes, logs_out=logs)
+    assert (result.exit_code, result.attempts) == (ExitCode.FAILED, ["raysubmit_other"])
+    assert logs.getvalue() == "boom\n"
+    assert "last lines" not in notes.getvalue()
