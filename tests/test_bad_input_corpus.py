@@ -27,7 +27,7 @@ from jobs.yaml_reader import MAX_SPEC_BYTES
 from tests.cli_helpers import run_rayjobs
 from tests.fixtures_images import jpeg_bytes, make_hf_shards, write_text_as_jpeg, write_truncated_jpeg
 from workloads.vision.config import DataConfig
-from workloads.vision.payloads import PayloadReader as _PayloadReader, Skip as _Skip, encode_payload as _process_payload
+from workloads.vision.payloads import PayloadReader, Skip, encode_payload
 from workloads.vision.sources import DataSourceError, SourceItem, list_source
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "specs"
@@ -278,14 +278,14 @@ def test_bad_image_files_are_skipped_with_a_reason(tmp_path, name, make, reason)
     path = tmp_path / f"{name}.jpg"
     make(path)
     # Both ways a worker gets an image: a path on one node, the bytes on several.
-    assert _process_payload(str(path), IMAGE_SIZE, QUALITY) == (None, reason)
-    assert _process_payload(path.read_bytes(), IMAGE_SIZE, QUALITY) == (None, reason)
+    assert encode_payload(str(path), IMAGE_SIZE, QUALITY) == (None, reason)
+    assert encode_payload(path.read_bytes(), IMAGE_SIZE, QUALITY) == (None, reason)
 
 
 def test_a_directory_named_like_an_image_is_unreadable_not_a_crash(tmp_path):
     folder = tmp_path / "photo.jpg"
     folder.mkdir()
-    assert _process_payload(str(folder), IMAGE_SIZE, QUALITY) == (None, "unreadable")
+    assert encode_payload(str(folder), IMAGE_SIZE, QUALITY) == (None, "unreadable")
 
 
 def _image_type() -> pa.DataType:
@@ -350,10 +350,10 @@ def test_hf_row_without_image_bytes_is_skipped_as_missing(tmp_path):
     images = pa.array([None, {"bytes": None, "path": "x.jpg"}, {"bytes": jpeg_bytes((1, 2, 3)), "path": None}],
                       _image_type())
     pq.write_table(pa.table({"image": images, "label": [76, 76, 76]}), shard)
-    reader = _PayloadReader(num_classes=2, ship_file_bytes=True)
+    reader = PayloadReader(num_classes=2, ship_file_bytes=True)
     payloads = [reader.payload(SourceItem("train", 0, f"row{i}", shard=shard, row_group=0, row=i)) for i in range(3)]
-    assert payloads[0] == _Skip("missing") and payloads[1] == _Skip("missing")
-    jpeg, reason = _process_payload(payloads[2], IMAGE_SIZE, QUALITY)
+    assert payloads[0] == Skip("missing") and payloads[1] == Skip("missing")
+    jpeg, reason = encode_payload(payloads[2], IMAGE_SIZE, QUALITY)
     assert reason is None and jpeg.startswith(b"\xff\xd8")
 
 
