@@ -6,6 +6,7 @@ import ipaddress
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +18,7 @@ from runner.local import LocalCluster, cluster_processes
 from runner.local.processes import psutil_module
 from runner.local.storage_note import is_local_path, local_shared_paths, shared_storage_note
 from runner.local.workers import object_store_bytes
-from tests.cli_helpers import run_rayjobs
+from tests.cli_helpers import cli_env, run_rayjobs
 
 CLUSTER_NAME = "multi"
 NODES = 3
@@ -87,6 +88,41 @@ def test_bad_node_counts_are_bad_input(nodes, tmp_path):
     result = run_rayjobs("cluster", "up", "--name", "never", "--nodes", nodes, home=tmp_path, timeout=60)
     assert result.returncode == ExitCode.BAD_INPUT, result.stderr
     assert not (tmp_path / "clusters" / "never" / "cluster.json").exists()
+
+
+def _processes_with_token_file(token_file: Path) -> list:
+    """Live processes whose environment names ``token_file``: every process of a cluster inherits it."""
+    psutil = psutil_module()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("RAY_AUTH_TOKEN_PATH") == str(token_file):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.cluster
+def test_a_worker_node_that_fails_to_start_stops_the_whole_cluster(tmp_path):
+    # A `ray` whose interpreter starts the head as usual but refuses to run a worker node.
+    real_ray = Path(sys.executable).parent / "ray"
+    fake_python = tmp_path / "python3"
+    fake_python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo "no worker today" >&2; exit 3; fi\n'
+                           f'exec {sys.executable} "$@"\n')
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f"#!{fake_python}\n" + real_ray.read_text().split("\n", 1)[1])
+    for script in (fake_python, fake_ray):
+        script.chmod(0o755)
+    home = tmp_path / "home"
+    result = run_rayjobs("cluster", "up", "--name", "broken", "--nodes", "2", "--num-cpus", "1", home=home,
+                         timeout=300, env=cli_env(home, RAYJOBS_RAY_EXECUTABLE=str(fake_ray)))
+    assert result.returncode == ExitCode.CLUSTER_UNREACHABLE, result.stderr
+    assert "Worker node 'worker-1'" in result.stderr and "exited with code 3" in result.stderr
+    assert "no worker today" in result.stderr
+    directory = home / "clusters" / "broken"
+    assert not (directory / "cluster.json").exists()
+    assert _processes_with_token_file(directory / "auth_token") == []
 
 
 # ----------------------------------------------------------------- one 3-node cluster for the module
@@ -206,10 +242,12 @@ def test_cluster_down_stops_every_process_of_every_node(multi_home, multi_cluste
     # Every live `ray start` leader is a member, each leading its own session (worker-2's may
     # have exited with its raylet in the test before).
     assert {multi_cluster.pid, *(worker.pid for worker in multi_cluster.worker_nodes[:1])} <= {p.pid for p in members}
+    assert _processes_with_token_file(Path(multi_cluster.token_file))
     down = run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=multi_home, timeout=120)
     assert down.returncode == 0, down.stderr
     assert "stopped" in down.stderr
     assert cluster_processes(multi_cluster) == []
+    assert _processes_with_token_file(Path(multi_cluster.token_file)) == []
     for proc in members:
         assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, proc
     assert not Path(multi_cluster.temp_dir).exists()

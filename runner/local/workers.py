@@ -135,10 +135,10 @@ def ray_python(ray_path: str) -> str:
             first_line = script.readline(1024).decode(errors="replace").strip()
     except OSError:
         first_line = ""
-    if first_line.startswith("#!"):
-        interpreter = first_line[2:].strip().split()[0] if first_line[2:].strip() else ""
-        if interpreter and os.path.basename(interpreter).startswith("python") and os.access(interpreter, os.X_OK):
-            return interpreter
+    words = first_line[2:].split() if first_line.startswith("#!") else []
+    # A `#!/usr/bin/env python3` line names no path; the sibling search below covers it.
+    if words and os.path.basename(words[0]).startswith("python") and os.access(words[0], os.X_OK):
+        return words[0]
     for name in ("python3", "python"):
         sibling = Path(ray_path).parent / name
         if sibling.is_file() and os.access(sibling, os.X_OK):
@@ -177,12 +177,12 @@ def add_worker_nodes(
         ClusterError: a worker node exited, or did not join within ``timeout_s``.
     """
     directory = Path(cluster.log_file).parent
-    python = ray_python(ray_path)
-    head_address = head_gcs_address(cluster)
     env = ray_start_env(ray_path, int(cluster.ports["gcs"]), token_file)
     deadline = Deadline(timeout_s)
     processes: dict[str, subprocess.Popen] = {}
     try:
+        python = ray_python(ray_path)
+        head_address = head_gcs_address(cluster)
         all_ports = free_ports(
             [f"{index}:{key}" for index in range(1, count + 1) for key in NODE_PORT_OPTIONS.values()],
             avoid=set(cluster.ports.values()),
