@@ -167,3 +167,17 @@ def dry_run_text(submission: dict[str, Any], address: str | None) -> str:
 
     header = f"# would submit to {address or 'the resolved cluster (see --address)'}\n"
     return header + yaml.safe_dump(submission, sort_keys=False, default_flow_style=False, width=100)
+
+
+def nodes_text(nodes: list[Any] | None, error: str | None) -> str:
+    """The ``nodes:`` section of ``cluster status``: one row per node the cluster's GCS knows."""
+    if nodes is None:
+        return f"nodes:     unknown ({error})"
+    alive = sum(node.alive for node in nodes)
+    rows = [("ROLE", "NODE ID", "CPUS", "ALIVE")]
+    rows += [(node.role, node.node_id, "-" if node.cpus is None else f"{node.cpus:g}", "yes" if node.alive else
+              f"no ({node.state})") for node in nodes]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = [f"nodes:     {len(nodes)} ({alive} alive)"]
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3] for row in rows]
+    return "\n".join(lines)

@@ -86,6 +86,36 @@ def test_state_round_trips_through_json():
     assert LocalCluster.from_json(json.dumps(data)) == cluster
 
 
+def test_state_with_worker_nodes_round_trips_through_json():
+    cluster = LocalCluster(
+        name="x", dashboard_url="http://127.0.0.1:1234", gcs_address="127.0.0.1:5678", pid=42,
+        temp_dir="/tmp/rj-abc", token_file=None, log_file="/tmp/log", started_at=1.5, num_cpus=1,
+        worker_nodes=[local.WorkerNode(name="worker-1", pid=43, log_file="/tmp/w1", ports={"node_manager": 2000},
+                                       leader_create_time=2.0)],
+        object_store_memory=256 * 2**20,
+    )
+    assert cluster.node_count == 2
+    data = json.loads(cluster.to_json())
+    data["worker_nodes"][0]["written_by_a_newer_version"] = True
+    assert LocalCluster.from_json(json.dumps(data)) == cluster
+
+
+def test_state_without_worker_nodes_is_a_single_node_cluster():
+    data = dict(name="x", dashboard_url="", gcs_address="", pid=1, temp_dir="", token_file=None, log_file="",
+                started_at=0.0)
+    cluster = LocalCluster.from_json(json.dumps(data))
+    assert cluster.worker_nodes == [] and cluster.node_count == 1 and cluster.object_store_memory is None
+    with pytest.raises(ValueError):
+        LocalCluster.from_json(json.dumps({**data, "worker_nodes": "worker-1"}))
+
+
+def test_bad_node_counts_are_refused_before_anything_starts():
+    for nodes in (0, -1, local.MAX_NODES + 1, True, 1.5):
+        with pytest.raises(local.InvalidClusterRequest, match="nodes must be"):
+            local.start(name="never", nodes=nodes)
+    assert not cluster_dir("never").exists()
+
+
 def test_auth_headers_carry_the_token(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")

@@ -2,8 +2,10 @@
 
 :func:`start` runs ``ray start --head --block`` in a new session with every port chosen free on
 127.0.0.1, so several clusters (other users', other test sessions') can run side by side on one
-machine. Only the processes of that session are ever stopped: there is no machine-wide
-``ray stop`` here.
+machine. With ``nodes=N`` it adds N-1 worker nodes, each its own ``ray start --address=…`` on
+127.0.0.1 with ports of its own (:mod:`runner.local.workers`). Only the processes of those
+sessions are ever stopped: there is no machine-wide ``ray stop`` here. :func:`list_nodes` reads
+the nodes of a running cluster from its dashboard.
 
 Finding a cluster comes in two kinds. :func:`find_running`, :func:`find_serving` and
 :func:`list_running` only read state files and look at processes, so any command may call them,
@@ -50,6 +52,7 @@ from typing import Callable
 from runner.local.environment import loopback_env
 from runner.local.errors import ClusterError, InvalidClusterRequest
 from runner.local.launch import RAY_EXECUTABLE_ENV_VAR, PortClash, find_ray_executable, launch
+from runner.local.nodes import NodeInfo, list_nodes
 from runner.local.ports import LOOPBACK_HOST
 from runner.local.processes import cluster_processes, leader_is_alive, reap, stop_cluster_processes
 from runner.local.state import (
@@ -57,6 +60,7 @@ from runner.local.state import (
     FAILED_START_LOGS,
     TOKEN_FILE,
     LocalCluster,
+    WorkerNode,
     check_name,
     cluster_dir,
     forget_state,
@@ -68,6 +72,7 @@ from runner.local.state import (
     write_new_token,
     write_state,
 )
+from runner.local.workers import add_worker_nodes, object_store_bytes
 
 __all__ = [
     "DEFAULT_CLUSTER_NAME",
@@ -76,10 +81,14 @@ __all__ = [
     "ClusterError",
     "InvalidClusterRequest",
     "LocalCluster",
+    "MAX_NODES",
+    "NodeInfo",
+    "WorkerNode",
     "cluster_dir",
     "cluster_processes",
     "find_running",
     "find_serving",
+    "list_nodes",
     "list_running",
     "loopback_env",
     "rayjobs_home",
@@ -93,6 +102,8 @@ __all__ = [
 _START_ATTEMPTS = 2
 # Time a dead cluster's leftover processes get to stop before they are killed.
 _STALE_CLEANUP_TIMEOUT_S = 5
+# Each node runs its own raylet, agents and object store (a few hundred MB of memory).
+MAX_NODES = 32
 
 
 def start(
@@ -102,31 +113,37 @@ def start(
     timeout_s: float = 90,
     ray_executable: str | None = None,
     progress: Callable[[str], None] | None = None,
+    nodes: int = 1,
 ) -> LocalCluster:
-    """Start a loopback-only Ray head node and wait until its job API answers.
+    """Start a loopback-only Ray cluster and wait until its job API answers and all its nodes are alive.
 
     A stale record of a cluster of that name (its leader is gone) is cleaned up first.
 
     Args:
         name: the cluster's name (letters, digits, '.', '_', '-').
-        num_cpus: CPUs the cluster offers; None for all of the machine's.
+        num_cpus: CPUs each node offers; None for all of the machine's.
         auth: whether the cluster requires a token (written to the cluster's directory).
-        timeout_s: how long Ray may take to come up.
+        timeout_s: how long the head may take to come up, and then the worker nodes to join.
         ray_executable: the ``ray`` command to use; see :func:`runner.local.launch.find_ray_executable`.
         progress: receives short status lines while waiting.
+        nodes: how many nodes, the head included (1 to :data:`MAX_NODES`). With more than one,
+            each node's object store is sized to fit ``/dev/shm`` (see
+            :func:`runner.local.workers.object_store_bytes`).
 
     Returns:
         The running cluster, as recorded in its state file.
 
     Raises:
-        InvalidClusterRequest: a bad name, ``num_cpus`` or ``timeout_s``.
+        InvalidClusterRequest: a bad name, ``num_cpus``, ``nodes`` or ``timeout_s``.
         ClusterError: ``ray`` was not found, a cluster of that name is already running or being
             started, or Ray did not come up within ``timeout_s`` (everything started is then
-            killed again).
+            killed again; the message names the node that did not come up).
     """
     check_name(name)
     if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1):
         raise InvalidClusterRequest(f"num_cpus must be a positive whole number, got {num_cpus!r}.")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise InvalidClusterRequest(f"nodes must be a whole number from 1 to {MAX_NODES}, got {nodes!r}.")
     if timeout_s <= 0:
         raise InvalidClusterRequest(f"timeout_s must be positive, got {timeout_s!r}.")
     ray_path = find_ray_executable(ray_executable)
@@ -144,9 +161,14 @@ def start(
         if not auth:
             with contextlib.suppress(FileNotFoundError):
                 (directory / TOKEN_FILE).unlink()
+        object_store_memory = object_store_bytes(nodes)
         for attempt in range(1, _START_ATTEMPTS + 1):
             try:
-                cluster = launch(name, directory, ray_path, num_cpus, token_file, timeout_s, progress)
+                cluster = launch(
+                    name, directory, ray_path, num_cpus, token_file, timeout_s, progress, object_store_memory
+                )
+                if nodes > 1:
+                    add_worker_nodes(cluster, nodes - 1, ray_path, num_cpus, token_file, timeout_s, progress)
             except PortClash as clash:
                 if attempt == _START_ATTEMPTS:
                     raise ClusterError(str(clash)) from None
@@ -160,8 +182,8 @@ def start(
 def stop(name: str = DEFAULT_CLUSTER_NAME, timeout_s: float = 30) -> bool:
     """Stop the named cluster and every process it started, and remove its state.
 
-    Sends SIGTERM to the ``ray start`` leader, which stops Ray's daemons, and waits up to
-    ``timeout_s`` for it. Then whatever of the cluster is left (found by session id or by its
+    Sends SIGTERM to the worker nodes' ``ray start`` leaders, then to the head's, each of which
+    stops its node's daemons, and waits up to ``timeout_s`` for them. Then whatever of the cluster is left (found by session id or by its
     temp dir on the command line) gets SIGTERM and a few seconds' grace, then SIGKILL.
 
     Args:
@@ -180,6 +202,8 @@ def stop(name: str = DEFAULT_CLUSTER_NAME, timeout_s: float = 30) -> bool:
         return False
     leader_alive = leader_is_alive(cluster)
     killed_any = stop_cluster_processes(cluster, leader_alive=leader_alive, timeout_s=timeout_s)
+    for worker in cluster.worker_nodes:
+        reap(worker.pid)
     reap(cluster.pid)
     forget_state(cluster)
     return leader_alive or killed_any

@@ -70,7 +70,13 @@ def find_ray_executable(explicit: str | None = None) -> str:
     return found
 
 
-def ray_start_command(ray_path: str, temp_dir: str, ports: dict[str, int], num_cpus: int | None) -> list[str]:
+def ray_start_command(
+    ray_path: str,
+    temp_dir: str,
+    ports: dict[str, int],
+    num_cpus: int | None,
+    object_store_memory: int | None = None,
+) -> list[str]:
     """The ``ray start`` command line of a head bound to the loopback address on ``ports``."""
     command = [
         ray_path,
@@ -92,6 +98,8 @@ def ray_start_command(ray_path: str, temp_dir: str, ports: dict[str, int], num_c
     command += [f"{option}={ports[key]}" for option, key in RAY_PORT_OPTIONS.items()]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
+    if object_store_memory is not None:
+        command.append(f"--object-store-memory={object_store_memory}")
     return command
 
 
@@ -103,8 +111,9 @@ def launch(
     token_file: Path | None,
     timeout_s: float,
     progress: Callable[[str], None] | None = None,
+    object_store_memory: int | None = None,
 ) -> LocalCluster:
-    """Run ``ray start`` on fresh ports and wait until its job API answers.
+    """Run ``ray start --head`` on fresh ports and wait until its job API answers.
 
     On any failure (Ctrl-C included) everything that was started is killed again and its temp
     dir removed; Ray's own logs of the attempt are kept in ``directory/failed-start-logs``.
@@ -117,6 +126,7 @@ def launch(
         token_file: the token file for token auth, or None for none.
         timeout_s: how long Ray may take to come up.
         progress: receives short status lines while waiting.
+        object_store_memory: bytes of the head's object store, or None for Ray's default.
 
     Returns:
         The running cluster's record (not yet written to its state file).
@@ -133,7 +143,7 @@ def launch(
     deadline = Deadline(timeout_s)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            ray_start_command(ray_path, temp_dir, ports, num_cpus),
+            ray_start_command(ray_path, temp_dir, ports, num_cpus, object_store_memory),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -154,6 +164,7 @@ def launch(
         num_cpus=num_cpus,
         ports=ports,
         leader_create_time=process_create_time(process.pid),
+        object_store_memory=object_store_memory,
     )
     try:
         wait_until_ready(cluster, process, deadline, progress)
@@ -162,14 +173,14 @@ def launch(
         # would hold ports and memory until the machine reboots.
         stop_cluster_processes(cluster, leader_alive=True, timeout_s=_CLEANUP_TIMEOUT_S)
         reap(process.pid)
-        kept_logs = _keep_session_logs(temp_dir, directory / FAILED_START_LOGS)
+        kept_logs = keep_session_logs(temp_dir, directory / FAILED_START_LOGS)
         shutil.rmtree(temp_dir, ignore_errors=True)
         if not isinstance(failure, ClusterError):
             raise
         message = str(failure)
         if kept_logs is not None:
             message += f" Ray's own logs of this attempt are in {kept_logs}."
-        if _log_shows_port_clash(log_path) or _log_shows_port_clash(kept_logs):
+        if log_shows_port_clash(log_path) or log_shows_port_clash(kept_logs):
             raise PortClash(message) from None
         raise ClusterError(message) from None
     return cluster
@@ -214,9 +225,9 @@ def wait_until_ready(
                 raise ClusterError(
                     f"ray start for local cluster '{cluster.name}' exited with code "
                     f"{exit_code} before the {label} was ready. "
-                    + _log_tail_sentence(cluster.log_file)
+                    + log_tail_sentence(cluster.log_file)
                 )
-            last_status = _http_status(url, step_headers)
+            last_status = http_status(url, step_headers)
             if last_status == 200:
                 break
             if deadline.left() <= 0:
@@ -224,13 +235,13 @@ def wait_until_ready(
                 raise ClusterError(
                     f"Local cluster '{cluster.name}' did not get its {label} ready within "
                     f"{deadline.seconds:.0f} s{status_note}. "
-                    + _log_tail_sentence(cluster.log_file)
+                    + log_tail_sentence(cluster.log_file)
                 )
             time.sleep(min(backoff.next_delay(), max(deadline.left(), 0.0)))
     if cluster.auth:
         # Guards against a Ray that silently ignores RAY_AUTH_MODE: a cluster
         # that runs anyone's code must not pretend to be protected.
-        anonymous_status = _http_status(f"{cluster.dashboard_url}/api/jobs/", {})
+        anonymous_status = http_status(f"{cluster.dashboard_url}/api/jobs/", {})
         if anonymous_status not in (401, 403):
             raise ClusterError(
                 f"Local cluster '{cluster.name}' accepts job API requests without a "
@@ -239,7 +250,7 @@ def wait_until_ready(
             )
 
 
-def _http_status(url: str, headers: dict[str, str]) -> int | None:
+def http_status(url: str, headers: dict[str, str]) -> int | None:
     """HTTP status of a GET, or None when nothing answers."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(url, headers=headers, method="GET")
@@ -252,8 +263,8 @@ def _http_status(url: str, headers: dict[str, str]) -> int | None:
         return None
 
 
-def _keep_session_logs(temp_dir: str, destination: Path) -> Path | None:
-    """Copy Ray's logs of a failed start out of the temp dir that is about to go."""
+def keep_session_logs(temp_dir: str, destination: Path) -> Path | None:
+    """Copy Ray's logs of a failed start out of the temp dir that is about to go; None when there are none."""
     source = Path(temp_dir) / "session_latest" / "logs"
     shutil.rmtree(destination, ignore_errors=True)
     if not source.is_dir():
@@ -274,14 +285,15 @@ def _log_tail(log_file: str, lines: int = _LOG_TAIL_LINES) -> list[str]:
     return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
 
 
-def _log_tail_sentence(log_file: str) -> str:
+def log_tail_sentence(log_file: str) -> str:
+    """The last lines of a log as one sentence for an error message."""
     tail = _log_tail(log_file)
     if not tail:
         return f"The log {log_file} is empty."
     return f"Last lines of {log_file}: " + " | ".join(tail)
 
 
-def _log_shows_port_clash(log_path: Path | None) -> bool:
+def log_shows_port_clash(log_path: Path | None) -> bool:
     """Whether `ray start`'s log, or any of Ray's logs in a directory, names a busy port."""
     if log_path is None:
         return False

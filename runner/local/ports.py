@@ -12,12 +12,15 @@ from runner.local.errors import ClusterError
 LOOPBACK_HOST = "127.0.0.1"
 
 # `ray start` option -> key in LocalCluster.ports. Each of these has a fixed
-# default (or a default range) in Ray that would clash with a second cluster
-# on the same machine.
-RAY_PORT_OPTIONS = {
+# default (or a default range) in Ray that would clash with a second cluster,
+# or a second node, on the same machine.
+HEAD_ONLY_PORT_OPTIONS = {
     "--port": "gcs",
     "--dashboard-port": "dashboard",
     "--ray-client-server-port": "ray_client_server",
+}
+# The ports every node binds for itself, head and worker nodes alike.
+NODE_PORT_OPTIONS = {
     "--dashboard-agent-listen-port": "dashboard_agent_http",
     "--dashboard-agent-grpc-port": "dashboard_agent_grpc",
     "--metrics-export-port": "metrics_export",
@@ -25,6 +28,7 @@ RAY_PORT_OPTIONS = {
     "--node-manager-port": "node_manager",
     "--object-manager-port": "object_manager",
 }
+RAY_PORT_OPTIONS = {**HEAD_ONLY_PORT_OPTIONS, **NODE_PORT_OPTIONS}
 
 # Above Ray's default worker port range (10002-19999), which other clusters
 # on this machine may use.
@@ -32,7 +36,7 @@ _PORT_POOL_LOW = 20000
 _DRAWS_PER_PORT = 200
 
 
-def free_ports(keys: list[str]) -> dict[str, int]:
+def free_ports(keys: list[str], avoid: set[int] | frozenset[int] = frozenset()) -> dict[str, int]:
     """Distinct ports that are free on the loopback address right now.
 
     They are drawn from below the kernel's ephemeral range: ports in that
@@ -42,6 +46,7 @@ def free_ports(keys: list[str]) -> dict[str, int]:
 
     Args:
         keys: one name per port wanted.
+        avoid: ports not to hand out even if they are free now (promised to another node).
 
     Returns:
         Each key with its port.
@@ -54,7 +59,7 @@ def free_ports(keys: list[str]) -> dict[str, int]:
         low, high = 1024, 65535
     rng = random.SystemRandom()
     chosen: dict[str, int] = {}
-    taken: set[int] = set()
+    taken: set[int] = set(avoid)
     for key in keys:
         for _ in range(_DRAWS_PER_PORT):
             port = rng.randint(low, high)

@@ -1,8 +1,9 @@
 """Finding and stopping the processes of one local cluster, and only those.
 
-A cluster's processes are its ``ray start`` leader, everything in that leader's process
-session, and anything whose command line names the cluster's private temp dir (Ray's
-daemons do; they may have left the session). Nothing here runs a machine-wide ``ray stop``.
+A cluster's processes are its ``ray start`` leaders (the head's and one per worker node), everything
+in those leaders' process sessions, and anything whose command line names the cluster's private
+temp dir (Ray's daemons do; they may have left the session). Nothing here runs a machine-wide
+``ray stop``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from typing import Any
 
 from runner.backoff import Deadline
-from runner.local.state import LocalCluster
+from runner.local.state import LocalCluster, WorkerNode
 
 _STRAGGLER_GRACE_S = 3.0
 _KILL_ROUNDS = 3
@@ -72,17 +73,38 @@ def process_create_time(pid: int) -> float | None:
 
 
 def leader_is_alive(cluster: LocalCluster) -> bool:
-    """Whether the recorded pid is still the cluster's ``ray start`` (not a reused pid); changes nothing."""
+    """Whether the recorded pid is still the cluster's head ``ray start`` (not a reused pid); changes nothing."""
+    return _is_live_leader(cluster.pid, cluster.leader_create_time, cluster.temp_dir)
+
+
+def worker_leader_is_alive(cluster: LocalCluster, worker: WorkerNode) -> bool:
+    """Whether a worker node's ``ray start`` still runs (not a reused pid); changes nothing."""
+    return _is_live_leader(worker.pid, worker.leader_create_time, cluster.temp_dir)
+
+
+def _is_live_leader(pid: int, create_time: float | None, temp_dir: str) -> bool:
     psutil = psutil_module()
     try:
-        leader = psutil.Process(cluster.pid)
+        leader = psutil.Process(pid)
         if leader.status() == psutil.STATUS_ZOMBIE:
             return False
-        if cluster.leader_create_time is not None and abs(leader.create_time() - cluster.leader_create_time) > 1.0:
+        if create_time is not None and abs(leader.create_time() - create_time) > 1.0:
             return False
-        return any(cluster.temp_dir in part for part in leader.cmdline())
+        return any(temp_dir in part for part in leader.cmdline())
     except psutil.Error:
         return False
+
+
+def _cluster_sessions(cluster: LocalCluster, leader_alive: bool) -> dict[int, bool]:
+    """Session ids that can only be the cluster's, each with whether its leader still runs.
+
+    Linux does not hand out a pid while it still names a session, so while a leader's pid is
+    unused its session id can only mean our cluster. If some other live program holds that pid
+    now, the session is theirs.
+    """
+    leaders = [(cluster.pid, leader_alive)]
+    leaders += [(worker.pid, worker_leader_is_alive(cluster, worker)) for worker in cluster.worker_nodes]
+    return {pid: alive for pid, alive in leaders if alive or not _pid_held_by_other_process(pid)}
 
 
 def cluster_processes(cluster: LocalCluster, leader_alive: bool | None = None) -> list[Any]:
@@ -93,17 +115,14 @@ def cluster_processes(cluster: LocalCluster, leader_alive: bool | None = None) -
         leader_alive: whether its leader still runs, if the caller already knows.
 
     Returns:
-        Processes in the leader's session, or whose command line names the cluster's temp dir;
-        never this process or its parent.
+        Processes in the sessions of the head's or a worker node's leader, or whose command line
+        names the cluster's temp dir; never this process or its parent.
     """
     psutil = psutil_module()
     if leader_alive is None:
         leader_alive = leader_is_alive(cluster)
     own_pids = {os.getpid(), os.getppid()}
-    # Linux does not hand out a pid while it still names a session, so while
-    # the leader's pid is unused its session id can only mean our cluster.
-    # If some other live program holds that pid now, the session is theirs.
-    match_session = leader_alive or not _pid_held_by_other_process(cluster.pid)
+    sessions = _cluster_sessions(cluster, leader_alive)
     # Not a bare substring test: /tmp/rj-abc must not match /tmp/rj-abcd.
     temp_dir_pattern = re.compile(re.escape(cluster.temp_dir) + r"(?![\w.-])")
     members = []
@@ -114,10 +133,11 @@ def cluster_processes(cluster: LocalCluster, leader_alive: bool | None = None) -
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            in_session = match_session and os.getsid(pid) == cluster.pid
+            session = os.getsid(pid)
         except (OSError, psutil.Error):
             continue
-        if in_session and not leader_alive:
+        in_session = session in sessions
+        if in_session and not sessions[session]:
             # Belt and braces against a pid reused between the check above and this scan.
             created = proc.info.get("create_time") or 0.0
             in_session = created >= cluster.started_at - _CREATE_TIME_SLACK_S
@@ -139,10 +159,13 @@ def _pid_held_by_other_process(pid: int) -> bool:
 def stop_cluster_processes(cluster: LocalCluster, leader_alive: bool, timeout_s: float) -> bool:
     """Shut the cluster down in order, then kill whatever of it is left.
 
+    Worker nodes go first, so that no raylet is left waiting for a GCS that is gone.
+
     Args:
         cluster: the cluster's record.
-        leader_alive: whether its ``ray start`` leader still runs (it then gets SIGTERM first
-            and up to ``timeout_s`` to stop Ray's daemons itself).
+        leader_alive: whether its head ``ray start`` leader still runs (it then gets SIGTERM
+            after the worker nodes' leaders, and the rest of ``timeout_s`` to stop Ray's daemons
+            itself).
         timeout_s: how long the orderly part may take.
 
     Returns:
@@ -153,20 +176,20 @@ def stop_cluster_processes(cluster: LocalCluster, leader_alive: bool, timeout_s:
     members = cluster_processes(cluster, leader_alive=leader_alive)
     if not members and not leader_alive:
         return False
+    live_workers = [worker.pid for worker in cluster.worker_nodes if worker_leader_is_alive(cluster, worker)]
+    _terminate_leaders(live_workers, deadline)
     if leader_alive:
-        # On SIGTERM `ray start --block` stops its daemons in order (raylet
-        # before GCS) in a few seconds. Signalling the whole group at once makes
-        # them wait on each other for half a minute instead.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(cluster.pid, signal.SIGTERM)
-        with contextlib.suppress(psutil.Error):
-            psutil.Process(cluster.pid).wait(timeout=max(deadline.left(), 0.0))
-    # Workers, drivers and helpers that outlived the leader get a short grace
+        _terminate_leaders([cluster.pid], deadline)
+    # Workers, drivers and helpers that outlived the leaders get a short grace
     # period, then SIGKILL.
     remaining = cluster_processes(cluster)
     if remaining:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(cluster.pid, signal.SIGTERM)
+        for session in _cluster_sessions(cluster, leader_is_alive(cluster)):
+            if session != cluster.pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(session, signal.SIGTERM)
         for proc in remaining:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
@@ -180,3 +203,19 @@ def stop_cluster_processes(cluster: LocalCluster, leader_alive: bool, timeout_s:
                 proc.kill()
         psutil.wait_procs(leftovers, timeout=3)
     return True
+
+
+def _terminate_leaders(pids: list[int], deadline: Deadline) -> None:
+    """SIGTERM to each ``ray start --block`` leader, then wait for all of them until ``deadline``."""
+    psutil = psutil_module()
+    # On SIGTERM `ray start --block` stops its daemons in order (raylet
+    # before GCS) in a few seconds. Signalling the whole group at once makes
+    # them wait on each other for half a minute instead.
+    leaders = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(psutil.Error):
+            leaders.append(psutil.Process(pid))
+    if leaders:
+        psutil.wait_procs(leaders, timeout=max(deadline.left(), 0.0))

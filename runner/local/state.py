@@ -39,8 +39,23 @@ _TEMP_DIR_PREFIX = "rj-"
 
 
 @dataclass
+class WorkerNode:
+    """One worker node of a local cluster: its own ``ray start --address=…`` in a session of its own."""
+
+    name: str
+    pid: int
+    log_file: str
+    ports: dict[str, int] = field(default_factory=dict)
+    leader_create_time: float | None = None
+
+
+@dataclass
 class LocalCluster:
-    """Where a running local cluster listens and how to reach it."""
+    """Where a running local cluster listens and how to reach it.
+
+    ``pid`` is the head node's ``ray start`` leader; ``worker_nodes`` are the other nodes
+    (none for a single-node cluster).
+    """
 
     name: str
     dashboard_url: str
@@ -53,6 +68,13 @@ class LocalCluster:
     num_cpus: int | None = None
     ports: dict[str, int] = field(default_factory=dict)
     leader_create_time: float | None = None
+    worker_nodes: list[WorkerNode] = field(default_factory=list)
+    object_store_memory: int | None = None
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes the cluster was started with, the head included."""
+        return 1 + len(self.worker_nodes)
 
     @property
     def auth(self) -> bool:
@@ -102,7 +124,15 @@ class LocalCluster:
         if not isinstance(data, dict):
             raise ValueError("cluster state is not a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        fields = {key: value for key, value in data.items() if key in known}
+        workers = fields.get("worker_nodes") or []
+        if not isinstance(workers, list) or not all(isinstance(worker, dict) for worker in workers):
+            raise ValueError("worker_nodes is not a list of objects")
+        worker_known = {f.name for f in dataclasses.fields(WorkerNode)}
+        fields["worker_nodes"] = [
+            WorkerNode(**{key: value for key, value in worker.items() if key in worker_known}) for worker in workers
+        ]
+        return cls(**fields)
 
 
 def rayjobs_home() -> Path:

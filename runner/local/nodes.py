@@ -1,0 +1,92 @@
+"""The nodes of a running local cluster as its GCS sees them, read through the dashboard's state API."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from runner.local.errors import ClusterError
+from runner.local.state import LocalCluster
+
+HEAD_ROLE = "head"
+# Dead nodes stay in the GCS's list for a while; a local cluster never has many.
+_NODE_LIST_LIMIT = 1000
+_REQUEST_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of a cluster: ``role`` is ``head``, ``worker-N`` for a node rayjobs started, else Ray's node name."""
+
+    role: str
+    node_id: str
+    cpus: float | None
+    alive: bool
+    state: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The node as plain JSON values."""
+        return asdict(self)
+
+
+def list_nodes(cluster: LocalCluster, timeout_s: float = _REQUEST_TIMEOUT_S) -> list[NodeInfo]:
+    """Every node the cluster's GCS knows, alive or dead: the head first, then worker nodes by role.
+
+    Args:
+        cluster: a running local cluster.
+        timeout_s: how long the dashboard may take to answer.
+
+    Returns:
+        The nodes.
+
+    Raises:
+        ClusterError: the dashboard did not answer, or answered with something that is not a node list.
+    """
+    url = f"{cluster.dashboard_url}/api/v0/nodes?limit={_NODE_LIST_LIMIT}"
+    document = _get_json(url, cluster.auth_headers(), timeout_s)
+    try:
+        rows = document["data"]["result"]["result"]
+        nodes = [_node_info(row) for row in rows]
+    except (KeyError, TypeError, ValueError):
+        raise ClusterError(f"The dashboard of local cluster '{cluster.name}' answered {url} with no node list.") from None
+    return sorted(nodes, key=_display_order)
+
+
+def _node_info(row: dict[str, Any]) -> NodeInfo:
+    cpus = (row.get("resources_total") or {}).get("CPU")
+    state = str(row["state"])
+    return NodeInfo(
+        role=HEAD_ROLE if row.get("is_head_node") else str(row.get("node_name") or row["node_id"]),
+        node_id=str(row["node_id"]),
+        cpus=float(cpus) if cpus is not None else None,
+        alive=state == "ALIVE",
+        state=state,
+    )
+
+
+def _display_order(node: NodeInfo) -> tuple[int, int, str]:
+    if node.role == HEAD_ROLE:
+        return (0, 0, node.node_id)
+    prefix, _, number = node.role.rpartition("-")
+    if prefix == "worker" and number.isdigit():
+        return (1, int(number), node.node_id)
+    return (2, 0, node.role)
+
+
+def _get_json(url: str, headers: dict[str, str], timeout_s: float) -> Any:
+    # Loopback traffic never goes through a proxy from the user's environment.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers=headers, method="GET")
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ClusterError(f"The dashboard answered {url} with HTTP {exc.code}.") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ClusterError(f"The dashboard did not answer {url}: {reason}.") from None
+    except ValueError:
+        raise ClusterError(f"The dashboard answered {url} with something that is not JSON.") from None

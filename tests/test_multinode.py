@@ -1,0 +1,255 @@
+"""Multi-node local clusters: `rayjobs cluster up --nodes N`, their status, jobs across nodes, and `cluster down`."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import wait_for_condition
+from runner.exit_codes import ExitCode
+from runner.local import LocalCluster, cluster_processes
+from runner.local.processes import psutil_module
+from runner.local.storage_note import is_local_path, local_shared_paths, shared_storage_note
+from runner.local.workers import object_store_bytes
+from tests.cli_helpers import cli_env, run_rayjobs
+
+CLUSTER_NAME = "multi"
+NODES = 3
+
+SPREAD_DRIVER = '''\
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+ray.init()
+group = placement_group([{"CPU": 1}] * 3, strategy="STRICT_SPREAD")
+ray.get(group.ready(), timeout=120)
+
+
+@ray.remote(num_cpus=1)
+def node_id():
+    return ray.get_runtime_context().get_node_id()
+
+
+ids = ray.get([
+    node_id.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)).remote()
+    for i in range(3)
+])
+print("distinct nodes:", len(set(ids)))
+'''
+
+
+def _submission_with_workload(workload: dict) -> dict:
+    return {"entrypoint": "true", "runtime_env": {"env_vars": {"RAYJOBS_WORKLOAD": json.dumps(workload)}}}
+
+
+# ----------------------------------------------------------------- no cluster needed
+
+
+@pytest.mark.parametrize("value, local", [
+    ("/data/results", True), ("~/results", True), ("file:///data/results", True),
+    ("s3://bucket/results", False), ("gs://bucket/x", False), ("abfss://c@a.dfs.core.windows.net/x", False),
+])
+def test_storage_locations_are_told_apart(value, local):
+    assert is_local_path(value) is local
+
+
+def test_local_shared_paths_finds_storage_path_and_output_dir():
+    submission = _submission_with_workload(
+        {"kind": "vision", "storage_path": "/r", "data": {"output_dir": "/d", "root": "/elsewhere"}})
+    assert local_shared_paths(submission) == {"storage_path": "/r", "data.output_dir": "/d"}
+    remote = _submission_with_workload({"kind": "vision", "storage_path": "s3://b/r", "data": {"output_dir": "gs://b/d"}})
+    assert local_shared_paths(remote) == {}
+    assert local_shared_paths({"entrypoint": "true"}) == {}
+
+
+def test_no_storage_note_without_a_local_cluster():
+    submission = _submission_with_workload({"kind": "vision", "storage_path": "/r"})
+    assert shared_storage_note(None, submission) is None
+    assert shared_storage_note("not-running", submission) is None
+
+
+def test_object_store_fits_several_nodes():
+    assert object_store_bytes(1) is None
+    for nodes in (2, 3, 8, 32):
+        size = object_store_bytes(nodes)
+        assert 128 * 2**20 <= size <= 512 * 2**20 and size % 2**20 == 0
+
+
+@pytest.mark.parametrize("nodes", ["0", "33", "two"])
+def test_bad_node_counts_are_bad_input(nodes, tmp_path):
+    result = run_rayjobs("cluster", "up", "--name", "never", "--nodes", nodes, home=tmp_path, timeout=60)
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
+    assert not (tmp_path / "clusters" / "never" / "cluster.json").exists()
+
+
+def _processes_with_token_file(token_file: Path) -> list:
+    """Live processes whose environment names ``token_file``: every process of a cluster inherits it."""
+    psutil = psutil_module()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("RAY_AUTH_TOKEN_PATH") == str(token_file):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.cluster
+def test_a_worker_node_that_fails_to_start_stops_the_whole_cluster(tmp_path):
+    # A `ray` whose interpreter starts the head as usual but refuses to run a worker node.
+    real_ray = Path(sys.executable).parent / "ray"
+    fake_python = tmp_path / "python3"
+    fake_python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo "no worker today" >&2; exit 3; fi\n'
+                           f'exec {sys.executable} "$@"\n')
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f"#!{fake_python}\n" + real_ray.read_text().split("\n", 1)[1])
+    for script in (fake_python, fake_ray):
+        script.chmod(0o755)
+    home = tmp_path / "home"
+    result = run_rayjobs("cluster", "up", "--name", "broken", "--nodes", "2", "--num-cpus", "1", home=home,
+                         timeout=300, env=cli_env(home, RAYJOBS_RAY_EXECUTABLE=str(fake_ray)))
+    assert result.returncode == ExitCode.CLUSTER_UNREACHABLE, result.stderr
+    assert "Worker node 'worker-1'" in result.stderr and "exited with code 3" in result.stderr
+    assert "no worker today" in result.stderr
+    directory = home / "clusters" / "broken"
+    assert not (directory / "cluster.json").exists()
+    assert _processes_with_token_file(directory / "auth_token") == []
+
+
+# ----------------------------------------------------------------- one 3-node cluster for the module
+
+
+@pytest.fixture(scope="module")
+def multi_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """RAYJOBS_HOME of a 3-node, 1-CPU-per-node cluster started through the CLI; stopped afterwards."""
+    home = tmp_path_factory.mktemp("multinode-home")
+    up = run_rayjobs("cluster", "up", "--name", CLUSTER_NAME, "--nodes", str(NODES), "--num-cpus", "1",
+                     home=home, timeout=400)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"with {NODES} nodes" in up.stderr
+        yield home
+    finally:
+        run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=home, timeout=120)
+
+
+@pytest.fixture
+def multi_cluster(multi_home: Path) -> LocalCluster:
+    return LocalCluster.from_json((multi_home / "clusters" / CLUSTER_NAME / "cluster.json").read_text())
+
+
+def _status(home: Path) -> dict:
+    result = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, "--output", "json", home=home, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.cluster
+def test_status_lists_every_node_alive_with_one_cpu(multi_home, multi_cluster):
+    status = _status(multi_home)
+    assert status["node_count"] == NODES and status["nodes_error"] is None
+    nodes = status["nodes"]
+    assert [node["role"] for node in nodes] == ["head", "worker-1", "worker-2"]
+    assert all(node["alive"] and node["cpus"] == 1 for node in nodes)
+    assert len({node["node_id"] for node in nodes}) == NODES
+    assert [worker.name for worker in multi_cluster.worker_nodes] == ["worker-1", "worker-2"]
+
+    text = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
+    assert text.returncode == 0, text.stderr
+    assert f"nodes:     {NODES} ({NODES} alive)" in text.stdout
+    for node in nodes:
+        assert node["node_id"] in text.stdout
+
+
+@pytest.mark.cluster
+def test_every_node_listens_on_loopback_only(multi_cluster):
+    psutil = psutil_module()
+    addresses = set()
+    for proc in cluster_processes(multi_cluster):
+        try:
+            connections = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        addresses |= {conn.laddr.ip for conn in connections if conn.status == psutil.CONN_LISTEN}
+    assert addresses
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        assert ip.is_loopback, f"a node listens on {address}"
+
+
+@pytest.mark.cluster
+def test_job_runs_tasks_on_three_distinct_nodes(multi_home, tmp_path):
+    (tmp_path / "spread.py").write_text(SPREAD_DRIVER)
+    spec = tmp_path / "spread.yaml"
+    spec.write_text("name: spread\nentrypoint: python spread.py\nruntime_env:\n  working_dir: .\n")
+    result = run_rayjobs("submit", str(spec), "--cluster", CLUSTER_NAME, home=multi_home, timeout=300)
+    assert result.returncode == ExitCode.SUCCEEDED, result.stdout + result.stderr
+    assert "SUCCEEDED" in result.stderr
+    assert f"distinct nodes: {NODES}" in result.stdout
+
+
+@pytest.mark.cluster
+def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
+    spec = tmp_path / "note.yaml"
+    spec.write_text(
+        "name: note\nentrypoint: echo stored\nruntime_env:\n  working_dir: .\nworkload:\n  kind: vision\n"
+        "  storage_path: ./results\n  data:\n    source: synthetic\n    output_dir: ./shards\n")
+    result = run_rayjobs("submit", str(spec), "--cluster", CLUSTER_NAME, "--no-wait", home=multi_home, timeout=120)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("rayjobs: note: ")]
+    assert len(notes) == 1, result.stderr
+    assert "workload.storage_path" in notes[0] and "workload.data.output_dir" in notes[0]
+    assert "shared mount or object storage" in notes[0]
+
+
+@pytest.mark.cluster
+def test_a_worker_node_whose_raylet_dies_is_shown_dead(multi_home, multi_cluster):
+    psutil = psutil_module()
+    worker = multi_cluster.worker_nodes[-1]
+    raylets = [proc for proc in cluster_processes(multi_cluster)
+               if proc.name() == "raylet" and os.getsid(proc.pid) == worker.pid]
+    assert len(raylets) == 1
+    raylets[0].send_signal(signal.SIGKILL)
+    psutil.wait_procs(raylets, timeout=10)
+
+    def dead_worker() -> dict | None:
+        nodes = {node["role"]: node for node in _status(multi_home)["nodes"]}
+        return nodes if not nodes[worker.name]["alive"] else None
+
+    # The GCS declares a node dead after a few missed health checks.
+    nodes = wait_for_condition(dead_worker, timeout_s=120, interval_s=2)
+    assert nodes[worker.name]["state"] == "DEAD"
+    assert nodes["head"]["alive"] and nodes["worker-1"]["alive"]
+    text = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
+    assert f"nodes:     {NODES} ({NODES - 1} alive)" in text.stdout
+
+
+@pytest.mark.cluster
+def test_cluster_down_stops_every_process_of_every_node(multi_home, multi_cluster):
+    psutil = psutil_module()
+    members = cluster_processes(multi_cluster)
+    # Every live `ray start` leader is a member, each leading its own session (worker-2's may
+    # have exited with its raylet in the test before).
+    assert {multi_cluster.pid, *(worker.pid for worker in multi_cluster.worker_nodes[:1])} <= {p.pid for p in members}
+    assert _processes_with_token_file(Path(multi_cluster.token_file))
+    down = run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=multi_home, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert "stopped" in down.stderr
+    assert cluster_processes(multi_cluster) == []
+    assert _processes_with_token_file(Path(multi_cluster.token_file)) == []
+    for proc in members:
+        assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, proc
+    assert not Path(multi_cluster.temp_dir).exists()
+    gone = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
+    assert gone.returncode == ExitCode.CLUSTER_UNREACHABLE
