@@ -61,6 +61,7 @@ class Problem:
     source: str | None = None  # e.g. "--set" when the value came from the command line
 
     def render(self, file: str | None) -> str:
+        """``file:line: field: message``, the way every problem is printed."""
         where = [file or "<spec>"]
         if self.line is not None and self.source is None:
             where[0] += f":{self.line}"
@@ -81,6 +82,7 @@ class SpecError(Exception):
 
     @classmethod
     def single(cls, file: str | None, message: str, path: FieldPath = (), line: int | None = None) -> SpecError:
+        """A SpecError holding one problem."""
         return cls(file, [Problem(message, path, line)])
 
     def __str__(self) -> str:

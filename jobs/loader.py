@@ -30,6 +30,7 @@ class LoadedSpec:
 
     @property
     def file(self) -> str:
+        """The spec's file name for messages (``<spec>`` for a spec given as data)."""
         return str(self.path) if self.path else "<spec>"
 
 

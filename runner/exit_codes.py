@@ -8,6 +8,8 @@ from jobs.status import JobStatus
 
 
 class ExitCode(IntEnum):
+    """What a ``rayjobs`` command exits with; the README's "Exit codes" table explains each."""
+
     SUCCEEDED = 0
     FAILED = 1  # the job ran and failed (or, for `stop`, could not be stopped)
     BAD_INPUT = 2  # a spec, flag or argument is wrong; nothing was submitted

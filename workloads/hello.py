@@ -6,7 +6,6 @@ Run by ``specs/hello.yaml``. Its parameters come from the spec's ``workload`` se
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 
@@ -24,6 +23,7 @@ class HelloParams(BaseModel):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the tasks, check their results, and return the exit status (0 when all are right)."""
     import ray
 
     from workloads.params import add_params_argument, load_params
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     @ray.remote(num_cpus=0.5)
     def square(x: int) -> tuple[int, str]:
         time.sleep(params.work_ms / 1000)
-        return x * x, socket.gethostname()
+        # The Ray node, not the host name: the nodes of a local multi-node cluster share one host.
+        return x * x, ray.get_runtime_context().get_node_id()
 
     ray.init()
     print(f"hello: running {params.tasks} tasks on {ray.cluster_resources().get('CPU', 0):g} CPUs", flush=True)
