@@ -273,11 +273,9 @@ def delete_tree(folder: StoragePath) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         return
     filesystem, fs_path = filesystem_and_path(folder)
-    for path in list_files(folder, recursive=True):
-        call_storage(path, lambda path=path: filesystem.delete_file(path.fs_path))
-    # Some stores keep an empty "folder" marker object; it goes too.
-    if file_size(folder) is not None:
-        call_storage(folder, lambda: filesystem.delete_file(fs_path))
+    if list_files(folder, recursive=True, limit=1):
+        # Also removes the empty "folder" marker objects pyarrow leaves behind.
+        call_storage(folder, lambda: filesystem.delete_dir(fs_path))
 
 
 def make_folder(folder: StoragePath) -> None:
