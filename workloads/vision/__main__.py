@@ -98,7 +98,7 @@ def check_params_storage(params: VisionParams) -> None:
     before any stage starts, and within seconds."""
     check_storage(storage_path(params.data.output_dir), "data.output_dir")
     if params.stages != ["preprocess"]:
-        check_storage(params.run_dir, "storage_path")
+        check_storage(storage_path(params.storage_path), "storage_path")
 
 
 def main(argv: list[str] | None = None) -> int:
