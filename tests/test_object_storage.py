@@ -233,3 +233,17 @@ def test_vision_entry_point_exits_2_with_one_line_before_touching_ray(case, aws_
     expected = {"missing bucket": "bucket 'no-such-bucket' does not exist", "refused keys": "AWS_ACCESS_KEY_ID",
                 "unreachable endpoint": "check AWS_ENDPOINT_URL"}[case]
     assert expected in lines[0] and "wrong-secret" not in lines[0]
+
+
+def test_ray_data_reads_the_training_splits_from_s3(bucket, tmp_path):
+    from tests.conftest import private_ray
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.ingest import training_datasets
+    from workloads.vision.preprocess import run_preprocess
+
+    info = run_preprocess(_mnist_data(tmp_path, f"s3://{bucket}/datasets/for-ray-data"), progress=False)
+    with private_ray(num_cpus=1, log_to_driver=False):
+        datasets = training_datasets(info.root, info.layout, TrainConfig(ingest="ray_data", data_cpus=0))
+        assert datasets["val"].count() == 20
+        batch = datasets["train"].take_batch(4)
+    assert batch["image"].shape == (4, 1, 28, 28)
