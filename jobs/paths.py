@@ -37,7 +37,7 @@ def _resolve_against_spec_dir(value: Path, info: ValidationInfo) -> Path:
 
 
 def refuse_uri(value: Any) -> Any:
-    """``value`` unchanged unless it is a URI (``scheme://…``), which raises ValueError: the field takes a local path."""
+    """``value`` unchanged, unless it is a URI (``scheme://…``): then ValueError, as the field takes a local path."""
     if isinstance(value, str) and (scheme := uri_scheme(value.strip())):
         raise ValueError(f"{value.strip()!r} is a URI ({scheme}://), but this field takes a local path")
     return value

@@ -44,7 +44,8 @@ def test_quickstart_in_s3_writes_nothing_locally_and_resumes(ray_cluster, ray_cl
 
     run_keys = object_keys(s3_endpoint, BUCKET, "runs/in-s3/")
     for name in ("metrics.csv", "loss_curve.png", "confusion_matrix.png", "inference_metrics.json",
-                 "checkpoint_manager_snapshot.json", "checkpoint_epoch_0001/state.pt", "checkpoint_epoch_0001/meta.json"):
+                 "checkpoint_manager_snapshot.json", "checkpoint_epoch_0001/state.pt",
+                 "checkpoint_epoch_0001/meta.json"):
         assert f"runs/in-s3/{name}" in run_keys, run_keys
     predictions = [key for key in run_keys if key.startswith("runs/in-s3/predictions/") and key.endswith(".parquet")]
     rows = sum(pq.read_table(io.BytesIO(_read(s3_endpoint, key))).num_rows for key in predictions)

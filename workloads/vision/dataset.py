@@ -117,7 +117,8 @@ class ParquetImageDataset(Dataset):
         file_index, group_index = self.groups[group]
         parquet_file = self._open_files.get(file_index)
         if parquet_file is None:
-            parquet_file = self._open_files[file_index] = pq.ParquetFile(storage.open_input_file(self.files[file_index]))
+            source = storage.open_input_file(self.files[file_index])
+            parquet_file = self._open_files[file_index] = pq.ParquetFile(source)
         table = parquet_file.read_row_group(group_index, columns=["image", "label"])
         rows = (table.column("image").to_pylist(), table.column("label").to_pylist())
         self.group_reads += 1

@@ -268,7 +268,8 @@ def write_part(path: StoragePath, table: pa.Table, rows_per_file: int, image_com
 class SplitWriter:
     """Buffers rows of one split and writes them as part files of ``rows_per_file`` rows."""
 
-    def __init__(self, directory: StoragePath, split: str, rows_per_file: int, class_names: list[str], raw: bool = False):
+    def __init__(self, directory: StoragePath, split: str, rows_per_file: int, class_names: list[str],
+                 raw: bool = False):
         # JPEG bytes do not compress, so spending CPU on them only slows readers; raw
         # pixel arrays (mostly black MNIST digits) shrink several times.
         self.image_compression = "SNAPPY" if raw else "NONE"

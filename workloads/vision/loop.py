@@ -148,8 +148,8 @@ def setup_worker(config: dict) -> Worker:
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))
     return Worker(
-        cfg=cfg, classes=list(config["classes"]), layout=layout, run_dir=storage.storage_path(config["run_dir"]), rank=rank,
-        world_size=world_size, device=device, use_amp=on_gpu and cfg.amp, memory_format=memory_format,
+        cfg=cfg, classes=list(config["classes"]), layout=layout, run_dir=storage.storage_path(config["run_dir"]),
+        rank=rank, world_size=world_size, device=device, use_amp=on_gpu and cfg.amp, memory_format=memory_format,
         batches=batches, model=model, optimizer=optimizer, scheduler=scheduler,
         loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         # Reading a flag from an accelerator waits for it; on the CPU the check is free.
