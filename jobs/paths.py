@@ -1,11 +1,13 @@
-"""Paths written in a spec resolve against the spec file's directory."""
+"""Paths written in a spec resolve against the spec file's directory; URIs are taken only where storage allows them."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, ValidationInfo
+
+from jobs.object_store import S3Location, uri_scheme
 
 SPEC_DIR_CONTEXT_KEY = "spec_dir"
 
@@ -34,5 +36,27 @@ def _resolve_against_spec_dir(value: Path, info: ValidationInfo) -> Path:
     return resolve_spec_path(value, (info.context or {}).get(SPEC_DIR_CONTEXT_KEY))
 
 
-SpecPath = Annotated[Path, AfterValidator(_resolve_against_spec_dir)]
-"""A filesystem path that, in a spec, is relative to the spec file's directory."""
+def refuse_uri(value: Any) -> Any:
+    """``value`` unchanged, unless it is a URI (``scheme://…``): then ValueError, as the field takes a local path."""
+    if isinstance(value, str) and (scheme := uri_scheme(value.strip())):
+        raise ValueError(f"{value.strip()!r} is a URI ({scheme}://), but this field takes a local path")
+    return value
+
+
+def _storage_path(value: Any, info: ValidationInfo) -> Any:
+    if isinstance(value, str) and (scheme := uri_scheme(value.strip())):
+        uri = value.strip()
+        if scheme != "s3":
+            raise ValueError(f"{uri!r}: {scheme}:// is not supported; give s3://BUCKET/PREFIX or a local path")
+        S3Location.parse(uri)
+        return uri.rstrip("/")
+    if isinstance(value, (str, Path)):
+        return _resolve_against_spec_dir(Path(value), info)
+    return value
+
+
+SpecPath = Annotated[Path, BeforeValidator(refuse_uri), AfterValidator(_resolve_against_spec_dir)]
+"""A filesystem path that, in a spec, is relative to the spec file's directory. A URI is refused."""
+
+SpecStoragePath = Annotated[Union[Path, str], BeforeValidator(_storage_path)]
+"""A local folder (as :data:`SpecPath`) or an ``s3://bucket/prefix`` URI, which is kept as written (as ``str``)."""

@@ -146,3 +146,26 @@ def private_ray(num_cpus: int = 2, **init_args: Any) -> Iterator[None]:
             yield
         finally:
             ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """The endpoint URL of a real S3 server (moto's) on loopback, shared by the session."""
+    from tests.s3_server import moto_s3_server
+
+    with moto_s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def aws_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process's AWS variables point at the test S3 server (any other AWS_* removed); returns them."""
+    from tests.s3_server import aws_variables
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    values = aws_variables(s3_endpoint)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import re
 import socket
@@ -24,6 +23,8 @@ from jobs.submission import build_submission
 from runner.cli import app
 from runner.kuberay import Demand, WorkerGroup, size_worker_group
 from tests.cli_helpers import REPO_ROOT, run_rayjobs
+from tests.s3_server import create_bucket
+from tests.s3_server import s3_client as _s3_client
 
 # The folder beside the repository holding reference data (RAYJOBS_SHARED_DIR overrides it).
 SHARED_DIR = Path(os.environ.get("RAYJOBS_SHARED_DIR") or REPO_ROOT.parent / "shared")
@@ -284,39 +285,10 @@ def test_worker_group_fits_the_hungriest_phase():
 BUCKET = "rayjobs-packages"
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> str:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        _s3_client(endpoint).create_bucket(Bucket=BUCKET)
-        yield endpoint
-    finally:
-        server.stop()
-
-
-def _s3_client(endpoint: str) -> Any:
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                        aws_secret_access_key="testing")
-
-
 @pytest.fixture
-def aws_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    values = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-              "AWS_REGION": "us-east-1"}
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    return values
+def aws_env(aws_env: dict[str, str], s3_endpoint: str) -> dict[str, str]:
+    create_bucket(s3_endpoint, BUCKET)
+    return aws_env
 
 
 @pytest.fixture

@@ -20,7 +20,15 @@ def main(argv: list[str] | None = None) -> int:
               "pip install 'rayjobs[hf]' or add transformers and datasets to runtime_env.pip", file=sys.stderr)
         return 2
 
-    return run_on_cluster(lambda: run(params), (HFWorkloadError, TrainingError))
+    from jobs.object_store import ObjectStoreError
+    from workloads.storage import check_storage, storage_path
+
+    try:
+        check_storage(storage_path(params.storage_path), "storage_path")
+    except ObjectStoreError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return run_on_cluster(lambda: run(params), (HFWorkloadError, TrainingError, ObjectStoreError))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from jobs.paths import SpecPath
+from jobs.paths import SpecPath, refuse_uri
 from jobs.strict import StrictModel
 from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
@@ -61,6 +61,11 @@ class HFModelConfig(StrictModel):
         if value.lower() != "none" and HUB_ID.match(value) and not Path(value).expanduser().exists():
             return value
         return None
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights_are_local(cls, value: object) -> object:
+        return refuse_uri(value)
 
     @model_validator(mode="after")
     def _shape(self) -> "HFModelConfig":

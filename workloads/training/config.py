@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from jobs.paths import SpecPath
+from jobs.paths import SpecStoragePath
 from jobs.strict import StrictModel
+from workloads.storage import ObjectPath, StoragePath, is_remote
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -28,11 +29,15 @@ class TrainingRunParams(StrictModel):
     """A training run: its name and the folder its checkpoints and artifacts are kept under."""
 
     run_name: str = run_name_field("run")
-    storage_path: SpecPath = Field("~/rayjobs-results", description="Where runs, checkpoints and artifacts are kept.")
+    storage_path: SpecStoragePath = Field(
+        "~/rayjobs-results", description="Where runs, checkpoints and artifacts are kept: a local folder or "
+        "s3://BUCKET/PREFIX (credentials from the AWS_* variables in runtime_env.env_vars).")
 
     @property
-    def run_dir(self) -> Path:
-        """The run's folder, ``<storage_path>/<run_name>``, absolute."""
+    def run_dir(self) -> StoragePath:
+        """The run's folder, ``<storage_path>/<run_name>``: an absolute ``Path``, or an ``ObjectPath`` in S3."""
+        if is_remote(self.storage_path):
+            return ObjectPath(str(self.storage_path)) / self.run_name
         return Path(self.storage_path).expanduser().resolve() / self.run_name
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+import io
 from typing import Mapping, Sequence
 
-from jobs import atomic
+from workloads import storage
+from workloads.storage import StoragePath
 
 METRICS_CSV = "metrics.csv"
 LOSS_CURVE = "loss_curve.png"
@@ -22,12 +23,12 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: Path) -> None:
+def save_figure(fig, path: StoragePath) -> None:
     """Write ``fig`` to ``path`` atomically, so a reader never sees half a PNG."""
-    atomic.replace_file(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
+    storage.write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
 
 
-def write_metrics_csv(path: Path, rows: Sequence[Mapping[str, float]], fields: Sequence[str]) -> None:
+def write_metrics_csv(path: StoragePath, rows: Sequence[Mapping[str, float]], fields: Sequence[str]) -> None:
     """Write ``rows`` (one per epoch) as a ``metrics.csv`` with columns ``fields``, atomically."""
     def write(tmp: str) -> None:
         with open(tmp, "w", newline="", encoding="utf-8") as handle:
@@ -36,16 +37,16 @@ def write_metrics_csv(path: Path, rows: Sequence[Mapping[str, float]], fields: S
             for row in rows:
                 writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in fields})
 
-    atomic.replace_file(path, write)
+    storage.write_with(path, write)
 
 
-def read_metrics_csv(path: Path) -> list[dict[str, float]]:
+def read_metrics_csv(path: StoragePath) -> list[dict[str, float]]:
     """Rows of a ``metrics.csv`` with every field as a number, in file order."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
+    handle = io.StringIO(storage.read_text(path), newline="")
+    return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
 
 
-def plot_loss_curve(metrics_csv: Path, out_path: Path) -> Path:
+def plot_loss_curve(metrics_csv: StoragePath, out_path: StoragePath) -> StoragePath:
     """Draw train/val loss and val accuracy by epoch from ``metrics_csv`` into ``out_path``."""
     rows = read_metrics_csv(metrics_csv)
     plt = pyplot()
@@ -74,7 +75,7 @@ def plot_loss_curve(metrics_csv: Path, out_path: Path) -> Path:
     return out_path
 
 
-def write_run_metrics(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> None:
+def write_run_metrics(run_dir: StoragePath, rows: Sequence[Mapping[str, float]]) -> None:
     """``metrics.csv`` (the columns of the first row) and ``loss_curve.png`` in ``run_dir``; nothing without rows."""
     if rows:
         write_metrics_csv(run_dir / METRICS_CSV, rows, list(rows[0]))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
+from workloads.storage import ObjectPath, StoragePath, filesystem_and_path
 from workloads.training.config import RayTrainSettings
 
 
@@ -34,14 +34,21 @@ def root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1] if text else ''}"
 
 
-def run_config(run_dir: Path, settings: RayTrainSettings, score_attribute: str):
+def run_config(run_dir: StoragePath, settings: RayTrainSettings, score_attribute: str):
     """``RunConfig`` of a run kept at ``run_dir`` (``<storage_path>/<run_name>``): the best ``num_to_keep``
-    checkpoints by ``score_attribute`` (higher is better), and ``max_failures`` worker failures survived."""
+    checkpoints by ``score_attribute`` (higher is better), and ``max_failures`` worker failures survived.
+
+    In S3, Ray Train is given the bucket's filesystem and the path on it (``bucket/prefix``).
+    """
     import ray.train
 
+    storage: dict[str, Any] = {"storage_path": str(run_dir.parent)}
+    if isinstance(run_dir, ObjectPath):
+        filesystem, path = filesystem_and_path(run_dir.parent)
+        storage = {"storage_path": path, "storage_filesystem": filesystem}
     return ray.train.RunConfig(
         name=run_dir.name,
-        storage_path=str(run_dir.parent),
+        **storage,
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=settings.num_to_keep,
                                                      checkpoint_score_attribute=score_attribute,
                                                      checkpoint_score_order="max"),
@@ -49,7 +56,7 @@ def run_config(run_dir: Path, settings: RayTrainSettings, score_attribute: str):
     )
 
 
-def fit(train_loop: Callable[[dict], Any], loop_config: dict, run_dir: Path, settings: RayTrainSettings,
+def fit(train_loop: Callable[[dict], Any], loop_config: dict, run_dir: StoragePath, settings: RayTrainSettings,
         score_attribute: str, **trainer_options: Any):
     """Run ``train_loop`` on ``settings.num_workers`` Ray Train workers and return the ``Result``.
 

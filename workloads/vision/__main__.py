@@ -5,17 +5,18 @@ job belongs to. A stage can run alone: ``train`` reads the dataset preprocessed
 earlier, ``infer`` uses the best checkpoint of the run named ``run_name``.
 
 Exit status: 0 when every stage did its work, 1 when a stage failed, 2 for bad input
-(invalid parameters, or data that cannot be read as asked: the message names it); see
-:mod:`workloads.vision.errors`.
+(invalid parameters, data that cannot be read as asked, or object storage that cannot be
+used: the message names it); see :mod:`workloads.vision.errors`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
+from jobs.object_store import ObjectStoreError
 from workloads.params import parse_command_line, run_on_cluster
+from workloads.storage import check_storage, storage_path
 from workloads.vision.config import VisionParams
 from workloads.vision.errors import BAD_INPUT_EXIT_CODE, STAGE_FAILED_EXIT_CODE, DataSourceError
 
@@ -44,7 +45,7 @@ def _dataset_info(params: VisionParams):
     from workloads.vision.preprocess import load_dataset_info
 
     try:
-        return load_dataset_info(Path(params.data.output_dir))
+        return load_dataset_info(storage_path(params.data.output_dir))
     except DataSourceError as exc:
         raise DatasetMissingError(str(exc)) from None
 
@@ -73,7 +74,7 @@ def run_stages(params: VisionParams) -> dict:
         elif stage == "infer":
             from workloads.vision.inference import run_batch_inference
 
-            dataset_root = Path(info.root) if info else Path(params.data.output_dir)
+            dataset_root = info.root if info else storage_path(params.data.output_dir)
             produced["infer"] = run_batch_inference(params, dataset_root=dataset_root)
         print(f"Stage {stage} finished in {time.perf_counter() - started:.1f}s", flush=True)
 
@@ -92,16 +93,25 @@ def run_stages(params: VisionParams) -> dict:
     return produced
 
 
+def check_params_storage(params: VisionParams) -> None:
+    """Raise :class:`ObjectStoreError` when the bucket of ``data.output_dir`` or ``storage_path`` cannot be used:
+    before any stage starts, and within seconds."""
+    check_storage(storage_path(params.data.output_dir), "data.output_dir")
+    if params.stages != ["preprocess"]:
+        check_storage(storage_path(params.storage_path), "storage_path")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, connect to Ray and run the stages; return the exit status."""
     params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0], argv)
 
     try:
+        check_params_storage(params)
         if "preprocess" not in params.stages:
             # Fail before connecting to the cluster when the dataset a later stage needs is missing.
             _dataset_info(params)
         return run_on_cluster(lambda: run_stages(params), _stage_failures())
-    except DataSourceError as exc:
+    except (DataSourceError, ObjectStoreError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
     except _stage_failures() as exc:

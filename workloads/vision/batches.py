@@ -7,9 +7,9 @@ Both yield ``(uint8 images N×C×H×W, int64 labels)`` and know how many optimiz
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Iterator
 
+from workloads.storage import StoragePath
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout
 
@@ -30,7 +30,7 @@ def effective_loader_workers(cfg: TrainConfig) -> int:
 class TorchBatches:
     """``ingest: torch``: Parquet row groups through a DataLoader prepared by Ray Train."""
 
-    def __init__(self, dataset_root: Path, cfg: TrainConfig, layout: ImageLayout, rank: int, world_size: int,
+    def __init__(self, dataset_root: StoragePath, cfg: TrainConfig, layout: ImageLayout, rank: int, world_size: int,
                  on_gpu: bool):
         import ray.train.torch
         from torch.utils.data import DataLoader

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from jobs.paths import SpecPath
+from jobs.paths import SpecPath, SpecStoragePath, refuse_uri
 from jobs.strict import StrictModel
 from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
@@ -64,8 +64,9 @@ class DataConfig(StrictModel):
         0.2, gt=0, lt=1, description="Share of images held out for validation when the source has no split."
     )
     synthetic_per_class: PositiveInt = Field(120, description="Images generated per class by the 'synthetic' source.")
-    output_dir: SpecPath = Field(
-        "~/rayjobs-data/food101-lite", description="Where the Parquet dataset is written (and read by training)."
+    output_dir: SpecStoragePath = Field(
+        "~/rayjobs-data/food101-lite", description="Where the Parquet dataset is written (and read by training): "
+        "a local folder or s3://BUCKET/PREFIX."
     )
     jpeg_quality: int = Field(90, ge=1, le=100, description="JPEG quality of the images re-encoded for Parquet "
                               "(photo sources; mnist and cifar10 keep raw pixels).")
@@ -171,6 +172,11 @@ class TrainConfig(RayTrainSettings):
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per training worker. On CPU "
                                 "at most cpus_per_worker - 1: each needs a CPU beside the training process.")
     seed: int = Field(0, description="Seed of the weights' initialization and of the data shuffling.")
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights_are_local(cls, value: object) -> object:
+        return refuse_uri(value)
 
     @model_validator(mode="after")
     def _weights_exist_for_model(self) -> "TrainConfig":

@@ -20,14 +20,20 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from workloads import storage
+from workloads.storage import ObjectPath, StoragePath
 from workloads.vision.errors import DatasetMissingError
 from workloads.vision.images import Augment, ImageLayout, augment_batch, decode_one
 
 
-def split_files(dataset_root: Path, split: str) -> list[Path]:
-    """Return the sorted Parquet files of ``split`` ("train" or "val") under ``dataset_root``."""
-    split_dir = Path(dataset_root) / split
-    files = sorted(split_dir.glob("*.parquet"))
+def split_files(dataset_root: StoragePath | str, split: str) -> list[StoragePath]:
+    """Return the sorted Parquet files of ``split`` ("train" or "val") under ``dataset_root`` (local or in S3)."""
+    root = storage.storage_path(dataset_root) if storage.is_remote(dataset_root) else Path(dataset_root)
+    split_dir = root / split
+    if isinstance(split_dir, ObjectPath):
+        files = storage.list_files(split_dir, ".parquet")
+    else:
+        files = sorted(split_dir.glob("*.parquet"))
     if not files:
         raise DatasetMissingError(
             f"No Parquet files in {split_dir}: the {split!r} split of the dataset is missing. "
@@ -61,8 +67,8 @@ class ParquetImageDataset(Dataset):
     group is first asked for, and the ``cache_groups`` most recently used groups are kept.
     """
 
-    def __init__(self, files: Sequence[Path], layout: ImageLayout, cache_groups: int = 8):
-        self.files = [Path(f) for f in files]
+    def __init__(self, files: Sequence[StoragePath | str], layout: ImageLayout, cache_groups: int = 8):
+        self.files = [storage.storage_path(f) if storage.is_remote(f) else Path(f) for f in files]
         self.layout = layout
         self.cache_groups = max(1, cache_groups)
         # (file index, row group index) of every group, and the global index of its first row.
@@ -70,7 +76,7 @@ class ParquetImageDataset(Dataset):
         self.group_starts: list[int] = []
         total = 0
         for file_index, path in enumerate(self.files):
-            metadata = pq.read_metadata(path)
+            metadata = pq.read_metadata(storage.open_input_file(path))
             for group_index in range(metadata.num_row_groups):
                 rows = metadata.row_group(group_index).num_rows
                 if rows == 0:
@@ -111,7 +117,8 @@ class ParquetImageDataset(Dataset):
         file_index, group_index = self.groups[group]
         parquet_file = self._open_files.get(file_index)
         if parquet_file is None:
-            parquet_file = self._open_files[file_index] = pq.ParquetFile(self.files[file_index])
+            source = storage.open_input_file(self.files[file_index])
+            parquet_file = self._open_files[file_index] = pq.ParquetFile(source)
         table = parquet_file.read_row_group(group_index, columns=["image", "label"])
         rows = (table.column("image").to_pylist(), table.column("label").to_pylist())
         self.group_reads += 1
@@ -137,7 +144,7 @@ class ParquetImageDataset(Dataset):
         """All labels in index order (reads only the label column)."""
         out: list[int] = []
         for path in self.files:
-            out.extend(pq.read_table(path, columns=["label"]).column("label").to_pylist())
+            out.extend(pq.read_table(storage.open_input_file(path), columns=["label"]).column("label").to_pylist())
         return out
 
 

@@ -11,9 +11,12 @@ and CIFAR-10, the raw uint8 H×W×C array), ``label``, ``class_name``, ``split``
 ``path`` (where the image came from). The manifest's ``layout`` says which.
 
 The manifest's fingerprint covers the settings and a signature of the inputs, so a
-run with the same inputs can reuse the dataset. A new dataset is built in a hidden
-sibling folder and renamed into place (:func:`new_dataset_folder`), so a failed run
-leaves the previous one intact. Training reads the rows back with
+run with the same inputs can reuse the dataset. A folder without a manifest is not a
+dataset. On local disk a new dataset is built in a hidden sibling folder and renamed
+into place (:func:`new_dataset_folder`), so a failed run leaves the previous one
+intact. S3 has no rename: the old manifest is deleted first, the parts are written in
+place and the manifest last, and ``_writing`` marks a prefix this stage is (or was,
+when a run failed) writing, so that the next run may replace it. Training reads the rows back with
 :mod:`workloads.vision.dataset` (PyTorch) or :mod:`workloads.vision.ingest` (Ray Data).
 """
 
@@ -34,11 +37,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs import atomic
+from workloads import storage
+from workloads.storage import ObjectPath, StoragePath
 from workloads.vision.config import DataConfig
 from workloads.vision.errors import DataSourceError
 from workloads.vision.images import ImageLayout
 
 MANIFEST_NAME = "_manifest.json"
+WRITING_MARKER = "_writing"
 # Bumped whenever the bytes written for the same inputs change, so that datasets
 # built by an older version are rebuilt rather than reused.
 FORMAT_VERSION = 1
@@ -58,7 +64,7 @@ PARQUET_SCHEMA = pa.schema(
 class DatasetInfo:
     """What the preprocess stage produced (or found already produced)."""
 
-    root: Path
+    root: StoragePath
     classes: list[str]
     counts: dict[str, int]
     image_size: int
@@ -71,12 +77,12 @@ class DatasetInfo:
             self.layout = ImageLayout.photos(self.image_size)
 
 
-def load_dataset_info(root: Path) -> DatasetInfo:
-    """Read ``<root>/_manifest.json`` written by the preprocess stage.
+def load_dataset_info(root: StoragePath | str) -> DatasetInfo:
+    """Read ``<root>/_manifest.json`` written by the preprocess stage (``root`` local or in S3).
 
     ``reused`` is False: it describes a preprocess run, not a dataset on disk.
     """
-    root = Path(root).expanduser()
+    root = storage.storage_path(root)
     manifest = read_manifest(root)
     if manifest is None:
         raise DataSourceError(
@@ -90,30 +96,30 @@ def load_dataset_info(root: Path) -> DatasetInfo:
 # Manifest and fingerprint
 
 
-def read_manifest(root: Path) -> dict | None:
+def read_manifest(root: StoragePath) -> dict | None:
     """The manifest of the dataset at ``root``, or None when there is no readable one."""
     try:
-        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest = json.loads(storage.read_text(root / MANIFEST_NAME))
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and "classes" in manifest and "counts" in manifest else None
 
 
-def manifest_intact(root: Path, manifest: dict) -> bool:
+def manifest_intact(root: StoragePath, manifest: dict) -> bool:
     """True when every part file the manifest lists is there with its recorded size."""
     files = manifest.get("files")
     if not isinstance(files, list) or not files:
         return False
     for entry in files:
         try:
-            if (root / entry["path"]).stat().st_size != entry["bytes"]:
+            if storage.file_size(root / entry["path"]) != entry["bytes"]:
                 return False
         except (OSError, KeyError, TypeError):
             return False
     return True
 
 
-def info_from_manifest(root: Path, manifest: dict, *, reused: bool) -> DatasetInfo:
+def info_from_manifest(root: StoragePath, manifest: dict, *, reused: bool) -> DatasetInfo:
     """The :class:`DatasetInfo` a manifest describes."""
     return DatasetInfo(
         root=root,
@@ -155,7 +161,7 @@ def dataset_fingerprint(settings: dict, signature: list[tuple]) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(folder: Path, *, fingerprint: str, settings: dict, classes: list[str], folders: list[str],
+def write_manifest(folder: StoragePath, *, fingerprint: str, settings: dict, classes: list[str], folders: list[str],
                    writers: dict[str, "SplitWriter"], layout: ImageLayout, skipped: Counter, seconds: float) -> dict:
     """Write ``_manifest.json`` of the dataset the ``writers`` (closed, one per split) wrote; return it."""
     manifest = {
@@ -174,7 +180,11 @@ def write_manifest(folder: Path, *, fingerprint: str, settings: dict, classes: l
         "settings": settings,
         "seconds": round(seconds, 3),
     }
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(manifest, indent=2) + "\n"
+    if isinstance(folder, ObjectPath):
+        storage.write_text(folder / MANIFEST_NAME, text)
+    else:
+        (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
     return manifest
 
 
@@ -182,9 +192,12 @@ def write_manifest(folder: Path, *, fingerprint: str, settings: dict, classes: l
 # Writing
 
 
-def check_output_dir(output_dir: Path) -> None:
+def check_output_dir(output_dir: StoragePath) -> None:
     """Refuse an ``output_dir`` that holds something other than a dataset written here."""
     # The old folder is replaced wholesale, so a typo in output_dir must not delete a home folder.
+    if isinstance(output_dir, ObjectPath):
+        _check_output_prefix(output_dir)
+        return
     if not output_dir.exists():
         return
     if not output_dir.is_dir():
@@ -196,10 +209,35 @@ def check_output_dir(output_dir: Path) -> None:
         )
 
 
+def _check_output_prefix(output_dir: ObjectPath) -> None:
+    if storage.file_size(output_dir) is not None:
+        raise DataSourceError(f"data.output_dir {str(output_dir)!r} is an object, not a prefix; choose a prefix "
+                              "that holds nothing or a dataset")
+    ours = [output_dir / MANIFEST_NAME, output_dir / WRITING_MARKER]
+    if storage.list_files(output_dir, recursive=True, limit=1) and all(storage.file_size(p) is None for p in ours):
+        raise DataSourceError(
+            f"data.output_dir {str(output_dir)!r} holds objects but no {MANIFEST_NAME}, so it is not a dataset "
+            "written by this stage; refusing to replace it. Choose a new or empty prefix."
+        )
+
+
 @contextlib.contextmanager
-def new_dataset_folder(output_dir: Path) -> Iterator[Path]:
-    """Yield a hidden sibling folder to build the dataset in; it replaces ``output_dir`` when the block
-    succeeds and is removed when it fails."""
+def new_dataset_folder(output_dir: StoragePath) -> Iterator[StoragePath]:
+    """Yield the folder to build the dataset in, which becomes ``output_dir`` when the block succeeds.
+
+    Local disk: a hidden sibling folder, renamed into place on success and removed on failure.
+    S3: ``output_dir`` itself, emptied first (manifest first), with the ``_writing`` marker
+    until the block (which writes the manifest last) is done; a failed block leaves no manifest.
+    """
+    if isinstance(output_dir, ObjectPath):
+        storage.write_text(output_dir / WRITING_MARKER, "preprocess is writing this dataset\n")
+        storage.delete_file(output_dir / MANIFEST_NAME)
+        for old in storage.list_files(output_dir, recursive=True):
+            if old.name != WRITING_MARKER:
+                storage.delete_file(old)
+        yield output_dir
+        storage.delete_file(output_dir / WRITING_MARKER)
+        return
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     building = output_dir.with_name(f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
@@ -210,23 +248,28 @@ def new_dataset_folder(output_dir: Path) -> Iterator[Path]:
         raise
 
 
-def write_part(path: Path, table: pa.Table, rows_per_file: int, image_compression: str = "NONE") -> None:
+def write_part(path: StoragePath, table: pa.Table, rows_per_file: int, image_compression: str = "NONE") -> None:
     """Write one Parquet part (one row group)."""
-    pq.write_table(
+    filesystem, where = (None, path)
+    if isinstance(path, ObjectPath):
+        filesystem, where = storage.filesystem_and_path(path)
+    storage.call_storage(path, lambda: pq.write_table(
         table,
-        path,
+        where,
+        filesystem=filesystem,
         row_group_size=rows_per_file,
         compression={"image": image_compression, "label": "SNAPPY", "class_name": "SNAPPY", "split": "SNAPPY",
                      "path": "SNAPPY"},
         use_dictionary=["class_name", "split"],
         write_statistics=["label", "class_name", "split"],
-    )
+    ))
 
 
 class SplitWriter:
     """Buffers rows of one split and writes them as part files of ``rows_per_file`` rows."""
 
-    def __init__(self, directory: Path, split: str, rows_per_file: int, class_names: list[str], raw: bool = False):
+    def __init__(self, directory: StoragePath, split: str, rows_per_file: int, class_names: list[str],
+                 raw: bool = False):
         # JPEG bytes do not compress, so spending CPU on them only slows readers; raw
         # pixel arrays (mostly black MNIST digits) shrink several times.
         self.image_compression = "SNAPPY" if raw else "NONE"
@@ -238,7 +281,7 @@ class SplitWriter:
         self.files: list[dict] = []
         self.rows = 0
         self.per_class: Counter = Counter()
-        directory.mkdir(parents=True, exist_ok=True)
+        storage.make_folder(directory)
 
     def add(self, image: bytes, label: int, path: str) -> None:
         """Buffer one row; a full buffer becomes a part file."""
@@ -262,6 +305,7 @@ class SplitWriter:
         name = f"part-{len(self.files):05d}.parquet"
         target = self.directory / name
         write_part(target, table, self.rows_per_file, self.image_compression)
-        self.files.append({"path": f"{self.split}/{name}", "rows": table.num_rows, "bytes": target.stat().st_size})
+        size = storage.file_size(target) if isinstance(target, ObjectPath) else target.stat().st_size
+        self.files.append({"path": f"{self.split}/{name}", "rows": table.num_rows, "bytes": size})
         self.rows += table.num_rows
         self.columns = {name: [] for name in PARQUET_SCHEMA.names}

@@ -7,7 +7,12 @@
   later stage needs is missing);
 - 2 for bad input: the data named in ``workload.data`` cannot be read as asked
   (:class:`DataSourceError`; the message names the data and what was looked for),
-  or the parameters themselves are invalid.
+  the parameters themselves are invalid, or the object storage named by
+  ``data.output_dir`` or ``storage_path`` cannot be used: a missing bucket, refused
+  credentials or an endpoint that does not answer (``jobs.object_store.ObjectStoreError``;
+  the message names the field, the path and the AWS variables to check). Storage is
+  checked before the first stage starts; a storage failure inside the training workers
+  is a failed stage (1).
 """
 
 from __future__ import annotations

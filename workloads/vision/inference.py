@@ -19,6 +19,8 @@ import numpy as np
 import ray
 
 from jobs import atomic
+from workloads import storage
+from workloads.storage import ObjectPath, StoragePath
 from workloads.vision.config import InferConfig, VisionParams
 from workloads.vision.model import STATE_FILE, best_checkpoint, model_from_state, read_checkpoint_state
 
@@ -41,11 +43,15 @@ class LoadedModel:
     device: Any
 
 
-def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> LoadedModel:
-    """Load the model saved by the training stage in ``checkpoint_dir``."""
+def load_checkpoint_model(checkpoint_dir: str | StoragePath, use_gpu: bool = False) -> LoadedModel:
+    """Load the model saved by the training stage in ``checkpoint_dir`` (local or in S3)."""
     import torch
 
-    if not (Path(checkpoint_dir) / STATE_FILE).is_file():
+    if storage.is_remote(checkpoint_dir):
+        is_checkpoint = storage.file_size(storage.storage_path(checkpoint_dir) / STATE_FILE) is not None
+    else:
+        is_checkpoint = (Path(checkpoint_dir) / STATE_FILE).is_file()
+    if not is_checkpoint:
         raise InferenceError(f"{checkpoint_dir} is not a checkpoint of the training stage (no {STATE_FILE} in it).")
     model, classes, layout = model_from_state(read_checkpoint_state(checkpoint_dir))
     device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
@@ -55,7 +61,7 @@ def load_checkpoint_model(checkpoint_dir: str | Path, use_gpu: bool = False) -> 
     return LoadedModel(model, classes, layout, device)
 
 
-def load_classes(checkpoint_dir: str | Path) -> list[str]:
+def load_classes(checkpoint_dir: str | StoragePath) -> list[str]:
     """Class names stored in a checkpoint (without building the model)."""
     return list(read_checkpoint_state(checkpoint_dir, mmap=True)["classes"])
 
@@ -99,15 +105,19 @@ class BatchPredictor:
         }
 
 
-def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferConfig):
-    """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors."""
+def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg: InferConfig, filesystem=None):
+    """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors.
+
+    ``filesystem``: the ``pyarrow.fs`` filesystem of ``files`` (None: local files).
+    """
     from workloads.vision.ingest import read_parquet_on_no_cpu
 
     # Reads reserve no CPU, so unbounded, Ray would run every read task at once, each in
     # a new worker process that must start and import pyarrow; beside the model actors
     # on a 2-core machine that delayed the first predictions by about 10 s. Two readers
     # keep up with actors that spend far more per row on the model.
-    dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"], max_concurrent_reads=2)
+    dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"], max_concurrent_reads=2,
+                                     filesystem=filesystem)
     # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
     # holding every CPU cannot starve them); grow to num_actors if nodes are added.
     resources = ray.cluster_resources()
@@ -127,7 +137,7 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | Path, cfg: InferC
     )
 
 
-def resolve_checkpoint(run_dir: Path) -> tuple[Path, dict]:
+def resolve_checkpoint(run_dir: StoragePath) -> tuple[StoragePath, dict]:
     """The best checkpoint of the run in ``run_dir``, or a clear error if it has none."""
     best = best_checkpoint(run_dir)
     if best is None:
@@ -145,8 +155,8 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int
     return matrix.tolist()
 
 
-def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, run_dir: Path | None = None,
-                        checkpoint_dir: Path | None = None) -> dict:
+def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None = None,
+                        run_dir: StoragePath | None = None, checkpoint_dir: StoragePath | None = None) -> dict:
     """Classify the validation split with the run's best checkpoint; write predictions and metrics.
 
     Returns the metrics written to ``inference_metrics.json``. Needs a connected Ray cluster.
@@ -157,8 +167,8 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
     from workloads.vision.plots import confusion_table, plot_confusion_matrix
 
     cfg: InferConfig = params.infer
-    dataset_root = Path(dataset_root or params.data.output_dir)
-    run_dir = Path(run_dir or params.run_dir)
+    dataset_root = _as_location(dataset_root or params.data.output_dir)
+    run_dir = _as_location(run_dir or params.run_dir)
     val_files = split_files(dataset_root, "val")
     if checkpoint_dir is None:
         checkpoint_dir, checkpoint_metrics = resolve_checkpoint(run_dir)
@@ -167,21 +177,23 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
         source = "given checkpoint"
     print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
           f"{cfg.num_actors} actor(s) x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
-    expected_rows = sum(pq.read_metadata(f).num_rows for f in val_files)
+    expected_rows = sum(pq.read_metadata(storage.open_input_file(f)).num_rows for f in val_files)
 
     started = time.perf_counter()
-    predictions = prediction_dataset([str(f) for f in val_files], checkpoint_dir, cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    staged = run_dir / f".{PREDICTIONS_DIR}-tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        predictions.write_parquet(str(staged), ray_remote_args={"num_cpus": 0})
-        seconds = time.perf_counter() - started
-        atomic.replace_dir(staged, run_dir / PREDICTIONS_DIR)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
+    files, filesystem = storage.reader_paths(val_files)
+    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem)
     out_dir = run_dir / PREDICTIONS_DIR
-
-    table = pq.read_table(out_dir, columns=["label", "predicted_label"])
+    if isinstance(out_dir, ObjectPath):
+        # No rename in S3: the old predictions go first, so no mix of old and new files is read back.
+        storage.delete_tree(out_dir)
+        filesystem, out_path = storage.filesystem_and_path(out_dir)
+        predictions.write_parquet(out_path, filesystem=filesystem, ray_remote_args={"num_cpus": 0})
+        seconds = time.perf_counter() - started
+        table = storage.call_storage(out_dir, lambda: pq.read_table(out_path, filesystem=filesystem,
+                                                                    columns=["label", "predicted_label"]))
+    else:
+        seconds = _write_predictions_locally(predictions, run_dir, started)
+        table = pq.read_table(out_dir, columns=["label", "predicted_label"])
     labels = table.column("label").to_numpy()
     predicted = table.column("predicted_label").to_numpy()
     if len(labels) != expected_rows:
@@ -204,7 +216,7 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
         },
     }
     metrics_path = run_dir / METRICS_FILE
-    atomic.write_text(metrics_path, json.dumps(metrics, indent=2))
+    storage.write_text(metrics_path, json.dumps(metrics, indent=2))
     plot_confusion_matrix(matrix, classes, run_dir / CONFUSION_PNG)
 
     print(confusion_table(matrix, classes), flush=True)
@@ -215,10 +227,28 @@ def run_batch_inference(params: VisionParams, dataset_root: Path | None = None, 
     return metrics
 
 
+def _as_location(value: str | StoragePath) -> StoragePath:
+    return storage.storage_path(value) if storage.is_remote(value) else Path(value)
+
+
+def _write_predictions_locally(predictions, run_dir: Path, started: float) -> float:
+    """Write the predictions to ``run_dir/predictions`` (replacing the old ones at once); return the seconds taken
+    since ``started``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    staged = run_dir / f".{PREDICTIONS_DIR}-tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        predictions.write_parquet(str(staged), ray_remote_args={"num_cpus": 0})
+        seconds = time.perf_counter() - started
+        atomic.replace_dir(staged, run_dir / PREDICTIONS_DIR)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return seconds
+
+
 # --------------------------------------------------------------------------- single images
 
 
-def classify_image_bytes(checkpoint_dir: str | Path, image: bytes, use_gpu: bool = False, top_k: int = 3,
+def classify_image_bytes(checkpoint_dir: str | StoragePath, image: bytes, use_gpu: bool = False, top_k: int = 3,
                          stored: bool = False) -> dict:
     """Load the checkpoint and classify one image: an encoded file (JPEG, PNG, ...), or with
     ``stored`` the ``image`` cell of a row of the preprocessed dataset."""

@@ -15,6 +15,7 @@ import numpy as np
 import ray
 import ray.train
 
+from workloads.storage import ObjectPath, StoragePath, reader_paths
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout, augment_batch, decode_batch
 
@@ -23,7 +24,7 @@ from workloads.vision.images import ImageLayout, augment_batch, decode_batch
 TRANSFORM_BATCH_ROWS = 128
 
 
-def read_parquet_on_no_cpu(paths, columns: list[str], max_concurrent_reads: int | None = None):
+def read_parquet_on_no_cpu(paths, columns: list[str], max_concurrent_reads: int | None = None, filesystem=None):
     """``ray.data.read_parquet`` whose tasks reserve no CPU, so it runs beside actors holding every CPU.
 
     Reading is I/O, light next to decoding or a model. Ray Data's newer Parquet
@@ -31,12 +32,14 @@ def read_parquet_on_no_cpu(paths, columns: list[str], max_concurrent_reads: int 
     starts while training workers or model actors hold every CPU of a small
     cluster; the classic reader plans on the driver and honours ``num_cpus``.
     ``max_concurrent_reads`` bounds the read tasks in flight (unbounded by default).
+    ``filesystem``: the ``pyarrow.fs`` filesystem of ``paths`` (None: local paths).
     """
     context = ray.data.DataContext.get_current()
     previous = context.use_datasource_v2
     context.use_datasource_v2 = False
     try:
-        return ray.data.read_parquet(paths, columns=columns, num_cpus=0, concurrency=max_concurrent_reads)
+        options = {"filesystem": filesystem} if filesystem is not None else {}
+        return ray.data.read_parquet(paths, columns=columns, num_cpus=0, concurrency=max_concurrent_reads, **options)
     finally:
         context.use_datasource_v2 = previous
 
@@ -54,7 +57,7 @@ def decode_and_augment(batch: dict[str, np.ndarray], layout: dict, augment: str)
     return {"image": images.numpy(), "label": batch["label"].astype(np.int64)}
 
 
-def training_datasets(dataset_root: Path, layout: ImageLayout, cfg: TrainConfig) -> dict:
+def training_datasets(dataset_root: StoragePath, layout: ImageLayout, cfg: TrainConfig) -> dict:
     """``{"train": ..., "val": ...}`` Ray Datasets of decoded (and, for train, augmented) batches."""
     # Ray Data's redrawn progress bars turn into thousands of lines in a job log; the
     # training loop prints its own progress.
@@ -62,6 +65,9 @@ def training_datasets(dataset_root: Path, layout: ImageLayout, cfg: TrainConfig)
     transform = {"batch_size": TRANSFORM_BATCH_ROWS, "batch_format": "numpy", "num_cpus": cfg.data_cpus}
 
     def read(split: str):
+        if isinstance(dataset_root, ObjectPath):
+            (path,), filesystem = reader_paths([dataset_root / split])
+            return read_parquet_on_no_cpu(path, columns=["image", "label"], filesystem=filesystem)
         return read_parquet_on_no_cpu(str(Path(dataset_root) / split), columns=["image", "label"])
 
     train = read("train").randomize_block_order().map_batches(

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workloads import storage
+from workloads.storage import StoragePath
 from workloads.training.metrics import METRICS_CSV, read_metrics_csv, write_metrics_csv
 from workloads.training.trainer import TrainingError
 from workloads.vision.batches import RayDataBatches, TorchBatches
@@ -50,7 +52,7 @@ class Worker:
     cfg: TrainConfig
     classes: list[str]
     layout: ImageLayout
-    run_dir: Path
+    run_dir: StoragePath
     rank: int
     world_size: int
     device: Any
@@ -135,7 +137,7 @@ def setup_worker(config: dict) -> Worker:
     if cfg.ingest == "ray_data":
         batches = RayDataBatches(config["train_rows"], cfg, world_size, device)
     else:
-        batches = TorchBatches(Path(config["dataset_root"]), cfg, layout, rank, world_size, on_gpu)
+        batches = TorchBatches(storage.storage_path(config["dataset_root"]), cfg, layout, rank, world_size, on_gpu)
 
     pretrained = ray.get(config["pretrained"]) if config.get("pretrained") is not None else None
     model = build_model(cfg, len(config["classes"]), layout, pretrained)
@@ -146,8 +148,8 @@ def setup_worker(config: dict) -> Worker:
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))
     return Worker(
-        cfg=cfg, classes=list(config["classes"]), layout=layout, run_dir=Path(config["run_dir"]), rank=rank,
-        world_size=world_size, device=device, use_amp=on_gpu and cfg.amp, memory_format=memory_format,
+        cfg=cfg, classes=list(config["classes"]), layout=layout, run_dir=storage.storage_path(config["run_dir"]),
+        rank=rank, world_size=world_size, device=device, use_amp=on_gpu and cfg.amp, memory_format=memory_format,
         batches=batches, model=model, optimizer=optimizer, scheduler=scheduler,
         loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         # Reading a flag from an accelerator waits for it; on the CPU the check is free.
@@ -165,7 +167,11 @@ def resume(worker: Worker, resume_from: str | None) -> int:
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None and resume_from:
-        checkpoint = ray.train.Checkpoint.from_directory(resume_from)
+        if storage.is_remote(resume_from):
+            filesystem, path = storage.filesystem_and_path(resume_from)
+            checkpoint = ray.train.Checkpoint(path, filesystem=filesystem)
+        else:
+            checkpoint = ray.train.Checkpoint.from_directory(resume_from)
     if checkpoint is None:
         return 0
     with checkpoint.as_directory() as checkpoint_dir:
@@ -324,7 +330,7 @@ def train_loop_per_worker(config: dict) -> dict:
     start_epoch = resume(worker, config.get("resume_from"))
     metrics_csv = worker.run_dir / METRICS_CSV
     history = []
-    if worker.rank == 0 and metrics_csv.exists():
+    if worker.rank == 0 and storage.exists(metrics_csv):
         history = [r for r in read_metrics_csv(metrics_csv) if r["epoch"] <= start_epoch]
 
     trained: list[int] = []

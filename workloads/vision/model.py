@@ -1,15 +1,19 @@
 """The vision model and its checkpoints: torchvision's ResNet-18 or VisionTransformer, pretrained weights,
 and the checkpoint folders a training run keeps.
 
-A checkpoint folder (``<run_dir>/checkpoint_epoch_NNNN/``) holds ``state.pt`` (model,
-optimizer, scheduler, epoch, config and classes) and ``meta.json`` (the epoch's metrics).
+A checkpoint folder (``<run_dir>/checkpoint_epoch_NNNN/``, on local disk or in S3) holds
+``state.pt`` (model, optimizer, scheduler, epoch, config and classes) and ``meta.json``
+(the epoch's metrics).
 """
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from workloads import storage
+from workloads.storage import ObjectPath, StoragePath
 from workloads.training.trainer import TrainingError, first_line
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout
@@ -187,10 +191,13 @@ def checkpoint_state(model, optimizer, scheduler, epoch: int, cfg: TrainConfig, 
     }
 
 
-def read_checkpoint_state(checkpoint_dir: str | Path, mmap: bool = False) -> dict:
-    """The ``state.pt`` of a checkpoint folder, on the CPU (``mmap``: tensors read only when touched)."""
+def read_checkpoint_state(checkpoint_dir: str | StoragePath, mmap: bool = False) -> dict:
+    """The ``state.pt`` of a checkpoint folder, on the CPU (``mmap``: tensors read only when touched; local only)."""
     import torch
 
+    if storage.is_remote(checkpoint_dir):
+        state_file = io.BytesIO(storage.read_bytes(storage.storage_path(checkpoint_dir) / STATE_FILE))
+        return torch.load(state_file, map_location="cpu", weights_only=False)
     return torch.load(Path(checkpoint_dir) / STATE_FILE, map_location="cpu", weights_only=False, mmap=mmap)
 
 
@@ -205,32 +212,22 @@ def model_from_state(state: dict):
     return model, classes, layout
 
 
-def list_checkpoints(run_dir: Path) -> list[tuple[Path, dict[str, float]]]:
+def list_checkpoints(run_dir: StoragePath) -> list[tuple[StoragePath, dict[str, float]]]:
     """The run's kept checkpoints as ``(directory, metrics)``, oldest epoch first.
 
     Ray Train's own snapshot of the run is authoritative (it lists only complete,
     kept checkpoints); without one, checkpoint directories with a ``meta.json`` count.
     """
+    if isinstance(run_dir, ObjectPath):
+        return _list_checkpoints_in_store(run_dir)
     run_dir = Path(run_dir)
-    found: list[tuple[Path, dict[str, float]]] = []
+    found: list[tuple[StoragePath, dict[str, float]]] = []
     if not run_dir.is_dir():
         return found
     from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
     if (run_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME).exists():
-        import logging
-
-        from ray.train.v2.api.result import Result
-
-        # Reading the snapshot makes Ray log advice meant for starting a trainer; here it is only read.
-        manager_logger = logging.getLogger("ray.train.v2._internal.execution.checkpoint.checkpoint_manager")
-        level = manager_logger.level
-        manager_logger.setLevel(logging.WARNING)
-        try:
-            result = Result.from_path(str(run_dir))
-        finally:
-            manager_logger.setLevel(level)
-        for checkpoint, metrics in result.best_checkpoints or []:
+        for checkpoint, metrics in _snapshot_checkpoints(str(run_dir)):
             path = Path(checkpoint.path)
             if (path / STATE_FILE).exists():
                 found.append((path, dict(metrics)))
@@ -241,7 +238,43 @@ def list_checkpoints(run_dir: Path) -> list[tuple[Path, dict[str, float]]]:
     return sorted(found, key=lambda item: item[1].get("epoch", 0))
 
 
-def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, float]] | None:
+def _list_checkpoints_in_store(run_dir: ObjectPath) -> list[tuple[StoragePath, dict[str, float]]]:
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    found: list[tuple[StoragePath, dict[str, float]]] = []
+    bucket = run_dir.location.bucket
+    if storage.file_size(run_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME) is not None:
+        filesystem, fs_path = storage.filesystem_and_path(run_dir)
+        for checkpoint, metrics in storage.call_storage(run_dir, lambda: _snapshot_checkpoints(fs_path, filesystem)):
+            path = ObjectPath(f"s3://{checkpoint.path}" if checkpoint.path.startswith(f"{bucket}/")
+                              else f"s3://{bucket}/{checkpoint.path}")
+            if storage.file_size(path / STATE_FILE) is not None:
+                found.append((path, dict(metrics)))
+    else:
+        for meta in storage.list_files(run_dir, META_FILE, recursive=True):
+            if meta.name == META_FILE and storage.file_size(meta.parent / STATE_FILE) is not None:
+                found.append((meta.parent, json.loads(storage.read_text(meta))))
+    return sorted(found, key=lambda item: item[1].get("epoch", 0))
+
+
+def _snapshot_checkpoints(run_path: str, filesystem=None) -> list:
+    """``(Checkpoint, metrics)`` pairs of the run's Ray Train snapshot, best first."""
+    import logging
+
+    from ray.train.v2.api.result import Result
+
+    # Reading the snapshot makes Ray log advice meant for starting a trainer; here it is only read.
+    manager_logger = logging.getLogger("ray.train.v2._internal.execution.checkpoint.checkpoint_manager")
+    level = manager_logger.level
+    manager_logger.setLevel(logging.WARNING)
+    try:
+        result = Result.from_path(run_path, storage_filesystem=filesystem)
+    finally:
+        manager_logger.setLevel(level)
+    return list(result.best_checkpoints or [])
+
+
+def best_checkpoint(run_dir: StoragePath) -> tuple[StoragePath, dict[str, float]] | None:
     """The kept checkpoint with the highest val accuracy (lower val loss, then later epoch, breaks ties)."""
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:

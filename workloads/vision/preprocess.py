@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import ray
 
+from jobs.object_store import ObjectStoreError
 from workloads.params import parse_command_line
+from workloads.storage import StoragePath, check_storage, storage_path
 from workloads.vision.arrays import ArraySource, load_array_source, source_signature
 from workloads.vision.config import ARRAY_SOURCES, DataConfig, VisionParams
 from workloads.vision.dataset_format import (
@@ -91,7 +93,7 @@ def _log(line: str) -> None:
     print(line, flush=True, file=sys.stdout)
 
 
-def _summary(output_dir: Path, classes: list[str], writers: dict[str, SplitWriter], skipped: Counter, seconds: float) -> str:
+def _summary(output_dir: StoragePath, classes: list[str], writers: dict[str, SplitWriter], skipped: Counter, seconds: float) -> str:
     processed = sum(w.rows for w in writers.values()) + sum(skipped.values())
     width = max(12, *(len(c) for c in classes))
     lines = [
@@ -142,7 +144,7 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
     identical run unless ``data.force``; raises :class:`DataSourceError` for bad input.
     """
     started = time.perf_counter()
-    output_dir = Path(data.output_dir).expanduser()
+    output_dir = storage_path(data.output_dir)
     check_output_dir(output_dir)
     arrays = listing = None
     if data.source in ARRAY_SOURCES:
@@ -166,7 +168,7 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
                 f"preprocess: reusing {output_dir}: same inputs and settings as the run that wrote it "
                 f"(fingerprint {fingerprint[:12]}); set workload.data.force=true to rebuild"
             )
-            return info_from_manifest(Path(data.output_dir), existing, reused=True)
+            return info_from_manifest(storage_path(data.output_dir), existing, reused=True)
 
     if data.source in ARRAY_SOURCES:
         arrays = load_array_source(data)
@@ -192,7 +194,7 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
                                   folders=folders, writers=writers, layout=layout, skipped=skipped,
                                   seconds=time.perf_counter() - started)
     _log(_summary(output_dir, classes, writers, skipped, time.perf_counter() - started))
-    return info_from_manifest(Path(data.output_dir), manifest, reused=False)
+    return info_from_manifest(storage_path(data.output_dir), manifest, reused=False)
 
 
 def _write_arrays(arrays: ArraySource, writers: dict[str, SplitWriter], seed: int) -> None:
@@ -291,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     # run_preprocess starts Ray only when there is work: bad input fails fast and a
     # reused dataset needs no cluster. Under rayjobs, ray.init() joins the job's cluster.
     try:
+        check_storage(storage_path(params.data.output_dir), "data.output_dir")
         run_preprocess(params.data)
-    except DataSourceError as exc:
+    except (DataSourceError, ObjectStoreError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
     return 0

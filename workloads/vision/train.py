@@ -1,6 +1,6 @@
 """Training stage: ResNet-18 (or a ViT) on the Parquet dataset with Ray Train's TorchTrainer.
 
-Layout of a run, ``<storage_path>/<run_name>/``:
+Layout of a run, ``<storage_path>/<run_name>/`` (a local folder or an S3 prefix):
 
 - ``checkpoint_epoch_NNNN/`` (kept by Ray Train, best ``num_to_keep`` by val accuracy,
   plus the latest): ``state.pt`` with model, optimizer, scheduler, epoch (0-based
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workloads import storage
+from workloads.storage import ObjectPath, StoragePath
 from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, plot_loss_curve, read_metrics_csv
 from workloads.training.trainer import TrainingError, fit
 from workloads.vision.config import VisionParams
@@ -38,20 +40,20 @@ if TYPE_CHECKING:
 class TrainingOutcome:
     """What a training stage left behind."""
 
-    run_dir: Path
-    best_checkpoint: Path | None
+    run_dir: StoragePath
+    best_checkpoint: StoragePath | None
     best_metrics: dict[str, float]
     final_metrics: dict[str, float]
-    metrics_csv: Path
-    loss_curve: Path | None
+    metrics_csv: StoragePath
+    loss_curve: StoragePath | None
     epochs_trained: list[int] = field(default_factory=list)  # epoch numbers (1-based) this call trained
     skipped: bool = False
 
 
-def outcome_from_disk(run_dir: Path, trained: list[int], skipped: bool) -> TrainingOutcome:
-    """Describe a run from what is on disk: its metrics, curve and best checkpoint."""
+def outcome_from_disk(run_dir: StoragePath, trained: list[int], skipped: bool) -> TrainingOutcome:
+    """Describe a run from what is in its storage: its metrics, curve and best checkpoint."""
     metrics_csv = run_dir / METRICS_CSV
-    rows = read_metrics_csv(metrics_csv) if metrics_csv.exists() else []
+    rows = read_metrics_csv(metrics_csv) if storage.exists(metrics_csv) else []
     loss_curve = plot_loss_curve(metrics_csv, run_dir / LOSS_CURVE) if rows else None
     best = best_checkpoint(run_dir)
     return TrainingOutcome(
@@ -83,7 +85,8 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
     from workloads.vision.dataset import split_files
 
     cfg = params.train
-    dataset_root, classes, layout = Path(info.root), info.classes, info.layout
+    dataset_root = info.root if isinstance(info.root, ObjectPath) else Path(info.root)
+    classes, layout = info.classes, info.layout
     split_files(dataset_root, "train")
     split_files(dataset_root, "val")
     if cfg.model == "vit" and layout.height % cfg.vit.patch_size:
@@ -115,7 +118,7 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
         "classes": list(classes),
         "layout": layout.to_dict(),
         "train_rows": int(info.counts.get("train", 0)),
-        "dataset_root": str(Path(dataset_root).resolve()),
+        "dataset_root": str(dataset_root if isinstance(dataset_root, ObjectPath) else Path(dataset_root).resolve()),
         "run_dir": str(run_dir),
         "pretrained": ray.put(pretrained) if pretrained is not None else None,
         # Ray Train V1 does not restore a run by name; there the latest checkpoint is handed over explicitly.

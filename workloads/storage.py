@@ -1,0 +1,294 @@
+"""Folders on local disk or in S3: where a workload's dataset and runs are kept.
+
+A location is a :class:`pathlib.Path` or an :class:`ObjectPath` (``s3://bucket/prefix``,
+with the same ``/``, ``name`` and ``parent``). :func:`filesystem_and_path` gives the
+``pyarrow.fs`` filesystem and path that pyarrow, Ray Data and Ray Train take; the
+functions below read and write either kind. On local disk a file is replaced
+atomically (:mod:`jobs.atomic`); in S3 one upload is atomic by itself.
+
+S3 is configured from the standard AWS variables (see :mod:`jobs.object_store`); on a
+cluster they come from the spec's ``runtime_env.env_vars``, so the driver and every
+worker see them. Errors from the store are :class:`ObjectStoreError` with one paragraph
+naming the path and the variables to check.
+
+Imports only the standard library and :mod:`jobs` at module level: parameter models
+import :class:`ObjectPath` without pyarrow.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, TypeVar, Union
+
+from jobs import atomic
+from jobs.object_store import (ObjectStoreError, S3Location, S3Settings, call_object_store, check_bucket,
+                               s3_filesystem, uri_scheme)
+
+T = TypeVar("T")
+
+
+class ObjectPath:
+    """``s3://bucket/key``: joined with ``/``, with ``name`` and ``parent``, like a ``Path`` that is not local."""
+
+    __slots__ = ("uri",)
+
+    def __init__(self, uri: str):
+        location = S3Location.parse(str(uri))
+        self.uri = location.uri()
+
+    @property
+    def location(self) -> S3Location:
+        """Bucket and key."""
+        return S3Location.parse(self.uri)
+
+    @property
+    def fs_path(self) -> str:
+        """``bucket/key``: the path pyarrow's S3 filesystem takes."""
+        return self.location.key()
+
+    @property
+    def name(self) -> str:
+        """The last part of the key ('' for a bucket)."""
+        prefix = self.location.prefix
+        return prefix.rsplit("/", 1)[-1] if prefix else ""
+
+    @property
+    def parent(self) -> ObjectPath:
+        """The key one level up (a bucket is its own parent)."""
+        location = self.location
+        return ObjectPath(S3Location(location.bucket, location.prefix.rpartition("/")[0]).uri())
+
+    def __truediv__(self, name: Any) -> ObjectPath:
+        return ObjectPath(f"{self.uri}/{str(name).strip('/')}")
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:
+        return f"ObjectPath({self.uri!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectPath) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self.uri)
+
+
+StoragePath = Union[Path, ObjectPath]
+
+
+def storage_path(value: str | os.PathLike | ObjectPath) -> StoragePath:
+    """An :class:`ObjectPath` for an ``s3://`` URI, else a local ``Path`` with ``~`` expanded.
+
+    Raises ValueError for a URI of another scheme.
+    """
+    if isinstance(value, ObjectPath):
+        return value
+    text = os.fspath(value) if not isinstance(value, str) else value
+    scheme = uri_scheme(text)
+    if scheme == "s3":
+        return ObjectPath(text)
+    if scheme is not None:
+        raise ValueError(f"{text!r}: {scheme}:// is not supported; give s3://BUCKET/PREFIX or a local path")
+    return Path(text).expanduser()
+
+
+def is_remote(path: object) -> bool:
+    """Whether ``path`` is in an object store (an :class:`ObjectPath` or an ``s3://`` text)."""
+    return isinstance(path, ObjectPath) or (isinstance(path, str) and uri_scheme(path) is not None)
+
+
+# --------------------------------------------------------------------------- filesystems
+
+_FILESYSTEMS: dict[tuple[S3Settings, str], Any] = {}
+
+
+def s3_settings() -> S3Settings:
+    """The S3 settings of this process's AWS variables."""
+    return S3Settings.from_env(os.environ)
+
+
+def filesystem_and_path(path: str | os.PathLike | ObjectPath) -> tuple[Any, str]:
+    """``(pyarrow.fs.FileSystem, path on it)`` for a local path or an ``s3://`` URI.
+
+    S3: an ``S3FileSystem`` from the AWS variables (endpoint from ``AWS_ENDPOINT_URL``, short
+    timeouts, few retries), and ``bucket/key``. Local: the local filesystem and the absolute path.
+    """
+    from pyarrow import fs
+
+    where = storage_path(path)
+    if isinstance(where, ObjectPath):
+        settings = s3_settings()
+        bucket = where.location.bucket
+        key = (settings, bucket)
+        if key not in _FILESYSTEMS:
+            _FILESYSTEMS[key] = s3_filesystem(settings, bucket)
+        return _FILESYSTEMS[key], where.fs_path
+    return fs.LocalFileSystem(), os.path.abspath(where)
+
+
+def call_storage(path: StoragePath, call: Callable[[], T]) -> T:
+    """``call()``; in S3, its ``OSError`` becomes an :class:`ObjectStoreError` naming ``path``."""
+    if isinstance(path, ObjectPath):
+        return call_object_store(call, s3_settings(), str(path))
+    return call()
+
+
+def check_storage(path: StoragePath, field: str) -> None:
+    """Raise :class:`ObjectStoreError` naming ``field`` unless the bucket of ``path`` exists and answers.
+
+    Nothing to check on local disk. Takes seconds at most: the filesystem's timeouts are short.
+    """
+    if not isinstance(path, ObjectPath):
+        return
+    settings = s3_settings()
+    filesystem, fs_path = filesystem_and_path(path)
+    try:
+        check_bucket(filesystem, path.location, settings, f"create it, or set {field} to a bucket that exists")
+        call_object_store(lambda: filesystem.get_file_info(fs_path), settings, str(path))
+    except ObjectStoreError as exc:
+        raise type(exc)(f"{field} {path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def file_size(path: StoragePath) -> int | None:
+    """The size of the file at ``path`` in bytes, or None when there is no file there."""
+    from pyarrow.fs import FileType
+
+    filesystem, fs_path = filesystem_and_path(path)
+    info = call_storage(path, lambda: filesystem.get_file_info(fs_path))
+    return info.size if info.type == FileType.File else None
+
+
+def exists(path: StoragePath) -> bool:
+    """Whether a file or folder (in S3: any object under the prefix) is at ``path``."""
+    if not isinstance(path, ObjectPath):
+        return Path(path).exists()
+    return file_size(path) is not None or bool(list_files(path, recursive=True, limit=1))
+
+
+def read_bytes(path: StoragePath) -> bytes:
+    """The whole content of the file at ``path``. Raises FileNotFoundError when there is none."""
+    if not isinstance(path, ObjectPath):
+        return Path(path).read_bytes()
+    if file_size(path) is None:
+        raise FileNotFoundError(f"no object at {path}")
+    filesystem, fs_path = filesystem_and_path(path)
+
+    def read() -> bytes:
+        with filesystem.open_input_stream(fs_path) as stream:
+            return stream.read()
+
+    return call_storage(path, read)
+
+
+def read_text(path: StoragePath) -> str:
+    """The file at ``path`` as UTF-8 text."""
+    return read_bytes(path).decode("utf-8")
+
+
+def open_input_file(path: StoragePath) -> Any:
+    """A random-access pyarrow file of ``path`` (for Parquet readers); a local path is returned as it is."""
+    if not isinstance(path, ObjectPath):
+        return path
+    filesystem, fs_path = filesystem_and_path(path)
+    return call_storage(path, lambda: filesystem.open_input_file(fs_path))
+
+
+def list_files(folder: StoragePath, suffix: str = "", recursive: bool = False,
+               limit: int | None = None) -> list[StoragePath]:
+    """The files in ``folder`` (and its subfolders with ``recursive``) whose names end with ``suffix``, sorted."""
+    from pyarrow.fs import FileSelector, FileType
+
+    if not isinstance(folder, ObjectPath):
+        pattern = f"*{suffix}"
+        found = Path(folder).rglob(pattern) if recursive else Path(folder).glob(pattern)
+        return sorted(path for path in found if path.is_file())[:limit]
+    filesystem, fs_path = filesystem_and_path(folder)
+    selector = FileSelector(fs_path, allow_not_found=True, recursive=recursive)
+    infos = call_storage(folder, lambda: filesystem.get_file_info(selector))
+    bucket = folder.location.bucket
+    names = sorted(info.path for info in infos if info.type == FileType.File and info.path.endswith(suffix))
+    return [ObjectPath(f"s3://{name}" if name.startswith(f"{bucket}/") else f"s3://{bucket}/{name}")
+            for name in names[:limit]]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_bytes(path: StoragePath, data: bytes) -> None:
+    """Put ``data`` at ``path``: atomically on local disk (folders created), as one upload in S3."""
+    if not isinstance(path, ObjectPath):
+        atomic.replace_file(Path(path), lambda tmp: Path(tmp).write_bytes(data))
+        return
+    filesystem, fs_path = filesystem_and_path(path)
+
+    def put() -> None:
+        with filesystem.open_output_stream(fs_path) as stream:
+            stream.write(data)
+
+    call_storage(path, put)
+
+
+def write_text(path: StoragePath, text: str) -> None:
+    """Put ``text`` (UTF-8) at ``path``; see :func:`write_bytes`."""
+    if not isinstance(path, ObjectPath):
+        atomic.write_text(Path(path), text)
+        return
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_with(path: StoragePath, write: Callable[[str], None]) -> None:
+    """Build the file at ``path`` through ``write(local_file_name)``: in place atomically on local disk,
+    or in a local temporary file uploaded when ``write`` is done."""
+    if not isinstance(path, ObjectPath):
+        atomic.replace_file(Path(path), write)
+        return
+    with tempfile.TemporaryDirectory(prefix="rayjobs-upload-") as scratch:
+        local = os.path.join(scratch, path.name or "file")
+        write(local)
+        with open(local, "rb") as handle:
+            write_bytes(path, handle.read())
+
+
+def delete_file(path: StoragePath) -> None:
+    """Remove the file at ``path`` if there is one."""
+    if not isinstance(path, ObjectPath):
+        Path(path).unlink(missing_ok=True)
+        return
+    if file_size(path) is not None:
+        filesystem, fs_path = filesystem_and_path(path)
+        call_storage(path, lambda: filesystem.delete_file(fs_path))
+
+
+def delete_tree(folder: StoragePath) -> None:
+    """Remove ``folder`` and everything under it, if it is there."""
+    import shutil
+
+    if not isinstance(folder, ObjectPath):
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    filesystem, fs_path = filesystem_and_path(folder)
+    if list_files(folder, recursive=True, limit=1):
+        # Also removes the empty "folder" marker objects pyarrow leaves behind.
+        call_storage(folder, lambda: filesystem.delete_dir(fs_path))
+
+
+def make_folder(folder: StoragePath) -> None:
+    """Create ``folder`` (and its parents) on local disk; S3 needs no folders."""
+    if not isinstance(folder, ObjectPath):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+def reader_paths(paths: list[StoragePath]) -> tuple[list[str], Any]:
+    """``(paths, filesystem)`` for readers that take both (Ray Data, pyarrow datasets): local paths as text with
+    no filesystem (the reader picks the local one), S3 paths as ``bucket/key`` with their filesystem."""
+    remote = [path for path in paths if isinstance(path, ObjectPath)]
+    if not remote:
+        return [str(path) for path in paths], None
+    filesystem = filesystem_and_path(remote[0])[0]
+    return [filesystem_and_path(path)[1] for path in paths], filesystem
