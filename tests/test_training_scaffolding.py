@@ -44,3 +44,11 @@ def test_final_metrics_line_prints_the_epoch_as_a_whole_number():
     final = {"epoch": 3.0, "train_loss": 0.123456, "val_accuracy": 0.5}
     assert final_metrics_line(final) == "Final metrics: epoch=3, train_loss=0.1235, val_accuracy=0.5"
     assert final_metrics_line(final, ["val_accuracy", "lr", "epoch"]) == "Final metrics: val_accuracy=0.5, epoch=3"
+
+
+def test_the_summary_names_the_node_of_every_training_rank():
+    from workloads.vision.train import worker_nodes_line
+
+    assert worker_nodes_line(["a" * 56, "b" * 56]) == (
+        "Training workers: rank 0 on node aaaaaaaa, rank 1 on node bbbbbbbb (2 nodes)")
+    assert worker_nodes_line(["c" * 56]) == "Training workers: rank 0 on node cccccccc (1 node)"

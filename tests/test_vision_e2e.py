@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -32,6 +33,9 @@ def test_quickstart_spec_end_to_end(ray_cluster, ray_cluster_home, tmp_path):
     run_dir = results / "e2e"
     metrics = read_metrics(run_dir)
     assert [int(row["epoch"]) for row in metrics] == [1, 2]
+    # The summary says where each of the spec's two training workers ran.
+    assert re.search(r"Training workers: rank 0 on node \w{8}, rank 1 on node \w{8} \(1 node\)", result.stdout), \
+        result.stdout[-2000:]
     assert (run_dir / "loss_curve.png").stat().st_size > 1000
     assert (run_dir / "confusion_matrix.png").stat().st_size > 1000
     assert list(run_dir.glob("checkpoint_*"))

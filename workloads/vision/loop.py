@@ -13,7 +13,7 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ class Worker:
     scheduler: Any
     loss_fn: Any
     guard: DivergenceGuard
+    nodes: list[str] = field(default_factory=list)  # the Ray node id of every rank, in rank order
 
     @property
     def unwrapped_model(self):
@@ -145,6 +146,7 @@ def setup_worker(config: dict) -> Worker:
     model = model.to(memory_format=memory_format)
     # Gradients that live in DDP's communication buckets skip one copy of every gradient per step.
     model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
+    nodes = _node_of_every_rank(ray.get_runtime_context().get_node_id(), world_size)
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))
     return Worker(
@@ -154,7 +156,19 @@ def setup_worker(config: dict) -> Worker:
         loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         # Reading a flag from an accelerator waits for it; on the CPU the check is free.
         guard=DivergenceGuard(device, check_every=1 if device.type == "cpu" else 25),
+        nodes=nodes,
     )
+
+
+def _node_of_every_rank(node_id: str, world_size: int) -> list[str]:
+    """Every rank's Ray node id, gathered over the process group that DDP already set up."""
+    if world_size == 1:
+        return [node_id]
+    import torch.distributed as dist
+
+    gathered: list[str] = [""] * world_size
+    dist.all_gather_object(gathered, node_id)
+    return gathered
 
 
 def resume(worker: Worker, resume_from: str | None) -> int:
@@ -347,4 +361,4 @@ def train_loop_per_worker(config: dict) -> dict:
         metrics = epoch_metrics(worker, epoch, training, evaluation)
         history = save_checkpoint(worker, epoch, metrics, history)
         trained.append(epoch + 1)
-    return {"start_epoch": start_epoch, "epochs_trained": trained}
+    return {"start_epoch": start_epoch, "epochs_trained": trained, "worker_nodes": worker.nodes}

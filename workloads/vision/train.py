@@ -48,6 +48,7 @@ class TrainingOutcome:
     loss_curve: StoragePath | None
     epochs_trained: list[int] = field(default_factory=list)  # epoch numbers (1-based) this call trained
     skipped: bool = False
+    worker_nodes: list[str] = field(default_factory=list)  # Ray node id of each rank (last attempt); empty if skipped
 
 
 def outcome_from_disk(run_dir: StoragePath, trained: list[int], skipped: bool) -> TrainingOutcome:
@@ -137,7 +138,9 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
     returned = getattr(result, "return_value", None) or {}
     if "diverged" in returned:
         raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
-    return outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
+    outcome = outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
+    outcome.worker_nodes = list(returned.get("worker_nodes", []))
+    return outcome
 
 
 def print_training_summary(outcome: TrainingOutcome) -> None:
@@ -150,5 +153,14 @@ def print_training_summary(outcome: TrainingOutcome) -> None:
         best = outcome.best_metrics
         print(f"Best checkpoint: {outcome.best_checkpoint} (epoch {int(best['epoch'])}, "
               f"val_accuracy {best['val_accuracy']:.4f}, val_loss {best['val_loss']:.4f})")
+    if outcome.worker_nodes:
+        print(worker_nodes_line(outcome.worker_nodes))
     if outcome.final_metrics:
         print(final_metrics_line(outcome.final_metrics, METRIC_FIELDS))
+
+
+def worker_nodes_line(nodes: list[str]) -> str:
+    """``Training workers: rank 0 on node 1a2b3c4d, rank 1 on node 5e6f7a8b (2 nodes)``: where each rank ran."""
+    ranks = ", ".join(f"rank {rank} on node {node[:8]}" for rank, node in enumerate(nodes))
+    distinct = len(set(nodes))
+    return f"Training workers: {ranks} ({distinct} node{'s' if distinct != 1 else ''})"
