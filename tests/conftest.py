@@ -131,6 +131,20 @@ def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subpr
     return run
 
 
+@pytest.fixture(scope="session")
+def workload_ray() -> Iterator[None]:
+    """One private in-process Ray shared by every workload test module that asks for it.
+
+    Starting and stopping a Ray instance costs several seconds, so it lives until the
+    session ends. Its workers run tests/train_faults.py's setup hook, which stays idle
+    unless a test asks for a failing training worker.
+    """
+    from tests.train_faults import SETUP_HOOK
+
+    with private_ray(log_to_driver=False, runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
+        yield
+
+
 @contextlib.contextmanager
 def private_ray(num_cpus: int = 2, **init_args: Any) -> Iterator[None]:
     """A private in-process Ray instance for workload tests; shut down afterwards.

@@ -19,7 +19,6 @@ from PIL import Image
 
 from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
 from tests.cli_helpers import REPO_ROOT
-from tests.conftest import private_ray
 from tests.fixtures_images import (
     jpeg_bytes,
     make_food101_tree,
@@ -44,9 +43,8 @@ EXPECTED_SCHEMA = pa.schema(
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    with private_ray(log_to_driver=False):
-        yield
+def ray_local(workload_ray):
+    yield
 
 
 def read_split(root: Path, split: str) -> list[dict]:

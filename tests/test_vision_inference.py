@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import REPO_ROOT
-from tests.conftest import private_ray
 from tests.fixtures_images import write_tiny_dataset
 
 CLASSES = ["red", "green", "blue"]
@@ -32,17 +31,15 @@ def params(workdir):
 
 
 @pytest.fixture(scope="module")
-def trained(params):
+def trained(params, workload_ray):
     """A one-epoch run, then batch inference over its validation split (one Ray instance for both)."""
     from workloads.vision.inference import run_batch_inference
+    from workloads.vision.preprocess import load_dataset_info
     from workloads.vision.train import run_training
 
-    with private_ray():
-        from workloads.vision.preprocess import load_dataset_info
-
-        outcome = run_training(params, load_dataset_info(Path(params.data.output_dir)))
-        metrics = run_batch_inference(params)
-        yield {"outcome": outcome, "metrics": metrics}
+    outcome = run_training(params, load_dataset_info(Path(params.data.output_dir)))
+    metrics = run_batch_inference(params)
+    return {"outcome": outcome, "metrics": metrics}
 
 
 @pytest.mark.cluster
@@ -129,7 +126,7 @@ def test_single_image_task_and_predict_cli(trained, params, workdir):
     import pyarrow.parquet as pq
 
     image = pq.read_table(val_file, columns=["image"]).column("image")[0].as_py()
-    result = ray.get(classify_image_task.remote(str(outcome.best_checkpoint), image))  # Ray of `trained`
+    result = ray.get(classify_image_task.remote(str(outcome.best_checkpoint), image))  # Ray of `workload_ray`
     assert result["predicted_class"] in CLASSES and CLASSES[result["predicted_label"]] == result["predicted_class"]
     assert 0 < result["confidence"] <= 1 and result["top"][0][0] == result["predicted_class"]
 

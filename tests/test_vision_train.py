@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import read_metrics_csv
-from tests.conftest import private_ray
 from tests.fixtures_images import write_tiny_dataset
-from tests.train_faults import SETUP_HOOK, fail_workers_at_epoch
+from tests.train_faults import fail_workers_at_epoch
 
 CLASSES = ["red", "green", "blue"]
 TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot split them evenly
@@ -38,10 +37,9 @@ def tiny_dataset(workdir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    # The hook lets a test make one training worker die (tests/train_faults.py); idle otherwise.
-    with private_ray(runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
-        yield
+def local_ray(workload_ray):
+    # Its setup hook lets a test make one training worker die (tests/train_faults.py).
+    yield
 
 
 @pytest.fixture(scope="module")

@@ -69,6 +69,10 @@ def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None) -> dict
     env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_RAY_ENV}
     env.update(loopback_env())
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # On SIGTERM `ray start --block` would first drain its node, waiting up to 30 s for
+    # every job and actor to end (a grace meant for Serve replicas); stopping a local
+    # cluster ends them anyway, so its daemons stop at once.
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
     # Job entrypoints say `python ...`; it must be the interpreter that has
     # this Ray installed, even when the caller's virtualenv is not activated.
     ray_bin_dir = str(Path(ray_path).parent)
