@@ -14,6 +14,7 @@ import pytest
 from runner.local import DEFAULT_CLUSTER_NAME, LocalCluster, loopback_env
 from runner.local import start as start_local_cluster
 from runner.local import stop as stop_local_cluster
+from tests.cli_helpers import REPO_ROOT
 
 # Variables that would silently point code under test at some other cluster.
 _FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAYJOBS_CLUSTER")
@@ -154,7 +155,10 @@ def private_ray(num_cpus: int = 2, **init_args: Any) -> Iterator[None]:
     """
     import ray
 
-    with _environ_set(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled"):
+    # Ray's worker processes inherit this environment; they need the project on their path to
+    # run a setup hook from tests/ (pytest's own `pythonpath` setting reaches only this process).
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    with _environ_set(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", PYTHONPATH=python_path):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **init_args)
         try:
             yield
