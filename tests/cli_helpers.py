@@ -6,6 +6,7 @@ import contextlib
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -44,9 +45,16 @@ def run_rayjobs(*args: str, home: Path | None = None, timeout: float = 180, cwd:
                           cwd=cwd or REPO_ROOT, env=env or cli_env(home), stdin=subprocess.DEVNULL)
 
 
+def _interruptible() -> None:
+    # A test suite started in the background inherits an ignored SIGINT, and Python keeps it
+    # ignored; the command must see Ctrl-C the way it does in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def popen_rayjobs(*args: str, home: Path | None = None, **extra_env: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*rayjobs_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT, env=cli_env(home, **extra_env), stdin=subprocess.DEVNULL)
+                            text=True, cwd=REPO_ROOT, env=cli_env(home, **extra_env), stdin=subprocess.DEVNULL,
+                            preexec_fn=_interruptible)
 
 
 def write_spec(directory: Path, name: str, body: str) -> Path:
