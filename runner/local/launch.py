@@ -87,20 +87,28 @@ def ray_start_command(
         f"--dashboard-host={LOOPBACK_HOST}",
         "--include-dashboard=true",
         "--disable-usage-stats",
+    ]
+    return command + node_options(temp_dir, ports, RAY_PORT_OPTIONS, num_cpus, object_store_memory)
+
+
+def node_options(temp_dir: str, ports: dict[str, int], port_options: dict[str, str], num_cpus: int | None,
+                 object_store_memory: int | None) -> list[str]:
+    """The ``ray start`` options every node of a local cluster gets, the head and worker nodes alike."""
+    options = [
         # Plain text: the log tail ends up in error messages.
         "--log-color=false",
         f"--temp-dir={temp_dir}",
-        # 0/0 lets each worker take an ephemeral port instead of the shared
-        # default range 10002-19999 that other clusters draw from too.
+        # 0/0 lets each worker take an ephemeral port instead of the shared default range
+        # 10002-19999 that other clusters (and the other nodes of this one) draw from too.
         "--min-worker-port=0",
         "--max-worker-port=0",
     ]
-    command += [f"{option}={ports[key]}" for option, key in RAY_PORT_OPTIONS.items()]
+    options += [f"{option}={ports[key]}" for option, key in port_options.items()]
     if num_cpus is not None:
-        command.append(f"--num-cpus={num_cpus}")
+        options.append(f"--num-cpus={num_cpus}")
     if object_store_memory is not None:
-        command.append(f"--object-store-memory={object_store_memory}")
-    return command
+        options.append(f"--object-store-memory={object_store_memory}")
+    return options
 
 
 def launch(

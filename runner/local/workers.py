@@ -25,7 +25,8 @@ from typing import Callable
 from runner.backoff import Backoff, Deadline
 from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
-from runner.local.launch import PortClash, keep_session_logs, log_shows_port_clash, log_tail_sentence
+from runner.local.launch import (PortClash, keep_session_logs, log_shows_port_clash, log_tail_sentence,
+                                 node_options)
 from runner.local.nodes import list_nodes
 from runner.local.ports import LOOPBACK_HOST, NODE_PORT_OPTIONS, free_ports
 from runner.local.processes import leader_is_alive, process_create_time, reap, stop_cluster_processes, track_child
@@ -114,18 +115,8 @@ def worker_start_command(
         f"--node-ip-address={LOOPBACK_HOST}",
         f"--node-name={node_name}",
         "--disable-usage-stats",
-        "--log-color=false",
-        f"--temp-dir={temp_dir}",
-        # Ephemeral worker ports, as on the head: the kernel never hands the same one to two nodes.
-        "--min-worker-port=0",
-        "--max-worker-port=0",
     ]
-    command += [f"{option}={ports[key]}" for option, key in NODE_PORT_OPTIONS.items()]
-    if num_cpus is not None:
-        command.append(f"--num-cpus={num_cpus}")
-    if object_store_memory is not None:
-        command.append(f"--object-store-memory={object_store_memory}")
-    return command
+    return command + node_options(temp_dir, ports, NODE_PORT_OPTIONS, num_cpus, object_store_memory)
 
 
 def ray_python(ray_path: str) -> str:
