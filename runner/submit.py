@@ -5,6 +5,7 @@ Reached through the cluster client, ``runner.api.JobsApi.submit``.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import secrets
@@ -120,7 +121,10 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
 
     from ray.exceptions import AuthenticationError
 
-    # Ray's SDK logs each packaging step at INFO; rayjobs reports what matters itself.
+    # Ray's SDK logs each packaging step at INFO; rayjobs reports what matters itself. Its
+    # modules set their loggers to INFO when imported, so they are imported first.
+    importlib.import_module("ray.dashboard.modules.job.sdk")
+
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("ray.dashboard", "ray._private.runtime_env")):
             logging.getLogger(name).setLevel(logging.ERROR)
