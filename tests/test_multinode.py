@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -15,10 +16,11 @@ import pytest
 from conftest import wait_for_condition
 from runner.exit_codes import ExitCode
 from runner.local import LocalCluster, cluster_processes
+from runner.local.state import WorkerNode
 from runner.local.processes import psutil_module
 from runner.local.storage_note import is_local_path, local_shared_paths, shared_storage_note
 from runner.local.workers import object_store_bytes
-from tests.cli_helpers import cli_env, run_rayjobs
+from tests.cli_helpers import cli_env, popen_rayjobs, read_metrics_csv, run_rayjobs
 
 CLUSTER_NAME = "multi"
 NODES = 3
@@ -213,24 +215,67 @@ def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
     assert "shared mount or object storage" in notes[0]
 
 
+# ----------------------------------------------------------------- node death, then the end of the cluster
+
+
+def _training_worker_nodes(cluster: LocalCluster) -> set[str]:
+    """Node ids of the live Ray Train worker actors, from the dashboard's state API."""
+    from runner.local.nodes import _get_json
+
+    document = _get_json(f"{cluster.dashboard_url}/api/v0/actors?limit=1000", cluster.auth_headers(), 10)
+    return {row["node_id"] for row in document["data"]["result"]["result"]
+            if "RayTrainWorker" in row.get("class_name", "") and row.get("state") == "ALIVE"}
+
+
+def _raylet_of(cluster: LocalCluster, node: WorkerNode):
+    """The raylet of a worker node rayjobs started: the one in that node's process session."""
+    raylets = [proc for proc in cluster_processes(cluster)
+               if proc.name() == "raylet" and os.getsid(proc.pid) == node.pid]
+    assert len(raylets) == 1, raylets
+    return raylets[0]
+
+
 @pytest.mark.cluster
-def test_a_worker_node_whose_raylet_dies_is_shown_dead(multi_home, multi_cluster):
-    psutil = psutil_module()
-    worker = multi_cluster.worker_nodes[-1]
-    raylets = [proc for proc in cluster_processes(multi_cluster)
-               if proc.name() == "raylet" and os.getsid(proc.pid) == worker.pid]
-    assert len(raylets) == 1
-    raylets[0].send_signal(signal.SIGKILL)
-    psutil.wait_procs(raylets, timeout=10)
+def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster, tmp_path):
+    # Two 1-CPU training workers on three 1-CPU nodes: at least one of them is on a worker node.
+    # Its raylet is SIGKILLed once epoch 1 is checkpointed; the two nodes left still fit both workers.
+    run_dir = tmp_path / "results" / "node-death"
+    overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
+                 "workload.data.synthetic_per_class=60", "workload.train.epochs=5", "workload.train.batch_size=32",
+                 "workload.train.max_failures=1", "workload.run_name=node-death", "workload.stages=[preprocess, train]"]
+    job = popen_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME,
+                        *[arg for override in overrides for arg in ("--set", override)], home=multi_home)
+    try:
+        def first_epoch_checkpointed() -> bool:
+            snapshot = run_dir / "checkpoint_manager_snapshot.json"
+            return snapshot.exists() and "checkpoint_epoch_0001" in snapshot.read_text()
 
-    def dead_worker() -> dict | None:
+        wait_for_condition(first_epoch_checkpointed, timeout_s=300, interval_s=0.5)
+        roles = {node["node_id"]: node["role"] for node in _status(multi_home)["nodes"]}
+        victims = sorted(roles[node_id] for node_id in _training_worker_nodes(multi_cluster) if roles[node_id] != "head")
+        assert victims, "both training workers ran on the head node"
+        victim = next(node for node in multi_cluster.worker_nodes if node.name == victims[0])
+        _raylet_of(multi_cluster, victim).send_signal(signal.SIGKILL)
+        epochs_before = [int(row["epoch"]) for row in read_metrics_csv(run_dir)]
+        assert epochs_before[-1] < 5, "training ended before the node died"
+
+        stdout, stderr = job.communicate(timeout=480)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == ExitCode.SUCCEEDED, stdout[-3000:] + stderr[-2000:]
+    assert "SUCCEEDED" in stderr
+    # Restored from a checkpoint on the nodes left, not restarted: every epoch once.
+    assert re.search(r"Resuming run 'node-death' after epoch [1-4] from ", stdout), stdout[-3000:]
+    assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4, 5]
+
+    def victim_dead() -> dict | None:
         nodes = {node["role"]: node for node in _status(multi_home)["nodes"]}
-        return nodes if not nodes[worker.name]["alive"] else None
+        return nodes if nodes[victim.name]["state"] == "DEAD" else None
 
-    # The GCS declares a node dead after a few missed health checks.
-    nodes = wait_for_condition(dead_worker, timeout_s=120, interval_s=2)
-    assert nodes[worker.name]["state"] == "DEAD"
-    assert nodes["head"]["alive"] and nodes["worker-1"]["alive"]
+    nodes = wait_for_condition(victim_dead, timeout_s=60, interval_s=2)
+    assert sum(node["alive"] for node in nodes.values()) == NODES - 1
     text = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
     assert f"nodes:     {NODES} ({NODES - 1} alive)" in text.stdout
 
@@ -239,9 +284,9 @@ def test_a_worker_node_whose_raylet_dies_is_shown_dead(multi_home, multi_cluster
 def test_cluster_down_stops_every_process_of_every_node(multi_home, multi_cluster):
     psutil = psutil_module()
     members = cluster_processes(multi_cluster)
-    # Every live `ray start` leader is a member, each leading its own session (worker-2's may
-    # have exited with its raylet in the test before).
-    assert {multi_cluster.pid, *(worker.pid for worker in multi_cluster.worker_nodes[:1])} <= {p.pid for p in members}
+    # The head's `ray start` leader is a member (a worker node's may have exited with its raylet
+    # in the test before).
+    assert multi_cluster.pid in {p.pid for p in members}
     assert _processes_with_token_file(Path(multi_cluster.token_file))
     down = run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=multi_home, timeout=120)
     assert down.returncode == 0, down.stderr
