@@ -60,6 +60,8 @@ def test_batch_predictions_match_reported_metrics(trained, params):
     assert metrics["accuracy"] == pytest.approx(sum(a == b for a, b in zip(labels, predicted)) / len(labels))
     assert [CLASSES[i] for i in predicted] == table.column("predicted_class").to_pylist()
     assert all(0 < c <= 1 for c in table.column("confidence").to_pylist())
+    # One node here: every row names it, and the metrics count it.
+    assert len(set(table.column("node_id").to_pylist())) == metrics["nodes"] == 1
 
     matrix = metrics["confusion_matrix"]
     assert sum(map(sum, matrix)) == table.num_rows

@@ -27,6 +27,7 @@ from workloads.vision.model import STATE_FILE, best_checkpoint, model_from_state
 PREDICTIONS_DIR = "predictions"
 METRICS_FILE = "inference_metrics.json"
 CONFUSION_PNG = "confusion_matrix.png"
+PREDICTION_COLUMNS_READ_BACK = ["label", "predicted_label", "node_id"]
 
 
 class InferenceError(RuntimeError):
@@ -91,6 +92,7 @@ class BatchPredictor:
         torch.set_num_threads(max(1, int(cpus)))
         self.loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu)
         self.class_names = np.array(self.loaded.classes, dtype=object)
+        self.node_id = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from workloads.vision.images import decode_batch
@@ -102,6 +104,8 @@ class BatchPredictor:
             "predicted_label": predicted.astype(np.int64),
             "predicted_class": self.class_names[predicted],
             "confidence": probabilities[np.arange(len(predicted)), predicted].astype(np.float32),
+            # Which replica's node classified the row: tells placement problems apart from model ones.
+            "node_id": np.full(len(predicted), self.node_id, dtype=object),
         }
 
 
@@ -190,10 +194,10 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
         predictions.write_parquet(out_path, filesystem=filesystem, ray_remote_args={"num_cpus": 0})
         seconds = time.perf_counter() - started
         table = storage.call_storage(out_dir, lambda: pq.read_table(out_path, filesystem=filesystem,
-                                                                    columns=["label", "predicted_label"]))
+                                                                    columns=PREDICTION_COLUMNS_READ_BACK))
     else:
         seconds = _write_predictions_locally(predictions, run_dir, started)
-        table = pq.read_table(out_dir, columns=["label", "predicted_label"])
+        table = pq.read_table(out_dir, columns=PREDICTION_COLUMNS_READ_BACK)
     labels = table.column("label").to_numpy()
     predicted = table.column("predicted_label").to_numpy()
     if len(labels) != expected_rows:
@@ -201,12 +205,14 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
     classes = load_classes(checkpoint_dir)
     matrix = confusion_matrix(labels, predicted, len(classes))
     correct = int((labels == predicted).sum())
+    nodes = len(set(table.column("node_id").to_pylist()))
     metrics = {
         "accuracy": correct / max(1, len(labels)),
         "correct": correct,
         "rows": int(len(labels)),
         "images_per_s": len(labels) / max(1e-9, seconds),
         "seconds": seconds,
+        "nodes": nodes,
         "checkpoint": str(checkpoint_dir),
         "predictions": str(out_dir),
         "classes": classes,
@@ -221,7 +227,7 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
 
     print(confusion_table(matrix, classes), flush=True)
     print(f"Inference accuracy: {metrics['accuracy']:.4f} ({correct}/{len(labels)}), "
-          f"{metrics['images_per_s']:.1f} images/s", flush=True)
+          f"{metrics['images_per_s']:.1f} images/s on {nodes} node{'s' * (nodes != 1)}", flush=True)
     print(f"Predictions: {out_dir}", flush=True)
     print(f"Confusion matrix: {run_dir / CONFUSION_PNG}; metrics: {metrics_path}", flush=True)
     return metrics

@@ -56,7 +56,14 @@ from workloads.vision.sources import list_source
 # Importers reach the dataset's description through the stage that writes it.
 __all__ = ["DatasetInfo", "load_dataset_info", "main", "run_preprocess"]
 
-_encode_chunk_remote = ray.remote(num_cpus=1, max_retries=3)(encode_chunk)
+
+
+def _encode_chunk_on_a_node(payloads, image_size: int, jpeg_quality: int):
+    """:func:`encode_chunk`, and the id of the node that ran it (the summary counts the nodes that worked)."""
+    return ray.get_runtime_context().get_node_id(), encode_chunk(payloads, image_size, jpeg_quality)
+
+
+_encode_chunk_remote = ray.remote(num_cpus=1, max_retries=3)(_encode_chunk_on_a_node)
 
 
 # ---------------------------------------------------------------------------
@@ -93,11 +100,15 @@ def _log(line: str) -> None:
     print(line, flush=True, file=sys.stdout)
 
 
-def _summary(output_dir: StoragePath, classes: list[str], writers: dict[str, SplitWriter], skipped: Counter, seconds: float) -> str:
+def _summary(output_dir: StoragePath, classes: list[str], writers: dict[str, SplitWriter], skipped: Counter,
+             seconds: float, nodes: set[str]) -> str:
     processed = sum(w.rows for w in writers.values()) + sum(skipped.values())
     width = max(12, *(len(c) for c in classes))
+    # Arrays are written by the driver alone; encoded images by tasks on the nodes counted.
+    where = f", on {len(nodes)} node{'s' * (len(nodes) != 1)}" if nodes else ""
     lines = [
-        f"preprocess: wrote {output_dir} in {seconds:.1f} s, {processed} images ({processed / max(seconds, 1e-9):.1f} images/s)",
+        f"preprocess: wrote {output_dir} in {seconds:.1f} s, {processed} images "
+        f"({processed / max(seconds, 1e-9):.1f} images/s{where})",
         f"  {'class':<{width}} {'train':>7} {'val':>7}",
     ]
     for name in classes:
@@ -179,13 +190,14 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
     else:
         layout = ImageLayout.photos(data.image_size)
     skipped: Counter = Counter(listing.skipped if listing else {})
+    nodes: set[str] = set()
     with new_dataset_folder(output_dir) as building:
         writers = {split: SplitWriter(building / split, split, data.rows_per_file, classes, raw=layout.encoding == "raw")
                    for split in SPLITS}
         if arrays is not None:
             _write_arrays(arrays, writers, data.seed)
         else:
-            _encode_listing(listing, data, writers, skipped, progress)
+            nodes = _encode_listing(listing, data, writers, skipped, progress)
         for writer in writers.values():
             writer.close()
         if writers["train"].rows == 0:
@@ -193,7 +205,7 @@ def run_preprocess(data: DataConfig, *, progress: bool = True) -> DatasetInfo:
         manifest = write_manifest(building, fingerprint=fingerprint, settings=settings, classes=classes,
                                   folders=folders, writers=writers, layout=layout, skipped=skipped,
                                   seconds=time.perf_counter() - started)
-    _log(_summary(output_dir, classes, writers, skipped, time.perf_counter() - started))
+    _log(_summary(output_dir, classes, writers, skipped, time.perf_counter() - started, nodes))
     return info_from_manifest(storage_path(data.output_dir), manifest, reused=False)
 
 
@@ -209,15 +221,18 @@ def _write_arrays(arrays: ArraySource, writers: dict[str, SplitWriter], seed: in
 
 
 def _encode_listing(listing: SourceListing, data: DataConfig, writers: dict[str, SplitWriter], skipped: Counter,
-                    progress: bool) -> None:
-    """Decode, resize and re-encode every listed image in Ray tasks; write the rows in a fixed order."""
+                    progress: bool) -> set[str]:
+    """Decode, resize and re-encode every listed image in Ray tasks; write the rows in a fixed order.
+
+    Returns the ids of the nodes whose tasks did the work.
+    """
     ordered = _ordered_items(listing, data.seed)
     if not ray.is_initialized():
         ray.init()  # callers normally have; this keeps the stage usable on its own
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     chunk_size = max(4, min(64, math.ceil(len(ordered) / (cpus * 12))))
     chunks = _plan_chunks(ordered, chunk_size)
-    _run_chunks(ordered, chunks, listing, data, writers, skipped, cpus, progress)
+    return _run_chunks(ordered, chunks, listing, data, writers, skipped, cpus, progress)
 
 
 def _run_chunks(
@@ -229,8 +244,11 @@ def _run_chunks(
     skipped: Counter,
     cpus: int,
     progress: bool,
-) -> None:
-    """Process all chunks with a bounded number of tasks in flight; write rows in order."""
+) -> set[str]:
+    """Process all chunks with a bounded number of tasks in flight; write rows in order.
+
+    Returns the ids of the nodes the tasks ran on.
+    """
     alive_nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     reader = PayloadReader(len(listing.classes), ship_file_bytes=alive_nodes > 1)
     tracker = _Progress(len(ordered), progress)
@@ -238,6 +256,7 @@ def _run_chunks(
     next_to_write = 0
     max_in_flight = cpus * 3  # enough to keep every CPU busy while the driver waits on one result
     pending: dict = {}
+    nodes: set[str] = set()
     chunk_iter = iter(chunks)
 
     def submit(positions: list[int]) -> None:
@@ -279,11 +298,14 @@ def _run_chunks(
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
             sent = pending.pop(ref)
-            for position, outcome in zip(sent, ray.get(ref)):
+            node, outcomes = ray.get(ref)
+            nodes.add(node)
+            for position, outcome in zip(sent, outcomes):
                 results[position] = outcome
             tracker.update(len(sent))
         drain()
     drain()  # rows skipped while reading, after the last task
+    return nodes
 
 
 def main(argv: list[str] | None = None) -> int:
