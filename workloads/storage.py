@@ -180,8 +180,10 @@ def read_bytes(path: StoragePath) -> bytes:
     filesystem, fs_path = filesystem_and_path(path)
 
     def read() -> bytes:
-        with filesystem.open_input_stream(fs_path) as stream:
-            return stream.read()
+        # A random-access file reads the object in one ranged GET; pyarrow's input stream reads it
+        # in small chunks, one request each: a 134 MB checkpoint took 45 s that way, 0.3 s this way.
+        with filesystem.open_input_file(fs_path) as file:
+            return file.read()
 
     return call_storage(path, read)
 
