@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from tests.cli_helpers import REPO_ROOT, read_metrics_csv, run_rayjobs, submit_spec
+from tests.s3_server import aws_variables, create_bucket, object_keys
 
+HF_BUCKET = "rayjobs-hf"
 BEANS_CLASSES = ["angular_leaf_spot", "bean_rust", "healthy"]
 TINY_VIT = ["workload.model.image_size=32", "workload.model.patch_size=8", "workload.model.hidden_size=32",
             "workload.model.num_hidden_layers=2", "workload.model.num_attention_heads=2",
@@ -112,7 +114,8 @@ def test_vit_fine_tuning_from_scratch_on_a_saved_dataset(ray_cluster, ray_cluste
 
 
 @pytest.mark.cluster
-def test_vit_fine_tuning_from_local_weights_on_parquet_shards(ray_cluster, ray_cluster_home, tmp_path):
+def test_vit_fine_tuning_from_local_weights_on_parquet_shards_into_s3(ray_cluster, ray_cluster_home, s3_endpoint,
+                                                                         tmp_path):
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -120,10 +123,16 @@ def test_vit_fine_tuning_from_local_weights_on_parquet_shards(ray_cluster, ray_c
     pretrained = tmp_path / "vit-local"
     ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
                                         num_attention_heads=2, intermediate_size=64, num_labels=5)).save_pretrained(pretrained)
+    # The run (checkpoints, metrics.csv, the loss curve) goes to object storage.
+    create_bucket(s3_endpoint, HF_BUCKET)
+    aws = [f"runtime_env.env_vars.{name}={value}" for name, value in aws_variables(s3_endpoint).items()]
     result = submit_spec(ray_cluster_home, "specs/vit-hf.yaml", f"workload.data.path={data}",
                          f"workload.model.weights={pretrained}", "workload.run_name=from-local",
-                         f"workload.storage_path={tmp_path / 'results'}", "workload.train.epochs=1",
-                         "workload.train.num_workers=1", "workload.train.batch_size=8")
+                         f"workload.storage_path=s3://{HF_BUCKET}/runs", "workload.train.epochs=1",
+                         "workload.train.num_workers=1", "workload.train.batch_size=8", *aws)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "24 train and 12 eval images" in result.stdout
-    assert list((tmp_path / "results" / "from-local").glob("checkpoint_*/checkpoint/config.json"))
+    keys = object_keys(s3_endpoint, HF_BUCKET, "runs/from-local/")
+    assert "runs/from-local/metrics.csv" in keys and "runs/from-local/loss_curve.png" in keys, keys
+    assert any(key.endswith("/checkpoint/config.json") and "/checkpoint_" in key for key in keys), keys
+    assert f"Best checkpoint: s3://{HF_BUCKET}/runs/from-local/checkpoint_" in result.stdout

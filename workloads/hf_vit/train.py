@@ -273,7 +273,8 @@ def run(params: HFViTParams) -> dict:
     best = None
     if getattr(result, "best_checkpoints", None):
         best_checkpoint, best_metrics = max(result.best_checkpoints, key=lambda item: item[1].get("eval_accuracy", 0))
-        best = f"{best_checkpoint.path}/{RAY_CHECKPOINT_DIR}"
+        # Ray's checkpoint path has no scheme in object storage; the run directory keeps it (s3://…).
+        best = str(run_dir / best_checkpoint.path.rstrip("/").rsplit("/", 1)[-1] / RAY_CHECKPOINT_DIR)
         print(f"Best checkpoint: {best} (epoch {best_metrics.get('epoch', 0):g}, "
               f"eval_accuracy {best_metrics.get('eval_accuracy', 0):.4f})", flush=True)
     final = rows[-1] if rows else {}
