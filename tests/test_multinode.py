@@ -218,14 +218,13 @@ def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
 # ----------------------------------------------------------------- node death, then the end of the cluster
 
 
-def _actor_nodes(cluster: LocalCluster, class_name_part: str, alive_only: bool) -> set[str]:
-    """Node ids of the actors whose class name contains ``class_name_part``, from the dashboard's state API."""
+def _training_worker_nodes(cluster: LocalCluster) -> set[str]:
+    """Node ids of the live Ray Train worker actors, from the dashboard's state API."""
     from runner.local.nodes import _get_json
 
     document = _get_json(f"{cluster.dashboard_url}/api/v0/actors?limit=1000", cluster.auth_headers(), 10)
     return {row["node_id"] for row in document["data"]["result"]["result"]
-            if class_name_part in row.get("class_name", "") and row.get("node_id")  # none while pending
-            and (row.get("state") == "ALIVE" or not alive_only)}
+            if "RayTrainWorker" in row.get("class_name", "") and row.get("state") == "ALIVE"}
 
 
 def _raylet_of(cluster: LocalCluster, node: WorkerNode):
@@ -240,11 +239,11 @@ def _raylet_of(cluster: LocalCluster, node: WorkerNode):
 def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster, tmp_path):
     # Preprocessing spreads its tasks over the three 1-CPU nodes. Two 1-CPU training workers: at
     # least one of them is on a worker node, whose raylet is SIGKILLed once epoch 1 is checkpointed.
-    # The two nodes left still fit both workers, and then the two 1-CPU inference replicas.
+    # The two nodes left still fit both workers.
     run_dir = tmp_path / "results" / "node-death"
     overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
-                 "workload.data.synthetic_per_class=60", "workload.train.epochs=5", "workload.train.batch_size=32",
-                 "workload.train.max_failures=1", "workload.run_name=node-death"]
+                 "workload.data.synthetic_per_class=60", "workload.train.epochs=4", "workload.train.batch_size=32",
+                 "workload.train.max_failures=1", "workload.run_name=node-death", "workload.stages=[preprocess, train]"]
     job = popen_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME,
                         *[arg for override in overrides for arg in ("--set", override)], home=multi_home)
     try:
@@ -254,12 +253,12 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
 
         wait_for_condition(first_epoch_checkpointed, timeout_s=300, interval_s=0.5)
         roles = {node["node_id"]: node["role"] for node in _status(multi_home)["nodes"]}
-        victims = sorted(roles[node_id] for node_id in _actor_nodes(multi_cluster, "RayTrainWorker", alive_only=True) if roles[node_id] != "head")
+        victims = sorted(roles[node_id] for node_id in _training_worker_nodes(multi_cluster) if roles[node_id] != "head")
         assert victims, "both training workers ran on the head node"
         victim = next(node for node in multi_cluster.worker_nodes if node.name == victims[0])
         _raylet_of(multi_cluster, victim).send_signal(signal.SIGKILL)
         epochs_before = [int(row["epoch"]) for row in read_metrics_csv(run_dir)]
-        assert epochs_before[-1] < 5, "training ended before the node died"
+        assert epochs_before[-1] < 4, "training ended before the node died"
 
         stdout, stderr = job.communicate(timeout=480)
     finally:
@@ -269,13 +268,9 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
     assert job.returncode == ExitCode.SUCCEEDED, stdout[-3000:] + stderr[-2000:]
     assert "SUCCEEDED" in stderr
     assert re.search(r"preprocess: wrote .* images/s, on 3 nodes\)", stdout), stdout[-3000:]
-    # The pool's two replicas took one node each. (How many of them got rows is up to Ray Data:
-    # on a split this small the first replica ready may take every block, and the line says so.)
-    assert re.search(r"Inference accuracy: .* images/s on [12] nodes?", stdout), stdout[-3000:]
-    assert len(_actor_nodes(multi_cluster, "BatchPredictor", alive_only=False)) == 2
     # Restored from a checkpoint on the nodes left, not restarted: every epoch once.
-    assert re.search(r"Resuming run 'node-death' after epoch [1-4] from ", stdout), stdout[-3000:]
-    assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4, 5]
+    assert re.search(r"Resuming run 'node-death' after epoch [1-3] from ", stdout), stdout[-3000:]
+    assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4]
 
     def victim_dead() -> dict | None:
         nodes = {node["role"]: node for node in _status(multi_home)["nodes"]}
