@@ -110,9 +110,15 @@ def test_confusion_helpers():
 
 
 def _run_module(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
+    import ray
+
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.pop("RAY_ADDRESS", None)
     env.pop("RAYJOBS_WORKLOAD", None)
+    # The module's ray.init() joins this session's private Ray (as a job's driver joins its
+    # cluster) instead of starting one of its own, which costs about ten seconds a time.
+    env.pop("RAY_ADDRESS", None)
+    if ray.is_initialized():
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO_ROOT)
 
