@@ -16,6 +16,7 @@ import pytest
 from conftest import wait_for_condition
 from runner.exit_codes import ExitCode
 from runner.local import LocalCluster, cluster_processes
+from runner.local.nodes import dashboard_json
 from runner.local.state import WorkerNode
 from runner.local.processes import psutil_module
 from runner.local.storage_note import is_local_path, local_shared_paths, shared_storage_note
@@ -220,9 +221,7 @@ def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
 
 def _training_worker_nodes(cluster: LocalCluster) -> set[str]:
     """Node ids of the live Ray Train worker actors, from the dashboard's state API."""
-    from runner.local.nodes import _get_json
-
-    document = _get_json(f"{cluster.dashboard_url}/api/v0/actors?limit=1000", cluster.auth_headers(), 10)
+    document = dashboard_json(cluster, "/api/v0/actors?limit=1000", timeout_s=10)
     return {row["node_id"] for row in document["data"]["result"]["result"]
             if "RayTrainWorker" in row.get("class_name", "") and row.get("state") == "ALIVE"}
 

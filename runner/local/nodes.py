@@ -45,13 +45,13 @@ def list_nodes(cluster: LocalCluster, timeout_s: float = _REQUEST_TIMEOUT_S) -> 
     Raises:
         ClusterError: the dashboard did not answer, or answered with something that is not a node list.
     """
-    url = f"{cluster.dashboard_url}/api/v0/nodes?limit={_NODE_LIST_LIMIT}"
-    document = _get_json(url, cluster.auth_headers(), timeout_s)
+    path = f"/api/v0/nodes?limit={_NODE_LIST_LIMIT}"
+    document = dashboard_json(cluster, path, timeout_s)
     try:
         rows = document["data"]["result"]["result"]
         nodes = [_node_info(row) for row in rows]
     except (KeyError, TypeError, ValueError):
-        raise ClusterError(f"The dashboard of local cluster '{cluster.name}' answered {url} with no node list.") from None
+        raise ClusterError(f"The dashboard of local cluster '{cluster.name}' answered {path} with no node list.") from None
     return sorted(nodes, key=_display_order)
 
 
@@ -76,10 +76,12 @@ def _display_order(node: NodeInfo) -> tuple[int, int, str]:
     return (2, 0, node.role)
 
 
-def _get_json(url: str, headers: dict[str, str], timeout_s: float) -> Any:
+def dashboard_json(cluster: LocalCluster, path: str, timeout_s: float = _REQUEST_TIMEOUT_S) -> Any:
+    """The JSON answer of the cluster's dashboard to a GET of ``path`` (with its token), or ClusterError."""
+    url = f"{cluster.dashboard_url}{path}"
     # Loopback traffic never goes through a proxy from the user's environment.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(url, headers=headers, method="GET")
+    request = urllib.request.Request(url, headers=cluster.auth_headers(), method="GET")
     try:
         with opener.open(request, timeout=timeout_s) as response:
             return json.loads(response.read())

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from jobs.keys import WORKLOAD_ENV_VAR
+from jobs.object_store import uri_scheme
 from runner.local import find_running
 
 # Workload parameters (dotted paths in the workload section) that every node of a job writes to
 # or reads from: Ray Train's run storage, and the vision workload's preprocessed shards.
 SHARED_PATH_PARAMETERS = ("storage_path", "data.output_dir")
-_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def is_local_path(value: str) -> bool:
     """Whether a storage location is a path on one machine's disk rather than object storage (``s3://…``)."""
-    match = _URI_SCHEME.match(value)
-    return match is None or match.group(1).lower() == "file"
+    return uri_scheme(value) in (None, "file")
 
 
 def local_shared_paths(submission: dict[str, Any]) -> dict[str, str]:

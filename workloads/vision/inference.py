@@ -20,6 +20,7 @@ import ray
 
 from jobs import atomic
 from workloads import storage
+from workloads.placement import nodes_phrase
 from workloads.storage import ObjectPath, StoragePath
 from workloads.vision.config import InferConfig, VisionParams
 from workloads.vision.model import STATE_FILE, best_checkpoint, model_from_state, read_checkpoint_state
@@ -205,14 +206,14 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
     classes = load_classes(checkpoint_dir)
     matrix = confusion_matrix(labels, predicted, len(classes))
     correct = int((labels == predicted).sum())
-    nodes = len(set(table.column("node_id").to_pylist()))
+    node_ids = set(table.column("node_id").to_pylist())
     metrics = {
         "accuracy": correct / max(1, len(labels)),
         "correct": correct,
         "rows": int(len(labels)),
         "images_per_s": len(labels) / max(1e-9, seconds),
         "seconds": seconds,
-        "nodes": nodes,
+        "nodes": len(node_ids),
         "checkpoint": str(checkpoint_dir),
         "predictions": str(out_dir),
         "classes": classes,
@@ -227,7 +228,7 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
 
     print(confusion_table(matrix, classes), flush=True)
     print(f"Inference accuracy: {metrics['accuracy']:.4f} ({correct}/{len(labels)}), "
-          f"{metrics['images_per_s']:.1f} images/s on {nodes} node{'s' * (nodes != 1)}", flush=True)
+          f"{metrics['images_per_s']:.1f} images/s on {nodes_phrase(node_ids)}", flush=True)
     print(f"Predictions: {out_dir}", flush=True)
     print(f"Confusion matrix: {run_dir / CONFUSION_PNG}; metrics: {metrics_path}", flush=True)
     return metrics

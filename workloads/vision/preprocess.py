@@ -31,6 +31,7 @@ import ray
 
 from jobs.object_store import ObjectStoreError
 from workloads.params import parse_command_line
+from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath, check_storage, storage_path
 from workloads.vision.arrays import ArraySource, load_array_source, source_signature
 from workloads.vision.config import ARRAY_SOURCES, DataConfig, VisionParams
@@ -55,7 +56,6 @@ from workloads.vision.sources import list_source
 
 # Importers reach the dataset's description through the stage that writes it.
 __all__ = ["DatasetInfo", "load_dataset_info", "main", "run_preprocess"]
-
 
 
 def _encode_chunk_on_a_node(payloads, image_size: int, jpeg_quality: int):
@@ -105,7 +105,7 @@ def _summary(output_dir: StoragePath, classes: list[str], writers: dict[str, Spl
     processed = sum(w.rows for w in writers.values()) + sum(skipped.values())
     width = max(12, *(len(c) for c in classes))
     # Arrays are written by the driver alone; encoded images by tasks on the nodes counted.
-    where = f", on {len(nodes)} node{'s' * (len(nodes) != 1)}" if nodes else ""
+    where = f", on {nodes_phrase(nodes)}" if nodes else ""
     lines = [
         f"preprocess: wrote {output_dir} in {seconds:.1f} s, {processed} images "
         f"({processed / max(seconds, 1e-9):.1f} images/s{where})",

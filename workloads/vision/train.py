@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workloads import storage
+from workloads.placement import nodes_phrase
 from workloads.storage import ObjectPath, StoragePath
 from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, plot_loss_curve, read_metrics_csv
 from workloads.training.trainer import TrainingError, fit
@@ -162,5 +163,4 @@ def print_training_summary(outcome: TrainingOutcome) -> None:
 def worker_nodes_line(nodes: list[str]) -> str:
     """``Training workers: rank 0 on node 1a2b3c4d, rank 1 on node 5e6f7a8b (2 nodes)``: where each rank ran."""
     ranks = ", ".join(f"rank {rank} on node {node[:8]}" for rank, node in enumerate(nodes))
-    distinct = len(set(nodes))
-    return f"Training workers: {ranks} ({distinct} node{'s' if distinct != 1 else ''})"
+    return f"Training workers: {ranks} ({nodes_phrase(nodes)})"
