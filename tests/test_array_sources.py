@@ -218,6 +218,26 @@ def test_augmentations_are_per_image_and_keep_shape_and_dtype():
     assert values[0, 0, 0, 0].item() == pytest.approx(-2.0) and values[0, 0, 0, 1].item() == pytest.approx(2.0)
 
 
+def test_resized_crops_are_torchvisions_bilinear_resize_and_keep_an_uncropped_image_sharp():
+    import torch
+    import torchvision.transforms.v2.functional as F
+
+    from workloads.vision.images import resized_crops
+
+    generator = torch.Generator().manual_seed(0)
+    noise = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=generator)
+    whole = torch.tensor([[0.0, 0.0, 64.0, 64.0]] * 2)
+    assert torch.equal(resized_crops(noise, whole), noise)
+
+    # A smooth image (a blurred field of noise), so the comparison is about the resize and
+    # not about which pixel just outside the crop's edge each method reads.
+    smooth = F.gaussian_blur(noise.float(), kernel_size=9, sigma=3.0).round().to(torch.uint8)
+    top, left, crop_h, crop_w = 5, 7, 40, 50
+    ours = resized_crops(smooth, torch.tensor([[left, top, left + crop_w, top + crop_h]] * 2, dtype=torch.float32))
+    expected = F.resized_crop(smooth, top, left, crop_h, crop_w, [64, 64], antialias=True)
+    assert (ours.float() - expected.float()).abs().mean() < 0.5
+
+
 def test_vision_transformer_is_built_to_the_configured_shape():
     import torch
 

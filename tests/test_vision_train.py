@@ -277,6 +277,23 @@ def test_learning_rate_follows_the_global_batch_size():
     assert TrainConfig(epochs=12).warmup() == pytest.approx(2.4) and TrainConfig(epochs=100).warmup() == 5
 
 
+def test_residual_branches_start_at_zero_for_sgd_and_at_full_strength_for_adamw():
+    import torch
+
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.images import ImageLayout
+    from workloads.vision.model import build_model
+
+    def last_gammas(cfg: TrainConfig) -> torch.Tensor:
+        model = build_model(cfg, 10, ImageLayout.photos(64))
+        return torch.cat([block.bn2.weight.detach() for block in model.layer1])
+
+    assert torch.all(last_gammas(TrainConfig()) == 1)  # adamw: zeroed gammas would grow only ~lr per step
+    assert torch.all(last_gammas(TrainConfig(optimizer="sgd")) == 0)
+    assert torch.all(last_gammas(TrainConfig(zero_init_residual=True)) == 0)
+    assert torch.all(last_gammas(TrainConfig(optimizer="sgd", zero_init_residual=False)) == 1)
+
+
 def test_imagenet_weights_are_for_resnet18_only():
     from pydantic import ValidationError
 

@@ -57,9 +57,8 @@ def load_checkpoint_model(checkpoint_dir: str | StoragePath, use_gpu: bool = Fal
         raise InferenceError(f"{checkpoint_dir} is not a checkpoint of the training stage (no {STATE_FILE} in it).")
     model, classes, layout = model_from_state(read_checkpoint_state(checkpoint_dir))
     device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
-    model = model.to(device).eval()
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+    # channels_last: faster convolutions on GPU and, through oneDNN, on CPU.
+    model = model.to(device).eval().to(memory_format=torch.channels_last)
     return LoadedModel(model, classes, layout, device)
 
 
@@ -75,8 +74,7 @@ def classify_tensors(loaded: LoadedModel, images) -> tuple[np.ndarray, np.ndarra
     from workloads.vision.images import normalize
 
     on_gpu = loaded.device.type == "cuda"
-    batch = normalize(images.to(loaded.device, non_blocking=True), loaded.layout,
-                      torch.channels_last if on_gpu else torch.contiguous_format)
+    batch = normalize(images.to(loaded.device, non_blocking=True), loaded.layout, torch.channels_last)
     with torch.inference_mode(), torch.autocast(device_type=loaded.device.type, dtype=torch.bfloat16, enabled=on_gpu):
         logits = loaded.model(batch)
     probabilities = torch.softmax(logits.float(), dim=1).cpu().numpy()

@@ -134,7 +134,7 @@ def setup_worker(config: dict) -> Worker:
     torch.manual_seed(cfg.seed + rank)
     device = ray.train.torch.get_device()
     on_gpu = device.type == "cuda"
-    memory_format = torch.channels_last if (on_gpu and cfg.channels_last) else torch.contiguous_format
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     if cfg.ingest == "ray_data":
         batches = RayDataBatches(config["train_rows"], cfg, world_size, device)
     else:
@@ -146,6 +146,10 @@ def setup_worker(config: dict) -> Worker:
     model = model.to(memory_format=memory_format)
     # Gradients that live in DDP's communication buckets skip one copy of every gradient per step.
     model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
+    if world_size > 1 and cfg.gradient_allreduce == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     nodes = _node_of_every_rank(ray.get_runtime_context().get_node_id(), world_size)
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))

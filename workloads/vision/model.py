@@ -130,9 +130,7 @@ def fresh_model(cfg: TrainConfig, num_classes: int, image_size: int):
         return VisionTransformer(image_size=image_size, patch_size=v.patch_size, num_layers=v.num_layers,
                                  num_heads=v.num_heads, hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
                                  dropout=v.dropout, num_classes=num_classes)
-    # Zero-initialized last BatchNorm of each residual block: every block starts as the
-    # identity, which keeps the first steps from scratch stable (Goyal et al., 2017).
-    return resnet18(weights=None, num_classes=num_classes, zero_init_residual=True)
+    return resnet18(weights=None, num_classes=num_classes, zero_init_residual=cfg.zeroes_residuals())
 
 
 def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, pretrained: dict | None = None):
