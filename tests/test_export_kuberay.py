@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import socket
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import pytest
@@ -22,13 +21,14 @@ from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.cli import app
 from runner.kuberay import Demand, WorkerGroup, size_worker_group
-from tests.cli_helpers import REPO_ROOT, run_rayjobs
-from tests.s3_server import create_bucket
-from tests.s3_server import s3_client as _s3_client
+from tests.support.cli import REPO_ROOT, run_rayjobs
+from tests.support.s3_server import create_bucket
+from tests.support.s3_server import s3_client as _s3_client
 
-# The folder beside the repository holding reference data (RAYJOBS_SHARED_DIR overrides it).
-SHARED_DIR = Path(os.environ.get("RAYJOBS_SHARED_DIR") or REPO_ROOT.parent / "shared")
-RAYJOB_CRD = SHARED_DIR / "kuberay" / "ray.io_rayjobs.yaml"
+# KubeRay's CRD and samples, copied into the project (SOURCE.md there says from where).
+KUBERAY_DIR = Path(__file__).parent / "data" / "kuberay"
+RAYJOB_CRD = KUBERAY_DIR / "ray.io_rayjobs.yaml"
+KUBERAY_SAMPLES = KUBERAY_DIR / "samples"
 REMOTE_WORKING_DIR = "runtime_env.working_dir=s3://bucket/_ray_pkg_0123456789abcdef.zip"
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -37,9 +37,6 @@ DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 @pytest.fixture(scope="session")
 def rayjob_schema() -> jsonschema.protocols.Validator:
     """The v1 RayJob schema of KubeRay's CRD, with unknown fields made errors (as kubeconform does)."""
-    if not RAYJOB_CRD.exists():
-        pytest.skip(f"KubeRay's RayJob CRD is not at {RAYJOB_CRD} (set RAYJOBS_SHARED_DIR to the folder holding "
-                    "kuberay/)")
     crd = yaml.load(RAYJOB_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
     _close_objects(schema)
@@ -57,15 +54,24 @@ def _close_objects(node: Any) -> None:
             _close_objects(value)
 
 
+def schema_errors(manifest: dict[str, Any], schema: jsonschema.protocols.Validator) -> list[str]:
+    """Every schema error as `dotted.path: message`, in path order."""
+    errors = sorted(schema.iter_errors(manifest), key=lambda error: list(map(str, error.absolute_path)))
+    return [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors]
+
+
 def assert_valid_rayjob(manifest: dict[str, Any], schema: jsonschema.protocols.Validator) -> None:
-    """The CRD's schema, then the checks the operator makes itself (validation.go)."""
-    errors = sorted(schema.iter_errors(manifest), key=lambda error: list(error.absolute_path))
-    assert not errors, "\n".join(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+    """A v1 RayJob that passes the CRD's schema, then the checks made outside it (`assert_operator_rules`)."""
+    errors = schema_errors(manifest, schema)
+    assert not errors, "\n".join(errors)
     assert_operator_rules(manifest)
 
 
 def assert_operator_rules(manifest: dict[str, Any]) -> None:
-    """What KubeRay's operator checks beyond the schema before it acts on a RayJob."""
+    """What the API server and KubeRay's operator check beyond the schema before the operator acts on a RayJob."""
+    # The schema types both as plain strings, yet the API server routes on them: a wrong pair never reaches KubeRay.
+    # Checked here rather than with the schema so that the exports tested without it check them too.
+    assert (manifest.get("apiVersion"), manifest.get("kind")) == ("ray.io/v1", "RayJob")
     name = manifest["metadata"]["name"]
     assert len(name) <= 47 and DNS_1035_LABEL.match(name)
     spec = manifest["spec"]
@@ -228,7 +234,7 @@ def test_fields_without_a_rayjob_equivalent_are_named_in_warnings(tmp_path, rayj
     assert "note: workload 'vision' does not say how many workers it needs" in stderr  # no train stage
 
 
-def test_secrets_are_placeholders_never_values(tmp_path, rayjob_schema):
+def test_secrets_are_placeholders_never_values(tmp_path):
     spec = tmp_path / "secrets.yaml"
     spec.write_text("name: secrets\nentrypoint: python -c pass\nruntime_env:\n  working_dir: s3://b/pkg.zip\n"
                     "  env_vars:\n    API_TOKEN: hunter2\n    DB_URL: postgres://u:swordfish@db\n"
@@ -237,7 +243,7 @@ def test_secrets_are_placeholders_never_values(tmp_path, rayjob_schema):
     assert result.exit_code == 0, result.stderr
     assert "hunter2" not in result.output + result.stderr and "swordfish" not in result.output + result.stderr
     manifest = yaml.safe_load(result.stdout)
-    assert_valid_rayjob(manifest, rayjob_schema)
+    assert_operator_rules(manifest)
     env_vars = runtime_env_of(manifest)["env_vars"]
     assert env_vars == {"API_TOKEN": "${API_TOKEN}", "DB_URL": "${DB_URL}", "PLAIN": "visible"}
     assert "warning: secret environment variables API_TOKEN, DB_URL are written as placeholders" in result.stderr
@@ -278,6 +284,99 @@ def test_worker_group_fits_the_hungriest_phase():
     # Inference wants more CPUs per bundle than training: pods grow to fit it, training packs two per pod.
     assert size_worker_group([Demand("training", 4, 1, 0), Demand("inference", 3, 2, 0)]) == WorkerGroup(3, 2, 8, 0)
     assert size_worker_group([Demand("training", 2, 1.5, 1), Demand("inference", 4, 1, 0)]) == WorkerGroup(2, 2, 8, 1)
+
+
+# --- the validator itself: it must reject what the API server would, and accept KubeRay's own samples ---
+
+Mutation = Callable[[Any, Any], None]
+
+
+def _misspelled_as(typo: str) -> Mutation:
+    def mutate(parent: dict[str, Any], key: str) -> None:
+        parent[typo] = parent.pop(key)
+    return mutate
+
+
+def _set_to(value: Any) -> Mutation:
+    def mutate(parent: dict[str, Any], key: str) -> None:
+        parent[key] = value
+    return mutate
+
+
+def _removed(parent: dict[str, Any], key: str) -> None:
+    del parent[key]
+
+
+def _parent_and_key(manifest: dict[str, Any], dotted: str) -> tuple[Any, Any]:
+    """The object holding the field at `a.b.0.c` (digits index lists), and the field's key in it."""
+    *steps, last = [int(step) if step.isdigit() else step for step in dotted.split(".")]
+    parent: Any = manifest
+    for step in steps:
+        parent = parent[step]
+    return parent, last
+
+
+WORKER = "spec.rayClusterSpec.workerGroupSpecs.0"
+WORKER_CONTAINER = f"{WORKER}.template.spec.containers.0"
+
+
+@pytest.fixture
+def exported_manifest() -> dict[str, Any]:
+    """A fresh export of specs/food101.yaml, which brings a cluster of its own."""
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR)
+    assert code == 0, stderr
+    return manifest
+
+
+@pytest.mark.parametrize(("field", "mutate", "expected_error"), [
+    pytest.param("spec.entrypoint", _misspelled_as("entrypont"),
+                 "spec: Additional properties are not allowed ('entrypont' was unexpected)",
+                 id="misspelled spec.entrypoint"),
+    pytest.param("spec.rayClusterSpec.workerGroupSpecs", _misspelled_as("workerGroupSpec"),
+                 "spec.rayClusterSpec: Additional properties are not allowed ('workerGroupSpec' was unexpected)",
+                 id="misspelled rayClusterSpec.workerGroupSpecs"),
+    # Deep inside the pod template: the closing must reach the Kubernetes types the CRD embeds.
+    pytest.param(f"{WORKER_CONTAINER}.resources", _misspelled_as("resource"),
+                 f"{WORKER_CONTAINER}: Additional properties are not allowed ('resource' was unexpected)",
+                 id="misspelled container resources"),
+    pytest.param("spec.ttlSecondsAfterFinished", _set_to("600"),
+                 "spec.ttlSecondsAfterFinished: '600' is not of type 'integer'",
+                 id="ttlSecondsAfterFinished as a string"),
+    pytest.param(f"{WORKER}.replicas", _set_to("4"), f"{WORKER}.replicas: '4' is not of type 'integer'",
+                 id="replicas as a string"),
+    # `ray start` flags are strings in the CRD; a bare YAML number is a common slip.
+    pytest.param("spec.rayClusterSpec.headGroupSpec.rayStartParams.num-cpus", _set_to(0),
+                 "spec.rayClusterSpec.headGroupSpec.rayStartParams.num-cpus: 0 is not of type 'string'",
+                 id="rayStartParams value as a number"),
+    pytest.param(f"{WORKER_CONTAINER}.name", _removed, f"{WORKER_CONTAINER}: 'name' is a required property",
+                 id="container without name"),
+    pytest.param(f"{WORKER}.groupName", _removed, f"{WORKER}: 'groupName' is a required property",
+                 id="worker group without groupName"),
+    pytest.param("spec.rayClusterSpec.headGroupSpec.template", _removed,
+                 "spec.rayClusterSpec.headGroupSpec: 'template' is a required property",
+                 id="head group without template"),
+])
+def test_validator_rejects_an_export_with_one_field_broken_and_names_that_field(
+        exported_manifest, rayjob_schema, field, mutate, expected_error):
+    assert_valid_rayjob(exported_manifest, rayjob_schema)  # intact, the same manifest passes
+    mutate(*_parent_and_key(exported_manifest, field))
+    assert schema_errors(exported_manifest, rayjob_schema) == [expected_error]
+    with pytest.raises(AssertionError, match=re.escape(expected_error)):
+        assert_valid_rayjob(exported_manifest, rayjob_schema)
+
+
+def test_kuberays_own_samples_pass_the_same_checks(rayjob_schema):
+    # Were the closed schema or the operator rules stricter than KubeRay, its own samples would fail them.
+    jobs = [(path.name, document) for path in sorted(KUBERAY_SAMPLES.glob("*.yaml"))
+            for document in yaml.safe_load_all(path.read_text()) if document and document["kind"] == "RayJob"]
+    assert len(jobs) >= 6, f"expected KubeRay's RayJob samples in {KUBERAY_SAMPLES}"
+    failures = {}
+    for name, job in jobs:
+        try:
+            assert_valid_rayjob(job, rayjob_schema)
+        except AssertionError as error:
+            failures[name] = str(error)
+    assert not failures, failures
 
 
 # --- --upload-to against a real S3 server (moto's, on loopback) ---
