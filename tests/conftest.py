@@ -1,11 +1,23 @@
-"""Shared fixtures: an isolated environment per test and one Ray cluster per session."""
+"""Fixtures shared by every test module, and the three tiers the markers name.
+
+- no marker: no Ray at all. The fast tier: ``pytest -m "not ray and not cluster"``.
+- ``ray``: an in-process Ray (the ``workload_ray`` fixture), for the workloads' own code.
+- ``cluster``: a real local cluster started with ``ray start`` (the ``ray_cluster`` fixture, or one a
+  test starts itself), for what only a cluster shows: jobs submitted to a dashboard, the CLI following
+  them, nodes and their processes.
+
+A test gets its marker from the fixtures it uses, so the marker cannot drift from what the test
+really starts; a test that starts Ray by other means carries the marker itself. The suite runs the
+tiers in that order (fast failures first), and an unmarked test that leaves Ray running fails.
+Helpers live in ``tests/support``.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import subprocess
-import time
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,48 +26,45 @@ import pytest
 from runner.local import DEFAULT_CLUSTER_NAME, LocalCluster, loopback_env
 from runner.local import start as start_local_cluster
 from runner.local import stop as stop_local_cluster
-from tests.cli_helpers import REPO_ROOT
+from tests.support.ray_instances import environ_set, private_ray
 
 # Variables that would silently point code under test at some other cluster.
 _FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAYJOBS_CLUSTER")
 
-
-def wait_for_condition(
-    predicate: Callable[[], object], timeout_s: float = 30, interval_s: float = 0.2
-) -> object:
-    """Poll ``predicate`` until it returns something truthy; return that value.
-
-    Raises AssertionError after ``timeout_s``, naming the last exception the
-    predicate raised, if any.
-    """
-    deadline = time.monotonic() + timeout_s
-    last_error: BaseException | None = None
-    while True:
-        try:
-            result = predicate()
-            if result:
-                return result
-        except Exception as exc:  # the condition may not be checkable yet
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = f"; last error: {last_error!r}" if last_error else ""
-            raise AssertionError(f"condition not met within {timeout_s} s{detail}")
-        time.sleep(interval_s)
+CLUSTER_FIXTURES = frozenset({"ray_cluster", "ray_cluster_home", "ray_cluster_env", "rj"})
+RAY_FIXTURES = frozenset({"workload_ray"})
+_TIER_ORDER = {"unit": 0, "ray": 1, "cluster": 2}
 
 
-@contextlib.contextmanager
-def _environ_set(**values: str) -> Iterator[None]:
-    """Set environment variables for a block; session fixtures cannot use monkeypatch."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def tier_of(item: pytest.Item) -> str:
+    """``cluster``, ``ray`` or ``unit``: the most a test starts, from its markers."""
+    if item.get_closest_marker("cluster"):
+        return "cluster"
+    if item.get_closest_marker("ray"):
+        return "ray"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
+        elif used & RAY_FIXTURES:
+            item.add_marker(pytest.mark.ray)
+    # A stable sort keeps each module's tests of one tier together, so module fixtures are built once.
+    items.sort(key=lambda item: _TIER_ORDER[tier_of(item)])
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The fast tier's promise: a test without a marker leaves no Ray running in this process."""
+    yield
+    if tier_of(request.node) == "unit" and "ray" in sys.modules:
+        ray = sys.modules["ray"]
+        if getattr(ray, "is_initialized", lambda: False)():
+            ray.shutdown()
+            pytest.fail("this test started Ray: mark it `ray` (or use the workload_ray fixture)")
 
 
 @pytest.fixture(scope="session")
@@ -70,12 +79,12 @@ def ray_cluster(ray_cluster_home: Path) -> Iterator[LocalCluster]:
     # The session's own RAYJOBS_HOME keeps it apart from a user's cluster of the same name,
     # and the default name lets `rayjobs` subprocesses find it without flags.
     name = DEFAULT_CLUSTER_NAME
-    with _environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
+    with environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
         cluster = start_local_cluster(name=name, num_cpus=2)
     try:
         yield cluster
     finally:
-        with _environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
+        with environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
             stop_local_cluster(name)
 
 
@@ -114,8 +123,6 @@ def workdir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
     Training checkpoints of ResNet-18 weigh ~90 MB each; they must not pile up in /tmp.
     """
-    import shutil
-
     path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -124,7 +131,7 @@ def workdir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture
 def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the real `rayjobs` command against the session cluster: ``rj("status", job_id)``."""
-    from tests.cli_helpers import run_rayjobs
+    from tests.support.cli import run_rayjobs
 
     def run(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return run_rayjobs(*args, home=ray_cluster_home, **kwargs)
@@ -134,42 +141,33 @@ def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subpr
 
 @pytest.fixture(scope="session")
 def workload_ray() -> Iterator[None]:
-    """One private in-process Ray shared by every workload test module that asks for it.
+    """One private in-process Ray shared by every test that asks for it (marker ``ray``).
 
     Starting and stopping a Ray instance costs several seconds, so it lives until the
-    session ends. Its workers run tests/train_faults.py's setup hook, which stays idle
-    unless a test asks for a failing training worker.
+    session ends. Its workers run tests/support/train_faults.py's setup hook, which stays
+    idle unless a test asks for a failing training worker.
     """
-    from tests.train_faults import SETUP_HOOK
+    from tests.support.train_faults import SETUP_HOOK
 
     with private_ray(log_to_driver=False, runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
         yield
 
 
-@contextlib.contextmanager
-def private_ray(num_cpus: int = 2, **init_args: Any) -> Iterator[None]:
-    """A private in-process Ray instance for workload tests; shut down afterwards.
+@pytest.fixture(scope="session")
+def tiny_run(workload_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The small training run (with one worker lost and restored) and its batch inference, shared by the
+    workload tests: see tests/support/tiny_run.py. Tests that change a run work on a copy."""
+    from tests.support.tiny_run import train_tiny_run
 
-    ``address="local"`` ignores any RAY_ADDRESS. Token auth is off: Ray 2.60 would
-    otherwise write a token to the user's ~/.ray/auth_token for a new local instance.
-    """
-    import ray
-
-    # Ray's worker processes inherit this environment; they need the project on their path to
-    # run a setup hook from tests/ (pytest's own `pythonpath` setting reaches only this process).
-    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    with _environ_set(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", PYTHONPATH=python_path):
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **init_args)
-        try:
-            yield
-        finally:
-            ray.shutdown()
+    directory = tmp_path_factory.mktemp("tiny-run")
+    yield train_tiny_run(directory)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """The endpoint URL of a real S3 server (moto's) on loopback, shared by the session."""
-    from tests.s3_server import moto_s3_server
+    from tests.support.s3_server import moto_s3_server
 
     with moto_s3_server() as endpoint:
         yield endpoint
@@ -178,7 +176,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def aws_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """This process's AWS variables point at the test S3 server (any other AWS_* removed); returns them."""
-    from tests.s3_server import aws_variables
+    from tests.support.s3_server import aws_variables
 
     for name in list(os.environ):
         if name.startswith("AWS_"):

@@ -9,7 +9,7 @@ import pytest
 from runner.api import JobsApi
 from runner.connection import Connection
 from runner.errors import NotADashboard
-from tests.cli_helpers import loopback_http_server, run_rayjobs, send_body
+from tests.support.cli import loopback_http_server, run_rayjobs, send_body
 
 
 class _HtmlPage(http.server.BaseHTTPRequestHandler):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.cli_helpers import REPO_ROOT
+from tests.support.cli import REPO_ROOT
 
 PACKAGES = ("jobs", "runner", "workloads")
 

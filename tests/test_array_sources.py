@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.fixtures_arrays import (
+from tests.support.arrays import (
     CIFAR_CLASSES,
     idx_bytes,
     write_cifar_batches,

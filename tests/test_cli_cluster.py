@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import cli_env, popen_rayjobs, run_rayjobs, write_spec
-from tests.conftest import wait_for_condition
+from tests.support.cli import cli_env, popen_rayjobs, run_rayjobs, write_spec
+from tests.support.waiting import wait_for_condition
 
-pytestmark = pytest.mark.cluster
 
 SLOW_JOB = ("entrypoint: python -c \"import time; [(print('tick', i, flush=True), time.sleep(0.5)) "
             "for i in range(600)]\"\n")

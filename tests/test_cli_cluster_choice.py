@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from runner.local import LocalCluster
-from tests.cli_helpers import cli_env, run_rayjobs
+from tests.support.cli import cli_env, run_rayjobs
 
-pytestmark = pytest.mark.cluster
 
 QUICK_JOB = "entrypoint: echo reached-by-name\n"
 # Where RAY_ADDRESS points in these tests: nothing listens there, so a command that used it would fail.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from runner.exit_codes import ExitCode, exit_code_for_status
-from tests.cli_helpers import run_rayjobs, write_spec
+from tests.support.cli import run_rayjobs, write_spec
 
 
 def test_exit_codes_are_distinct():

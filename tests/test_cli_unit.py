@@ -17,7 +17,7 @@ from runner import cli
 from runner.connection import Connection
 from runner.errors import ClusterUnreachable
 from runner.submit import SubmitInterrupted
-from tests.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
+from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
 
 ADDRESS = ["--address", FAKE_ADDRESS]
 HINT = f" --address {FAKE_ADDRESS}"

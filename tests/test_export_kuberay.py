@@ -24,6 +24,7 @@ from runner.kuberay import Demand, WorkerGroup, size_worker_group
 from tests.support.cli import REPO_ROOT, run_rayjobs
 from tests.support.s3_server import create_bucket
 from tests.support.s3_server import s3_client as _s3_client
+from tests.support.waiting import HANG_GUARD_S
 
 # KubeRay's CRD and samples, copied into the project (SOURCE.md there says from where).
 KUBERAY_DIR = Path(__file__).parent / "data" / "kuberay"
@@ -452,7 +453,7 @@ def test_upload_with_refused_credentials_exits_7(project_spec, aws_env, monkeypa
     assert "testing" not in stderr
 
 
-def test_upload_to_an_unreachable_endpoint_fails_within_seconds(project_spec, aws_env, monkeypatch):
+def test_upload_to_an_unreachable_endpoint_fails_without_hanging(project_spec, aws_env, monkeypatch):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
@@ -460,6 +461,6 @@ def test_upload_to_an_unreachable_endpoint_fails_within_seconds(project_spec, aw
     started = time.monotonic()
     code, _, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/x")
     assert code == 4, stderr
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < HANG_GUARD_S
     assert f"cannot reach the object store at http://127.0.0.1:{closed_port}" in stderr
     assert len(stderr.strip().splitlines()) == 1

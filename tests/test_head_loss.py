@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import urllib.parse
 
-import pytest
 
 from runner.local import cluster_processes, loopback_env
 from runner.local import start as start_local_cluster
 from runner.local import stop as stop_local_cluster
-from tests.cli_helpers import cli_env
-from tests.conftest import wait_for_condition
-from tests.fault_proxy import FaultProxy
-from tests.test_follow_faults import CliRun
+from tests.support.cli import cli_env
+from tests.support.waiting import wait_for_condition
+from tests.support.fault_proxy import FaultProxy
+from tests.support.cli import CliRun
 
-pytestmark = pytest.mark.cluster
 
 SLEEPING_JOB = "entrypoint: python -c \"import time; print('job started', flush=True); time.sleep(300)\"\n"
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,15 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli_helpers import REPO_ROOT, read_metrics_csv, run_rayjobs, submit_spec
-from tests.s3_server import aws_variables, create_bucket, object_keys
+from tests.support.cli import REPO_ROOT, run_rayjobs, submit_spec
+from tests.support.s3_server import aws_variables, create_bucket, object_keys, s3_client
 
 HF_BUCKET = "rayjobs-hf"
 BEANS_CLASSES = ["angular_leaf_spot", "bean_rust", "healthy"]
-TINY_VIT = ["workload.model.image_size=32", "workload.model.patch_size=8", "workload.model.hidden_size=32",
-            "workload.model.num_hidden_layers=2", "workload.model.num_attention_heads=2",
-            "workload.model.intermediate_size=64", "workload.train.batch_size=8", "workload.train.lr=0.001",
-            "workload.train.num_workers=2", "workload.train.cpus_per_worker=1"]
 
 
 def write_beans_like(root: Path, per_class: dict[str, int], as_parquet: bool = False) -> Path:
@@ -96,43 +95,78 @@ def test_a_hub_model_id_missing_from_the_cache_is_one_clear_message(tmp_path):
     assert "downloading it failed" in unreachable.stderr and "Traceback" not in unreachable.stderr
 
 
-@pytest.mark.cluster
-def test_vit_fine_tuning_from_scratch_on_a_saved_dataset(ray_cluster, ray_cluster_home, tmp_path):
-    pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
-    data = write_beans_like(tmp_path / "beans", {"train": 16, "validation": 6})
-    result = submit_spec(ray_cluster_home, "specs/vit-hf.yaml", f"workload.data.path={data}",
-                         f"workload.storage_path={tmp_path / 'results'}", "workload.train.epochs=2", *TINY_VIT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    run_dir = tmp_path / "results" / "vit-hf-beans"
-    rows = read_metrics_csv(run_dir)
-    assert [int(r["epoch"]) for r in rows] == [1, 2]
-    assert all(0 <= r["val_accuracy"] <= 1 and r["val_loss"] > 0 for r in rows)
-    assert (run_dir / "loss_curve.png").stat().st_size > 1000
-    saved = list(run_dir.glob("checkpoint_*/checkpoint/model.safetensors"))
-    assert saved, "each epoch's Ray checkpoint holds the transformers checkpoint"
-    assert "Best checkpoint:" in result.stdout
+def test_both_dataset_layouts_are_read_with_their_splits_labels_and_classes(tmp_path):
+    pytest.importorskip("datasets", reason="the hf extra (transformers, datasets) is not installed")
+    from workloads.hf_vit.config import HFDataConfig
+    from workloads.hf_vit.train import dataset_splits
+
+    saved = write_beans_like(tmp_path / "saved", {"train": 3, "validation": 2})
+    shards = write_beans_like(tmp_path / "shards", {"train": 3, "test": 2}, as_parquet=True)
+    for root in (saved, shards):
+        train, evaluation, image_column, label_column, classes = dataset_splits(HFDataConfig(path=root))
+        assert (len(train), len(evaluation)) == (9, 6)
+        assert (image_column, label_column, classes) == ("image", "labels", BEANS_CLASSES)
+        assert sorted(train[label_column]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
-@pytest.mark.cluster
-def test_vit_fine_tuning_from_local_weights_on_parquet_shards_into_s3(ray_cluster, ray_cluster_home, s3_endpoint,
-                                                                         tmp_path):
+def test_weights_none_builds_a_fresh_vit_of_the_configured_shape():
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
+    from workloads.hf_vit.config import HFModelConfig
+    from workloads.hf_vit.train import build_model
+
+    model, processor = build_model(HFModelConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=2, intermediate_size=64), BEANS_CLASSES)
+    assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.num_labels) == (32, 2, 3)
+    assert model.config.id2label == dict(enumerate(BEANS_CLASSES))
+    assert processor.size == {"height": 32, "width": 32}
+
+
+# A value no fresh ViT starts with (layer norms start at 1.0) and a few fine-tuning steps cannot reach.
+# Named by its ending: transformers 5 names it vit.layers.0.… in memory and vit.encoder.layer.0.… on disk.
+MARKED_NORM = "0.layernorm_before.weight"
+MARK = 2.5
+
+
+def test_vit_fine_tuned_from_local_weights_learns_and_writes_its_run_to_s3(ray_cluster, ray_cluster_home,
+                                                                           s3_endpoint, tmp_path):
+    pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
+    import torch
+    from safetensors.torch import load as load_safetensors
     from transformers import ViTConfig, ViTForImageClassification
 
-    data = write_beans_like(tmp_path / "beans-hub", {"train": 8, "test": 4}, as_parquet=True)
+    data = write_beans_like(tmp_path / "beans-hub", {"train": 24, "test": 8}, as_parquet=True)
     pretrained = tmp_path / "vit-local"
-    ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                                        num_attention_heads=2, intermediate_size=64, num_labels=5)).save_pretrained(pretrained)
+    torch.manual_seed(0)
+    model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=64, num_labels=5))
+    with torch.no_grad():
+        next(value for name, value in model.named_parameters() if name.endswith(MARKED_NORM)).fill_(MARK)
+    model.save_pretrained(pretrained)
     # The run (checkpoints, metrics.csv, the loss curve) goes to object storage.
     create_bucket(s3_endpoint, HF_BUCKET)
     aws = [f"runtime_env.env_vars.{name}={value}" for name, value in aws_variables(s3_endpoint).items()]
     result = submit_spec(ray_cluster_home, "specs/vit-hf.yaml", f"workload.data.path={data}",
                          f"workload.model.weights={pretrained}", "workload.run_name=from-local",
-                         f"workload.storage_path=s3://{HF_BUCKET}/runs", "workload.train.epochs=1",
-                         "workload.train.num_workers=1", "workload.train.batch_size=8", *aws)
+                         f"workload.storage_path=s3://{HF_BUCKET}/runs", "workload.train.epochs=3",
+                         "workload.train.num_workers=2", "workload.train.cpus_per_worker=1",
+                         "workload.train.batch_size=8", "workload.train.lr=0.002", "workload.train.warmup_ratio=0",
+                         *aws)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "24 train and 12 eval images" in result.stdout
+    assert "72 train and 24 eval images" in result.stdout
     keys = object_keys(s3_endpoint, HF_BUCKET, "runs/from-local/")
     assert "runs/from-local/metrics.csv" in keys and "runs/from-local/loss_curve.png" in keys, keys
-    assert any(key.endswith("/checkpoint/config.json") and "/checkpoint_" in key for key in keys), keys
-    assert f"Best checkpoint: s3://{HF_BUCKET}/runs/from-local/checkpoint_" in result.stdout
+    best = re.search(rf"Best checkpoint: s3://{HF_BUCKET}/(runs/from-local/checkpoint_\S+/checkpoint) ", result.stdout)
+    assert best, result.stdout[-3000:]
+
+    metrics = s3_client(s3_endpoint).get_object(Bucket=HF_BUCKET, Key="runs/from-local/metrics.csv")["Body"].read()
+    rows = list(csv.DictReader(io.StringIO(metrics.decode())))
+    assert [int(row["epoch"]) for row in rows] == [1, 2, 3]
+    # Three colour classes, 24 evaluation images: chance is 1/3.
+    assert float(rows[-1]["val_accuracy"]) >= 0.75, rows
+
+    weights = s3_client(s3_endpoint).get_object(Bucket=HF_BUCKET, Key=f"{best[1]}/model.safetensors")["Body"].read()
+    tuned = load_safetensors(weights)
+    marked = next(value for name, value in tuned.items() if name.endswith(MARKED_NORM))
+    # Fine-tuned from the local folder, not a fresh model of the same shape: its marked norm is still near MARK.
+    assert torch.allclose(marked, torch.full_like(marked, MARK), atol=0.2), marked
+    assert tuned["classifier.weight"].shape == (3, 32)  # a new head for the three classes

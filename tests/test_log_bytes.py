@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.cli_helpers import REPO_ROOT, cli_env, rayjobs_command
-from tests.conftest import wait_for_condition
-from tests.fault_proxy import FaultProxy
-from tests.test_follow_faults import CliRun, dashboard_port, direct_api, proxied_env
+from tests.support.cli import REPO_ROOT, cli_env, rayjobs_command
+from tests.support.waiting import wait_for_condition
+from tests.support.fault_proxy import FaultProxy
+from tests.support.cli import CliRun, dashboard_port, direct_api, proxied_env
 
-pytestmark = pytest.mark.cluster
 
 MIXED_CHUNKS = [b"start\n"]
 for _i in range(40):

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import wait_for_condition
+from tests.support.waiting import wait_for_condition
 from runner.exit_codes import ExitCode
 from runner.local import LocalCluster, cluster_processes
 from runner.local.nodes import dashboard_json
@@ -21,7 +21,7 @@ from runner.local.state import WorkerNode
 from runner.local.processes import psutil_module
 from runner.local.storage_note import is_local_path, local_shared_paths, shared_storage_note
 from runner.local.workers import object_store_bytes
-from tests.cli_helpers import cli_env, popen_rayjobs, read_metrics_csv, run_rayjobs
+from tests.support.cli import cli_env, popen_rayjobs, read_metrics_csv, run_rayjobs
 
 CLUSTER_NAME = "multi"
 NODES = 3
@@ -106,7 +106,7 @@ def _processes_with_token_file(token_file: Path) -> list:
     return found
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_a_worker_node_that_fails_to_start_stops_the_whole_cluster(tmp_path):
     # A `ray` whose interpreter starts the head as usual but refuses to run a worker node.
     real_ray = Path(sys.executable).parent / "ray"
@@ -135,8 +135,12 @@ def test_a_worker_node_that_fails_to_start_stops_the_whole_cluster(tmp_path):
 def multi_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """RAYJOBS_HOME of a 3-node, 1-CPU-per-node cluster started through the CLI; stopped afterwards."""
     home = tmp_path_factory.mktemp("multinode-home")
+    # The GCS declares a silent node dead after health checks fail (by default about 15 s); checked every
+    # second and given up after three misses, the node-death test waits seconds instead. Nothing else changes.
+    quick_health_checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                           "RAY_health_check_failure_threshold": "3"}
     up = run_rayjobs("cluster", "up", "--name", CLUSTER_NAME, "--nodes", str(NODES), "--num-cpus", "1",
-                     home=home, timeout=400)
+                     home=home, timeout=400, env=cli_env(home, **quick_health_checks))
     try:
         assert up.returncode == 0, up.stderr
         assert f"with {NODES} nodes" in up.stderr
@@ -156,7 +160,7 @@ def _status(home: Path) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_status_lists_every_node_alive_with_one_cpu(multi_home, multi_cluster):
     status = _status(multi_home)
     assert status["node_count"] == NODES and status["nodes_error"] is None
@@ -173,7 +177,7 @@ def test_status_lists_every_node_alive_with_one_cpu(multi_home, multi_cluster):
         assert node["node_id"] in text.stdout
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_every_node_listens_on_loopback_only(multi_cluster):
     psutil = psutil_module()
     addresses = set()
@@ -191,7 +195,7 @@ def test_every_node_listens_on_loopback_only(multi_cluster):
         assert ip.is_loopback, f"a node listens on {address}"
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_job_runs_tasks_on_three_distinct_nodes(multi_home, tmp_path):
     (tmp_path / "spread.py").write_text(SPREAD_DRIVER)
     spec = tmp_path / "spread.yaml"
@@ -202,7 +206,7 @@ def test_job_runs_tasks_on_three_distinct_nodes(multi_home, tmp_path):
     assert f"distinct nodes: {NODES}" in result.stdout
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
     spec = tmp_path / "note.yaml"
     spec.write_text(
@@ -234,14 +238,15 @@ def _raylet_of(cluster: LocalCluster, node: WorkerNode):
     return raylets[0]
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster, tmp_path):
     # Preprocessing spreads its tasks over the three 1-CPU nodes. Two 1-CPU training workers: at
     # least one of them is on a worker node, whose raylet is SIGKILLed once epoch 1 is checkpointed.
     # The two nodes left still fit both workers.
     run_dir = tmp_path / "results" / "node-death"
     overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
-                 "workload.data.synthetic_per_class=60", "workload.train.epochs=4", "workload.train.batch_size=32",
+                 "workload.data.synthetic_per_class=30", "workload.data.image_size=24", "workload.train.epochs=4",
+                 "workload.train.batch_size=32",
                  "workload.train.max_failures=1", "workload.run_name=node-death", "workload.stages=[preprocess, train]"]
     job = popen_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME,
                         *[arg for override in overrides for arg in ("--set", override)], home=multi_home)
@@ -281,7 +286,7 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
     assert f"nodes:     {NODES} ({NODES - 1} alive)" in text.stdout
 
 
-@pytest.mark.cluster
+@pytest.mark.cluster  # its own cluster, started through the CLI
 def test_cluster_down_stops_every_process_of_every_node(multi_home, multi_cluster):
     psutil = psutil_module()
     members = cluster_processes(multi_cluster)

@@ -16,9 +16,10 @@ import pytest
 from jobs.loader import load_spec
 from jobs.object_store import ObjectStoreAuthFailed, ObjectStoreMissing, ObjectStoreUnreachable
 from jobs.secrets import looks_secret
-from tests.cli_helpers import REPO_ROOT, cli_env, run_rayjobs
-from tests.fixtures_arrays import write_pattern_mnist
-from tests.s3_server import closed_port_endpoint, create_bucket, object_keys
+from tests.support.cli import REPO_ROOT, cli_env, run_rayjobs
+from tests.support.arrays import write_pattern_mnist
+from tests.support.s3_server import closed_port_endpoint, create_bucket, object_keys
+from tests.support.waiting import HANG_GUARD_S
 from workloads import storage
 from workloads.storage import ObjectPath
 
@@ -122,13 +123,13 @@ def test_refused_credentials_name_the_variables(bucket, refusing_keys):
     assert "refused access" in message and "AWS_SECRET_ACCESS_KEY" in message and "wrong-secret" not in message
 
 
-def test_an_unreachable_endpoint_fails_within_seconds(aws_env, monkeypatch):
+def test_an_unreachable_endpoint_fails_without_hanging(aws_env, monkeypatch):
     closed = closed_port_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     started = time.monotonic()
     with pytest.raises(ObjectStoreUnreachable, match=f"cannot reach the object store at {closed}.*AWS_ENDPOINT_URL"):
         storage.check_storage(ObjectPath("s3://some-bucket/runs"), "data.output_dir")
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < HANG_GUARD_S
 
 
 # --------------------------------------------------------------------------- run files and datasets in S3
@@ -227,7 +228,7 @@ def test_vision_entry_point_exits_2_with_one_line_before_touching_ray(case, aws_
     ran = subprocess.run([sys.executable, "-m", "workloads.vision", "--params", str(params)], capture_output=True,
                          text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert ran.returncode == 2, ran.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < HANG_GUARD_S
     lines = ran.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: data.output_dir s3://{bucket_name}/data: "), ran.stderr
     expected = {"missing bucket": "bucket 'no-such-bucket' does not exist", "refused keys": "AWS_ACCESS_KEY_ID",
@@ -235,15 +236,13 @@ def test_vision_entry_point_exits_2_with_one_line_before_touching_ray(case, aws_
     assert expected in lines[0] and "wrong-secret" not in lines[0]
 
 
-def test_ray_data_reads_the_training_splits_from_s3(bucket, tmp_path):
-    from tests.conftest import private_ray
+def test_ray_data_reads_the_training_splits_from_s3(workload_ray, bucket, tmp_path):
     from workloads.vision.config import TrainConfig
     from workloads.vision.ingest import training_datasets
     from workloads.vision.preprocess import run_preprocess
 
     info = run_preprocess(_mnist_data(tmp_path, f"s3://{bucket}/datasets/for-ray-data"), progress=False)
-    with private_ray(num_cpus=1, log_to_driver=False):
-        datasets = training_datasets(info.root, info.layout, TrainConfig(ingest="ray_data", data_cpus=0))
-        assert datasets["val"].count() == 20
-        batch = datasets["train"].take_batch(4)
+    datasets = training_datasets(info.root, info.layout, TrainConfig(ingest="ray_data", data_cpus=0))
+    assert datasets["val"].count() == 20
+    batch = datasets["train"].take_batch(4)
     assert batch["image"].shape == (4, 1, 28, 28)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 
-import pytest
 
-from tests.cli_helpers import write_spec
+from tests.support.cli import write_spec
 
-pytestmark = pytest.mark.cluster
 
 
 def test_retry_on_exit_code_resubmits_with_linked_attempts(rj, tmp_path):

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
-from tests.cli_helpers import REPO_ROOT
-from tests.fixtures_images import (
+from tests.support.shared_data import FOOD101_SAMPLE as SAMPLE
+from tests.support.cli import REPO_ROOT
+from tests.support.images import (
     jpeg_bytes,
     make_food101_tree,
     make_hf_shards,

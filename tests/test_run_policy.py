@@ -14,7 +14,7 @@ from runner.errors import BadInput, ClusterUnreachable
 from runner.exit_codes import ExitCode
 from runner.run import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
 from runner.submit import SubmitInterrupted
-from tests.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
+from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
 
 HINT = f" --address {FAKE_ADDRESS}"
 

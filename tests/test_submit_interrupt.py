@@ -9,10 +9,9 @@ import signal
 
 import pytest
 
-from tests.cli_helpers import popen_rayjobs
-from tests.conftest import wait_for_condition
+from tests.support.cli import popen_rayjobs
+from tests.support.waiting import wait_for_condition
 
-pytestmark = pytest.mark.cluster
 
 SLOW_JOB = "entrypoint: python -c \"import time; time.sleep(120)\"\n"
 

@@ -1,109 +1,118 @@
-"""The vision workload end to end: `rayjobs submit` of the shipped specs on the session cluster."""
+"""The quickstart spec end to end through `rayjobs`, its dataset and run on local disk or in S3 (moto's server).
+
+One flow proves what a user relies on: the job is submitted, stopped by the user once its first
+epoch is checkpointed, and the same spec submitted again reuses the dataset, resumes after the last
+checkpoint (every epoch once), runs batch inference and leaves every artefact in the run's storage.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cli_helpers import FOOD101_SAMPLE, run_rayjobs
-from tests.cli_helpers import read_metrics_csv as read_metrics
-from tests.cli_helpers import submit_spec as submit
-from tests.conftest import wait_for_condition
+from tests.support.cli import REPO_ROOT, run_rayjobs
+from tests.support.cli import submit_spec as submit
+from tests.support.s3_server import aws_variables, create_bucket
+from tests.support.waiting import wait_for_condition
+from workloads import storage
+from workloads.training.metrics import read_metrics_csv
 
-pytestmark = pytest.mark.cluster
-
-
-def test_quickstart_spec_end_to_end(ray_cluster, ray_cluster_home, tmp_path):
-    data_dir, results = tmp_path / "data", tmp_path / "results"
-    result = submit(ray_cluster_home, "specs/quickstart.yaml",
-                    f"workload.data.output_dir={data_dir}", f"workload.storage_path={results}",
-                    "workload.data.synthetic_per_class=60", "workload.train.epochs=2", "workload.train.batch_size=32",
-                    "workload.run_name=e2e")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "SUCCEEDED" in result.stderr
-
-    manifest = json.loads((data_dir / "_manifest.json").read_text())
-    train_rows = pq.ParquetDataset(data_dir / "train").read(columns=["label"]).num_rows
-    val_rows = pq.ParquetDataset(data_dir / "val").read(columns=["label"]).num_rows
-    assert (train_rows, val_rows) == (manifest["counts"]["train"], manifest["counts"]["val"]) == (480, 120)
-
-    run_dir = results / "e2e"
-    metrics = read_metrics(run_dir)
-    assert [int(row["epoch"]) for row in metrics] == [1, 2]
-    # The summary says where each of the spec's two training workers ran.
-    assert re.search(r"Training workers: rank 0 on node \w{8}, rank 1 on node \w{8} \(1 node\)", result.stdout), \
-        result.stdout[-2000:]
-    assert (run_dir / "loss_curve.png").stat().st_size > 1000
-    assert (run_dir / "confusion_matrix.png").stat().st_size > 1000
-    assert list(run_dir.glob("checkpoint_*"))
-
-    predictions = pq.read_table(run_dir / "predictions").to_pylist()
-    assert len(predictions) == val_rows
-    recomputed = sum(row["label"] == row["predicted_label"] for row in predictions) / len(predictions)
-    reported = json.loads((run_dir / "inference_metrics.json").read_text())
-    assert reported["rows"] == val_rows
-    assert reported["accuracy"] == pytest.approx(recomputed)
-    assert sum(map(sum, reported["confusion_matrix"])) == val_rows
-    assert f"{reported['accuracy']:.4f}" in result.stdout
-    # Well above chance (10 classes) after two short epochs on the generated patterns.
-    assert recomputed > 0.25
-
-    # Same run name, more epochs: training resumes after epoch 2 instead of starting over.
-    again = submit(ray_cluster_home, "specs/quickstart.yaml",
-                   f"workload.data.output_dir={data_dir}", f"workload.storage_path={results}",
-                   "workload.data.synthetic_per_class=60", "workload.train.epochs=3", "workload.train.batch_size=32",
-                   "workload.run_name=e2e",
-                   "workload.stages=[preprocess, train]")
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    assert "preprocess: reusing" in again.stdout
-    assert [int(row["epoch"]) for row in read_metrics(run_dir)] == [1, 2, 3]
+BUCKET = "rayjobs-vision"
+EPOCHS = 4
+PER_CLASS = 40  # 10 classes: 320 training and 80 validation images
 
 
-@pytest.mark.skipif(not FOOD101_SAMPLE.is_dir(),
-                    reason=f"the real Food-101 sample photos are not at {FOOD101_SAMPLE}")
-def test_food101_spec_on_real_photos(ray_cluster, ray_cluster_home, tmp_path):
-    # Food-101 folder names are accepted as class names, as are display names.
-    classes = sorted(p.name for p in (FOOD101_SAMPLE / "images").iterdir() if p.is_dir())
-    result = submit(ray_cluster_home, "specs/food101.yaml",
-                    f"workload.data.root={FOOD101_SAMPLE}", f"workload.data.classes={json.dumps(classes)}",
-                    f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
-                    "workload.data.image_size=48", "workload.train.epochs=1", "workload.train.num_workers=2",
-                    "workload.train.cpus_per_worker=1", "workload.train.loader_workers=0",
-                    "workload.train.batch_size=16", "workload.train.warmup_epochs=0",
-                    "workload.infer.num_actors=1", "workload.infer.cpus_per_actor=1")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    manifest = json.loads((tmp_path / "data" / "_manifest.json").read_text())
-    assert manifest["counts"] == {"train": 72, "val": 24}
-    predictions = pq.read_table(tmp_path / "results" / "food101-lite" / "predictions")
-    assert predictions.num_rows == 24
+@dataclass
+class Where:
+    """Where a run's dataset and results go, and what the job needs to reach them."""
+
+    data: str
+    runs: str
+    job_env: dict[str, str] = field(default_factory=dict)
+    home: Path | None = None  # the job's HOME, which must stay empty when everything goes to S3
+
+    def run_dir(self, name: str) -> storage.StoragePath:
+        return storage.storage_path(f"{self.runs}/{name}")
 
 
-def test_stopped_mid_training_then_resubmitted_resumes(ray_cluster, ray_cluster_home, tmp_path):
-    results = tmp_path / "results"
-    run_dir = results / "stopped"
-    overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={results}",
-                 "workload.data.synthetic_per_class=24", "workload.data.image_size=24", "workload.train.epochs=4",
-                 "workload.train.batch_size=32", "workload.run_name=stopped", "workload.stages=[preprocess, train]"]
-    args = [arg for override in overrides for arg in ("--set", override)]
-    submitted = run_rayjobs("submit", "specs/quickstart.yaml", *args, "--no-wait", home=ray_cluster_home)
+@pytest.fixture(params=["local", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    if request.param == "local":
+        return Where(data=str(tmp_path / "data"), runs=str(tmp_path / "results"))
+    endpoint = request.getfixturevalue("s3_endpoint")
+    request.getfixturevalue("aws_env")  # so that this test reads the bucket through workloads.storage too
+    create_bucket(endpoint, BUCKET)
+    home = tmp_path / "job-home"
+    home.mkdir()
+    # The defaults (~/rayjobs-data, ~/rayjobs-results) and matplotlib's cache would land in HOME.
+    env = {**aws_variables(endpoint), "HOME": str(home), "MPLCONFIGDIR": str(tmp_path / "matplotlib")}
+    return Where(data=f"s3://{BUCKET}/data/quickstart", runs=f"s3://{BUCKET}/runs", job_env=env, home=home)
+
+
+def test_quickstart_stopped_mid_training_then_submitted_again_resumes_and_finishes(ray_cluster, ray_cluster_home,
+                                                                                    where):
+    run_dir = where.run_dir("e2e")
+    overrides = [*(f"runtime_env.env_vars.{name}={value}" for name, value in where.job_env.items()),
+                 f"workload.data.output_dir={where.data}", f"workload.storage_path={where.runs}",
+                 f"workload.data.synthetic_per_class={PER_CLASS}", f"workload.train.epochs={EPOCHS}",
+                 "workload.train.batch_size=32", "workload.run_name=e2e"]
+    submitted = run_rayjobs("submit", "specs/quickstart.yaml", *[a for o in overrides for a in ("--set", o)],
+                            "--no-wait", home=ray_cluster_home)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
 
     def first_epoch_checkpointed() -> bool:
         snapshot = run_dir / "checkpoint_manager_snapshot.json"
-        return snapshot.exists() and "checkpoint_epoch_0001" in snapshot.read_text()
+        return storage.exists(snapshot) and "checkpoint_epoch_0001" in storage.read_text(snapshot)
 
-    wait_for_condition(first_epoch_checkpointed, timeout_s=240, interval_s=0.5)
+    wait_for_condition(first_epoch_checkpointed, timeout_s=300, interval_s=0.5)
     stopped = run_rayjobs("stop", job_id, "--wait", home=ray_cluster_home)
     assert stopped.returncode == 0, stopped.stderr
-    done_before_stop = [int(row["epoch"]) for row in read_metrics(run_dir)]
-    assert done_before_stop and done_before_stop[-1] < 4, "the job was meant to be stopped mid-training"
+    epochs_before_stop = [int(row["epoch"]) for row in read_metrics_csv(run_dir / "metrics.csv")]
+    assert epochs_before_stop and epochs_before_stop[-1] < EPOCHS, "the job was meant to be stopped mid-training"
 
-    again = submit(ray_cluster_home, "specs/quickstart.yaml", *overrides)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    assert "Resuming run 'stopped' after epoch" in again.stdout
-    epochs = [int(row["epoch"]) for row in read_metrics(run_dir)]
-    assert epochs == [1, 2, 3, 4], "every epoch once: resumed, not restarted"
+    result = submit(ray_cluster_home, "specs/quickstart.yaml", *overrides)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "SUCCEEDED" in result.stderr
+    assert "testing" not in result.stdout + result.stderr  # the test S3 keys are masked in what rayjobs prints
+    assert f"preprocess: reusing {where.data}" in result.stdout
+    # After the last checkpoint that was complete when the job stopped: epoch 1 at least, never a later one.
+    resumed = re.search(r"Resuming run 'e2e' after epoch (\d+)", result.stdout)
+    assert resumed and 1 <= int(resumed[1]) <= epochs_before_stop[-1], result.stdout[-3000:]
+    assert [int(row["epoch"]) for row in read_metrics_csv(run_dir / "metrics.csv")] == list(range(1, EPOCHS + 1))
+    # The summary says where each of the spec's two training workers ran.
+    assert re.search(r"Training workers: rank 0 on node \w{8}, rank 1 on node \w{8} \(1 node\)", result.stdout), \
+        result.stdout[-2000:]
+
+    data = storage.storage_path(where.data)
+    manifest = json.loads(storage.read_text(data / "_manifest.json"))
+    assert manifest["counts"] == {"train": PER_CLASS * 8, "val": PER_CLASS * 2}
+    assert {entry["path"] for entry in manifest["files"]} == {
+        str(part)[len(str(data)) + 1:] for part in storage.list_files(data, suffix=".parquet", recursive=True)}
+
+    for name in ("loss_curve.png", "confusion_matrix.png", "inference_metrics.json",
+                 f"checkpoint_epoch_{EPOCHS:04d}/state.pt", f"checkpoint_epoch_{EPOCHS:04d}/meta.json"):
+        assert storage.exists(run_dir / name), name
+    assert storage.file_size(run_dir / "loss_curve.png") > 1000
+    predictions = [pq.read_table(io.BytesIO(storage.read_bytes(part)))
+                   for part in storage.list_files(run_dir / "predictions", suffix=".parquet")]
+    rows = [row for table in predictions for row in table.to_pylist()]
+    reported = json.loads(storage.read_text(run_dir / "inference_metrics.json"))
+    assert len(rows) == reported["rows"] == manifest["counts"]["val"]
+    recomputed = sum(row["label"] == row["predicted_label"] for row in rows) / len(rows)
+    assert reported["accuracy"] == pytest.approx(recomputed)
+    assert sum(map(sum, reported["confusion_matrix"])) == len(rows)
+    assert reported["predictions"] == str(run_dir / "predictions")
+    assert f"{reported['accuracy']:.4f}" in result.stdout
+    assert re.search(rf"Best checkpoint: {re.escape(str(run_dir))}/checkpoint_epoch_000\d", result.stdout)
+    assert recomputed > 0.25  # well above chance (10 classes) on the generated patterns
+
+    if where.home is not None:
+        assert list(where.home.iterdir()) == []  # nothing of the run was written on local disk
+        assert not (REPO_ROOT / "specs" / "s3:").exists()

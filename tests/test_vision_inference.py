@@ -1,59 +1,33 @@
-"""Inference stage of the vision workload: batch predictions with Ray Data, single images, entry points."""
+"""Inference stage of the vision workload: batch predictions with Ray Data, single images, entry points.
+
+The Ray tests read the batch inference the session's shared run ends with (tests/support/tiny_run.py).
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO_ROOT
-from tests.fixtures_images import write_tiny_dataset
-
-CLASSES = ["red", "green", "blue"]
-
-
-@pytest.fixture(scope="module")
-def params(workdir):
-    from workloads.vision.config import VisionParams
-
-    data_dir = write_tiny_dataset(workdir / "data", CLASSES, {"train": 10, "val": 7}, image_size=24,
-                                  rows_per_group=5)
-    return VisionParams.model_validate({
-        "run_name": "infer-test", "storage_path": str(workdir / "runs"),
-        "data": {"output_dir": str(data_dir), "image_size": 24},
-        "train": {"epochs": 1, "batch_size": 10, "num_workers": 1, "lr": 0.003, "optimizer": "adamw"},
-        "infer": {"batch_size": 4, "num_actors": 2, "cpus_per_actor": 1},
-    })
+from tests.support.cli import REPO_ROOT
+from tests.support.ray_instances import driver_env_joining_this_ray
+from tests.support.tiny_run import CLASSES, VAL_PER_CLASS, copy_run
 
 
-@pytest.fixture(scope="module")
-def trained(params, workload_ray):
-    """A one-epoch run, then batch inference over its validation split (one Ray instance for both)."""
-    from workloads.vision.inference import run_batch_inference
-    from workloads.vision.preprocess import load_dataset_info
-    from workloads.vision.train import run_training
-
-    outcome = run_training(params, load_dataset_info(Path(params.data.output_dir)))
-    metrics = run_batch_inference(params)
-    return {"outcome": outcome, "metrics": metrics}
-
-
-@pytest.mark.cluster
-def test_batch_predictions_match_reported_metrics(trained, params):
+def test_batch_predictions_match_reported_metrics(tiny_run):
     import pyarrow.parquet as pq
 
-    run_dir = trained["outcome"].run_dir
-    metrics = trained["metrics"]
+    run_dir, params = tiny_run.outcome.run_dir, tiny_run.params
+    metrics = tiny_run.inference
     table = pq.read_table(run_dir / "predictions")
     assert set(table.column_names) >= {"path", "label", "predicted_label", "predicted_class", "confidence"}
     val_rows = sum(pq.read_metadata(f).num_rows for f in (Path(params.data.output_dir) / "val").glob("*.parquet"))
-    assert table.num_rows == val_rows == metrics["rows"] == 21
+    assert table.num_rows == val_rows == metrics["rows"] == len(CLASSES) * VAL_PER_CLASS
     assert sorted(table.column("path").to_pylist()) == sorted(
-        f"val/{name}/{i:04d}.jpg" for name in CLASSES for i in range(7))
+        f"val/{name}/{i:04d}.jpg" for name in CLASSES for i in range(VAL_PER_CLASS))
 
     labels = table.column("label").to_pylist()
     predicted = table.column("predicted_label").to_pylist()
@@ -65,7 +39,7 @@ def test_batch_predictions_match_reported_metrics(trained, params):
 
     matrix = metrics["confusion_matrix"]
     assert sum(map(sum, matrix)) == table.num_rows
-    assert [sum(row) for row in matrix] == [7, 7, 7]
+    assert [sum(row) for row in matrix] == [VAL_PER_CLASS] * len(CLASSES)
     assert sum(matrix[i][i] for i in range(3)) == metrics["correct"]
 
     saved = json.loads((run_dir / "inference_metrics.json").read_text())
@@ -75,15 +49,14 @@ def test_batch_predictions_match_reported_metrics(trained, params):
     assert not list(run_dir.glob(".predictions-*"))  # staging directory gone
 
 
-@pytest.mark.cluster
-def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inference(trained, params):
+def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inference(tiny_run):
     import torch
 
     from workloads.vision.dataset import ParquetImageDataset, split_files
     from workloads.vision.images import normalize
     from workloads.vision.inference import load_checkpoint_model
 
-    outcome, metrics = trained["outcome"], trained["metrics"]
+    outcome, metrics, params = tiny_run.outcome, tiny_run.inference, tiny_run.params
     assert Path(metrics["checkpoint"]) == outcome.best_checkpoint
     loaded = load_checkpoint_model(outcome.best_checkpoint)
     dataset = ParquetImageDataset(split_files(Path(params.data.output_dir), "val"), loaded.layout)
@@ -110,26 +83,18 @@ def test_confusion_helpers():
 
 
 def _run_module(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
-    import ray
-
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.pop("RAYJOBS_WORKLOAD", None)
-    # The module's ray.init() joins this session's private Ray (as a job's driver joins its
-    # cluster) instead of starting one of its own, which costs about ten seconds a time.
-    env.pop("RAY_ADDRESS", None)
-    if ray.is_initialized():
-        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    # In a `ray` test the module's ray.init() joins the session's in-process Ray, as a job's driver
+    # joins its cluster; elsewhere the module must fail before it needs Ray at all.
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO_ROOT)
+                          env=driver_env_joining_this_ray(), cwd=REPO_ROOT)
 
 
-@pytest.mark.cluster
-def test_single_image_task_and_predict_cli(trained, params, workdir):
+def test_single_image_task_and_predict_cli(tiny_run, tmp_path):
     import ray
 
     from workloads.vision.inference import classify_image_task
 
-    outcome = trained["outcome"]
+    outcome, params = tiny_run.outcome, tiny_run.params
     val_file = sorted((Path(params.data.output_dir) / "val").glob("*.parquet"))[0]
     import pyarrow.parquet as pq
 
@@ -138,9 +103,9 @@ def test_single_image_task_and_predict_cli(trained, params, workdir):
     assert result["predicted_class"] in CLASSES and CLASSES[result["predicted_label"]] == result["predicted_class"]
     assert 0 < result["confidence"] <= 1 and result["top"][0][0] == result["predicted_class"]
 
-    image_file = workdir / "one.jpg"
+    image_file = tmp_path / "one.jpg"
     image_file.write_bytes(image)
-    params_file = workdir / "params.json"
+    params_file = tmp_path / "params.json"
     params_file.write_text(params.model_dump_json(), encoding="utf-8")
     done = _run_module(["workloads.vision.predict", "--params", str(params_file), str(image_file),
                         f"{val_file}:3"])
@@ -161,12 +126,13 @@ def test_entry_point_reports_a_missing_dataset_in_one_line(tmp_path):
     assert len(error_lines) == 1 and "preprocess" in error_lines[0]
 
 
-@pytest.mark.cluster
-def test_entry_point_runs_the_infer_stage_alone(trained, params, workdir):
-    params_file = workdir / "infer-only.json"
+def test_entry_point_runs_the_infer_stage_alone(tiny_run, tmp_path):
+    params = copy_run(tiny_run, tmp_path / "runs")  # the stage writes its predictions into the run
+    params_file = tmp_path / "infer-only.json"
     params_file.write_text(json.dumps({**json.loads(params.model_dump_json()), "stages": ["infer"]}), encoding="utf-8")
     done = _run_module(["workloads.vision", "--params", str(params_file)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Stage 1/1: Infer" in done.stdout
-    assert f"Best checkpoint: {trained['outcome'].best_checkpoint}" in done.stdout
-    assert f"Inference accuracy: {trained['metrics']['accuracy']:.4f}" in done.stdout
+    best = tiny_run.outcome.best_checkpoint
+    assert f"Best checkpoint: {params.run_dir / best.name}" in done.stdout
+    assert f"Inference accuracy: {tiny_run.inference['accuracy']:.4f}" in done.stdout

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import FOOD101_SAMPLE as SAMPLE
-from tests.fixtures_images import make_food101_tree, make_hf_shards, make_imagefolder_tree
+from tests.support.shared_data import FOOD101_SAMPLE as SAMPLE
+from tests.support.images import make_food101_tree, make_hf_shards, make_imagefolder_tree
 from workloads.vision.config import DataConfig
 from workloads.vision.errors import DataSourceError
 from workloads.vision.listing import display_name, food101_folder, split_train_val

@@ -1,4 +1,7 @@
-"""Training stage of the vision workload: Parquet reading, Ray Train loop, checkpoints, resume, recovery."""
+"""Training stage of the vision workload: Parquet reading, Ray Train loop, checkpoints, resume, recovery.
+
+The Ray Train tests read the session's shared run (tests/support/tiny_run.py) instead of training their own.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import read_metrics_csv
-from tests.fixtures_images import write_tiny_dataset
-from tests.train_faults import fail_workers_at_epoch
-
-CLASSES = ["red", "green", "blue"]
-TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot split them evenly
+from tests.support.tiny_run import CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS, copy_run, dataset_info, tiny_params
+from tests.support.tiny_run import write_tiny_data
+from workloads.training.metrics import read_metrics_csv
 
 
-def _params(storage: Path, run_name: str, **train):
-    from workloads.vision.config import VisionParams
-
-    settings = {"epochs": 2, "batch_size": 8, "num_workers": 2, "cpus_per_worker": 1, "lr": 0.01,
-                "optimizer": "adamw", "num_to_keep": 5, "max_failures": 0, **train}
-    return VisionParams.model_validate({"run_name": run_name, "storage_path": str(storage), "train": settings})
-
-
-def _info(dataset_root: Path):
-    from workloads.vision.preprocess import load_dataset_info
-
-    return load_dataset_info(dataset_root)
-
-
+def _params(dataset: Path, storage: Path, run_name: str, **train):
+    return tiny_params(dataset, storage, run_name, **train)
 
 
 @pytest.fixture(scope="module")
 def tiny_dataset(workdir) -> Path:
-    return write_tiny_dataset(workdir / "data", CLASSES, {"train": TRAIN_PER_CLASS, "val": VAL_PER_CLASS})
-
-
-@pytest.fixture(scope="module")
-def local_ray(workload_ray):
-    # Its setup hook lets a test make one training worker die (tests/train_faults.py).
-    yield
-
-
-@pytest.fixture(scope="module")
-def first_run(local_ray, tiny_dataset, workdir):
-    """Two epochs on two workers; returns what was on disk right after, before other tests add to the run."""
-    from workloads.vision.train import run_training
-
-    params = _params(workdir / "runs", "two-workers")
-    outcome = run_training(params, _info(tiny_dataset))
-    return {"params": params, "outcome": outcome, "rows": read_metrics_csv(outcome.run_dir)}
+    return write_tiny_data(workdir / "data")
 
 
 # --------------------------------------------------------------------------- dataset (no Ray)
@@ -132,14 +104,14 @@ def test_missing_or_invalid_weights_and_missing_dataset_are_clear_errors(tmp_pat
 
     missing = tmp_path / "resnet18.pth"
     with pytest.raises(TrainingError, match=r"does not exist.*nothing is downloaded"):
-        run_training(_params(tmp_path, "w", weights=str(missing)), _info(tiny_dataset))
+        run_training(_params(tiny_dataset, tmp_path, "w", weights=str(missing)), dataset_info(tiny_dataset))
     missing.write_text("not a state dict")
     with pytest.raises(TrainingError, match="not a torchvision ResNet-18 state dict"):
-        run_training(_params(tmp_path, "w", weights=str(missing)), _info(tiny_dataset))
-    missing_dataset = _info(tiny_dataset)
+        run_training(_params(tiny_dataset, tmp_path, "w", weights=str(missing)), dataset_info(tiny_dataset))
+    missing_dataset = dataset_info(tiny_dataset)
     missing_dataset.root = tmp_path / "no-dataset"
     with pytest.raises(DatasetMissingError, match="preprocess stage"):
-        run_training(_params(tmp_path, "w"), missing_dataset)
+        run_training(_params(tiny_dataset, tmp_path, "w"), missing_dataset)
 
 
 def test_weights_file_is_loaded_and_head_replaced(tmp_path):
@@ -169,13 +141,20 @@ def test_weights_file_is_loaded_and_head_replaced(tmp_path):
 # --------------------------------------------------------------------------- Ray Train
 
 
-@pytest.mark.cluster
-def test_artifacts_and_checkpoint_contents(first_run):
+def test_a_worker_lost_mid_run_is_restored_from_the_last_checkpoint(tiny_run):
+    outcome = tiny_run.outcome
+    marker = outcome.run_dir / ".test-fail-marker"
+    assert marker.exists() and "rank 1" in marker.read_text()
+    # The attempt that finished started after the checkpoint of epoch 1 (index 0): every epoch once.
+    assert outcome.epochs_trained == [2] and not outcome.skipped
+    assert [int(r["epoch"]) for r in tiny_run.rows] == [1, 2]
+    assert outcome.final_metrics["epoch"] == 2
+
+
+def test_artifacts_and_checkpoint_contents(tiny_run):
     import torch
 
-    outcome, rows = first_run["outcome"], first_run["rows"]
-    assert outcome.epochs_trained == [1, 2] and not outcome.skipped
-    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    outcome, rows = tiny_run.outcome, tiny_run.rows
     assert set(rows[0]) == {"epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s",
                             "data_wait_s", "compute_s", "lr"}
     assert all(r["images_per_s"] > 0 and r["epoch_s"] > 0 and r["data_wait_s"] >= 0 and r["compute_s"] > 0
@@ -194,8 +173,7 @@ def test_artifacts_and_checkpoint_contents(first_run):
     assert meta["epoch"] == 2 and meta["val_rows"] == len(CLASSES) * VAL_PER_CLASS
 
 
-@pytest.mark.cluster
-def test_validation_metrics_over_two_workers_equal_full_split_figures(first_run, tiny_dataset):
+def test_validation_metrics_over_two_workers_equal_full_split_figures(tiny_run):
     import torch
     from torch.utils.data import DataLoader
 
@@ -204,62 +182,43 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(first_run,
     from workloads.vision.images import ImageLayout, normalize
     from workloads.vision.model import build_model
 
-    state = torch.load(first_run["outcome"].run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu",
+    state = torch.load(tiny_run.outcome.run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu",
                        weights_only=False)
     layout = ImageLayout.photos(16)
     model = build_model(TrainConfig(), len(CLASSES), layout)
     model.load_state_dict(state["model"])
     model.eval()
-    dataset = ParquetImageDataset(split_files(tiny_dataset, "val"), layout)
+    dataset = ParquetImageDataset(split_files(tiny_run.dataset, "val"), layout)
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
         for images, labels in DataLoader(dataset, batch_size=5):
             logits = model(normalize(images, layout))
             loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(1) == labels).sum())
-    reported = first_run["rows"][1]
+    reported = tiny_run.rows[1]
     assert reported["val_accuracy"] == pytest.approx(correct / len(dataset), abs=1e-12)
     assert reported["val_loss"] == pytest.approx(loss_sum / len(dataset), rel=1e-4)
 
 
-@pytest.mark.cluster
-def test_same_run_name_resumes_after_latest_checkpoint(first_run, tiny_dataset):
+def test_same_run_name_resumes_after_latest_checkpoint(tiny_run, tmp_path):
     import torch
 
     from workloads.vision.train import run_training
 
-    params = _params(first_run["params"].storage_path, first_run["params"].run_name, epochs=3)
-    outcome = run_training(params, _info(tiny_dataset))
+    params = copy_run(tiny_run, tmp_path / "runs")
+    params = params.model_copy(update={"train": params.train.model_copy(update={"epochs": 3, "max_failures": 0})})
+    outcome = run_training(params, dataset_info(tiny_run.dataset))
     assert outcome.epochs_trained == [3]  # epochs 1 and 2 were not trained again
-    rows = read_metrics_csv(outcome.run_dir)
+    rows = read_metrics_csv(outcome.run_dir / "metrics.csv")
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
-    assert rows[:2] == first_run["rows"]
+    assert rows[:2] == tiny_run.rows
     state = torch.load(outcome.run_dir / "checkpoint_epoch_0003" / "state.pt", map_location="cpu", weights_only=False)
     assert state["epoch"] == 2
     assert rows[2]["lr"] > 0  # the stretched schedule continues, it does not restart at a finished one's end
 
-    again = run_training(params, _info(tiny_dataset))
+    again = run_training(params, dataset_info(tiny_run.dataset))
     assert again.skipped and again.epochs_trained == []
-    assert len(read_metrics_csv(outcome.run_dir)) == 3
-
-
-@pytest.mark.cluster
-def test_worker_killed_mid_run_recovers_from_checkpoint(local_ray, tiny_dataset, workdir, monkeypatch, first_run):
-    from workloads.vision.train import run_training
-
-    fail_workers_at_epoch(monkeypatch, 1)
-    params = _params(workdir / "runs", "killed-worker", epochs=2, max_failures=1)
-    outcome = run_training(params, _info(tiny_dataset))
-    marker = outcome.run_dir / ".test-fail-marker"
-    assert marker.exists() and "rank 1" in marker.read_text()
-    # The attempt that finished started after the checkpoint of epoch 1 (index 0).
-    assert outcome.epochs_trained == [2]
-    assert [int(r["epoch"]) for r in read_metrics_csv(outcome.run_dir)] == [1, 2]
-    assert outcome.final_metrics["epoch"] == 2
-    # Same settings as the undisturbed two-epoch run: the recovered run ends within noise of it
-    # (15 validation rows, so 0.2 is three rows).
-    undisturbed = first_run["rows"][-1]["val_accuracy"]
-    assert abs(outcome.final_metrics["val_accuracy"] - undisturbed) <= 0.2
+    assert len(read_metrics_csv(outcome.run_dir / "metrics.csv")) == 3
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -327,9 +286,8 @@ def test_imagenet_weights_missing_offline_name_the_cache_and_how_to_seed_it(tmp_
     assert not (tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth").exists()
 
 
-@pytest.mark.cluster
 def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbone(
-        local_ray, tiny_dataset, workdir, monkeypatch):
+        workload_ray, tiny_dataset, workdir, monkeypatch):
     import torch
     from torchvision.models import resnet18
 
@@ -343,8 +301,8 @@ def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbo
     torch.save(pretrained, seeded)
     monkeypatch.setenv("TORCH_HOME", str(workdir / "torch"))
     try:
-        outcome = run_training(_params(workdir / "runs", "imagenet", weights="imagenet", freeze_epochs=1, lr=None),
-                               _info(tiny_dataset))
+        outcome = run_training(_params(tiny_dataset, workdir / "runs", "imagenet", weights="imagenet",
+                                       freeze_epochs=1, lr=None), dataset_info(tiny_dataset))
     finally:
         seeded.unlink()  # 45 MB
     frozen = torch.load(outcome.run_dir / "checkpoint_epoch_0001" / "state.pt", map_location="cpu", weights_only=False)
@@ -356,15 +314,15 @@ def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbo
     assert unfrozen["config"]["layout"]["mean"] == pytest.approx([0.485, 0.456, 0.406])
 
 
-@pytest.mark.cluster
-def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings(local_ray, tiny_dataset, workdir):
+def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings(workload_ray, tiny_dataset,
+                                                                                  workdir):
     from workloads.vision.train import TrainingError, run_training
 
     # SGD at an absurd rate without clipping: the weights overflow within a few steps.
-    params = _params(workdir / "runs", "diverges", optimizer="sgd", lr=1e30, grad_clip_norm=None, warmup_epochs=0,
-                     epochs=3)
+    params = _params(tiny_dataset, workdir / "runs", "diverges", optimizer="sgd", lr=1e30, grad_clip_norm=None,
+                     warmup_epochs=0, epochs=3)
     with pytest.raises(TrainingError) as failure:
-        run_training(params, _info(tiny_dataset))
+        run_training(params, dataset_info(tiny_dataset))
     message = str(failure.value)
     assert "diverged: at epoch 1, step " in message
     assert "Lower train.lr" in message and "train.batch_size" in message

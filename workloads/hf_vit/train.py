@@ -14,10 +14,12 @@ the hub is contacted only to fill that cache, and only when ``HF_HUB_OFFLINE=0``
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import shutil
 from pathlib import Path
 
+from workloads import storage
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
 from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, write_run_metrics
 from workloads.training.trainer import fit, first_line
@@ -268,13 +270,12 @@ def run(params: HFViTParams) -> dict:
     finally:
         # The Trainer's own output; every checkpoint that matters is in the run's storage by now.
         shutil.rmtree(scratch, ignore_errors=True)
-    rows = epoch_rows(result)
+    rows = epoch_rows(run_dir, result)
     write_run_metrics(run_dir, rows)
     best = None
     if getattr(result, "best_checkpoints", None):
         best_checkpoint, best_metrics = max(result.best_checkpoints, key=lambda item: item[1].get("eval_accuracy", 0))
-        # Ray's checkpoint path has no scheme in object storage; the run directory keeps it (s3://…).
-        best = str(run_dir / best_checkpoint.path.rstrip("/").rsplit("/", 1)[-1] / RAY_CHECKPOINT_DIR)
+        best = str(transformers_checkpoint(run_dir, best_checkpoint))
         print(f"Best checkpoint: {best} (epoch {best_metrics.get('epoch', 0):g}, "
               f"eval_accuracy {best_metrics.get('eval_accuracy', 0):.4f})", flush=True)
     final = rows[-1] if rows else {}
@@ -283,21 +284,33 @@ def run(params: HFViTParams) -> dict:
     return {"final": final, "best_checkpoint": best, "run_dir": str(run_dir)}
 
 
-def epoch_rows(result) -> list[dict[str, float]]:
-    """One row per epoch (epoch, train_loss, val_loss, val_accuracy) from the run's reported metrics."""
-    frame = result.metrics_dataframe
-    rows: dict[int, dict[str, float]] = {}
-    if frame is None:
-        return []
-    for record in frame.to_dict("records"):
-        epoch = record.get("epoch")
-        if epoch is None or record.get("eval_accuracy") is None:
-            continue
-        rows[round(float(epoch))] = {
-            "epoch": round(float(epoch)),
-            "train_loss": float(record.get("loss", record.get("train_loss", float("nan")))),
-            "val_loss": float(record["eval_loss"]),
-            "val_accuracy": float(record["eval_accuracy"]),
-        }
-    return [rows[e] for e in sorted(rows)]
+def transformers_checkpoint(run_dir, checkpoint):
+    """The transformers checkpoint folder inside a Ray checkpoint of the run, as a path under ``run_dir``."""
+    # Ray's checkpoint path has no scheme in object storage; the run directory keeps it (s3://…).
+    return run_dir / checkpoint.path.rstrip("/").rsplit("/", 1)[-1] / RAY_CHECKPOINT_DIR
 
+
+def epoch_rows(run_dir, result) -> list[dict[str, float]]:
+    """One row per epoch (epoch, train_loss, val_loss, val_accuracy), from the Trainer's own log history.
+
+    The history is read from the latest checkpoint's ``trainer_state.json``, which the Trainer carries
+    across resumed runs. Ray's ``metrics_dataframe`` would do only while every checkpoint is kept: it
+    describes the checkpoints left after ``num_to_keep``.
+    """
+    checkpoint = getattr(result, "checkpoint", None)
+    if checkpoint is None:
+        return []
+    state_file = transformers_checkpoint(run_dir, checkpoint) / "trainer_state.json"
+    history = json.loads(storage.read_text(state_file)).get("log_history", [])
+    rows: dict[int, dict[str, float]] = {}
+    for record in history:
+        if record.get("epoch") is None:
+            continue
+        row = rows.setdefault(round(float(record["epoch"])), {"epoch": round(float(record["epoch"])),
+                                                               "train_loss": float("nan")})
+        if "loss" in record:
+            row["train_loss"] = float(record["loss"])
+        if "eval_accuracy" in record:
+            row["val_loss"] = float(record["eval_loss"])
+            row["val_accuracy"] = float(record["eval_accuracy"])
+    return [rows[epoch] for epoch in sorted(rows) if "val_accuracy" in rows[epoch]]

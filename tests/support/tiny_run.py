@@ -1,0 +1,85 @@
+"""The one small training run the workload tests share: trained once per session, on the in-process Ray.
+
+Three colour classes at 16 px, two Ray Train workers, two epochs. Rank 1 dies at the start of the
+second epoch and Ray Train restores the run from the first epoch's checkpoint, so the same run proves
+recovery, the artefacts of a finished run and (after it) batch inference over its validation split.
+Tests that change a run work on a copy (:func:`copy_run`), so none depends on the order they run in.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.images import write_tiny_dataset
+from tests.support.train_faults import fail_workers_at_epoch
+
+CLASSES = ["red", "green", "blue"]
+TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot split them evenly
+IMAGE_SIZE = 16
+RUN_NAME = "tiny"
+FAILING_EPOCH_INDEX = 1  # rank 1 exits at the start of epoch 2
+
+
+def tiny_params(dataset: Path, storage: Path, run_name: str = RUN_NAME, **train: Any):
+    """The vision parameters of a run on the tiny dataset; ``train`` overrides the training settings."""
+    from workloads.vision.config import VisionParams
+
+    settings = {"epochs": 2, "batch_size": 8, "num_workers": 2, "cpus_per_worker": 1, "lr": 0.01,
+                "optimizer": "adamw", "num_to_keep": 5, "max_failures": 0, **train}
+    return VisionParams.model_validate({
+        "run_name": run_name, "storage_path": str(storage),
+        "data": {"output_dir": str(dataset), "image_size": IMAGE_SIZE},
+        "train": settings,
+        "infer": {"batch_size": 4, "num_actors": 2, "cpus_per_actor": 1},
+    })
+
+
+def dataset_info(dataset: Path):
+    """The preprocess stage's description of a dataset folder."""
+    from workloads.vision.preprocess import load_dataset_info
+
+    return load_dataset_info(dataset)
+
+
+@dataclass
+class TinyRun:
+    """What the shared run left, read right after it finished (before any test touched it)."""
+
+    dataset: Path
+    params: Any  # VisionParams
+    outcome: Any  # the training stage's outcome
+    rows: list[dict[str, float]]  # metrics.csv
+    inference: dict[str, Any]  # run_batch_inference's metrics
+
+
+def write_tiny_data(directory: Path) -> Path:
+    """The tiny dataset, in the preprocess stage's layout."""
+    return write_tiny_dataset(directory, CLASSES, {"train": TRAIN_PER_CLASS, "val": VAL_PER_CLASS},
+                              image_size=IMAGE_SIZE)
+
+
+def train_tiny_run(directory: Path) -> TinyRun:
+    """Train the shared run under ``directory`` (losing rank 1 once), then run batch inference on it."""
+    from workloads.training.metrics import read_metrics_csv
+    from workloads.vision.inference import run_batch_inference
+    from workloads.vision.train import run_training
+
+    dataset = write_tiny_data(directory / "data")
+    params = tiny_params(dataset, directory / "runs", max_failures=1)
+    with pytest.MonkeyPatch.context() as patch:
+        fail_workers_at_epoch(patch, FAILING_EPOCH_INDEX)
+        outcome = run_training(params, dataset_info(dataset))
+    rows = read_metrics_csv(outcome.run_dir / "metrics.csv")
+    inference = run_batch_inference(params)
+    return TinyRun(dataset=dataset, params=params, outcome=outcome, rows=rows, inference=inference)
+
+
+def copy_run(run: TinyRun, storage: Path):
+    """A copy of the shared run under another storage path; its parameters there."""
+    shutil.copytree(run.outcome.run_dir, storage / run.params.run_name)
+    return run.params.model_copy(update={"storage_path": storage})
