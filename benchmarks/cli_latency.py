@@ -2,10 +2,13 @@
 
     python benchmarks/cli_latency.py [--runs 5]
 
-Starts a private loopback cluster, then interleaves, run by run:
+Starts a private loopback cluster, runs each of the four commands once to warm up (page cache,
+the cluster's first job), then interleaves, run by run:
   * `rayjobs submit` (waits for the end)  vs  `ray job submit` (waits too), same trivial job;
   * `rayjobs status ID`                   vs  `ray job status ID`.
-Prints the median of each and the ratio rayjobs / ray (lower is better).
+Which command of a pair goes first alternates from run to run, so neither always meets the
+cluster right after the other's job. Prints the median of each, its spread (min–max) and the
+ratio rayjobs / ray (lower is better), and the load average before and after.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ sys.path.insert(0, str(REPO))
 from runner.local import start as start_local_cluster  # noqa: E402
 from runner.local import stop as stop_local_cluster  # noqa: E402
 
-TRIVIAL_ENTRYPOINT = "python -c \"print('hello from the job')\""
+TRIVIAL_PRINT = "print('hello from the job')"
+TRIVIAL_ENTRYPOINT = f"python -c \"{TRIVIAL_PRINT}\""
 
 
 def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -35,6 +39,14 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return elapsed, result.stdout + result.stderr
+
+
+def submission_id(json_output: str) -> str:
+    return json_output.split('"submission_id": "')[1].split('"')[0]
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main() -> None:
@@ -61,18 +73,30 @@ def main() -> None:
 
         times: dict[str, list[float]] = {"rayjobs submit": [], "ray job submit": [], "rayjobs status": [],
                                          "ray job status": []}
-        last_id = None
-        timed([rayjobs, "submit", str(spec), *address], rayjobs_env)  # warm-up: workers, caches
+        submits = [("rayjobs submit", [rayjobs, "submit", str(spec), *address, "--output", "json"], rayjobs_env),
+                   ("ray job submit", [ray, "job", "submit", "--", "python", "-c", TRIVIAL_PRINT], ray_env)]
+
+        def statuses(job_id: str) -> list[tuple[str, list[str], dict[str, str]]]:
+            return [("rayjobs status", [rayjobs, "status", job_id, *address], rayjobs_env),
+                    ("ray job status", [ray, "job", "status", job_id], ray_env)]
+
+        print(f"load average before: {load_average()}", flush=True)
+        # Warm-up, both sides alike: the first job on a fresh cluster and the first read of each
+        # CLI's files are slower than any later one.
+        last_id = submission_id(timed(submits[0][1], rayjobs_env)[1])
+        timed(submits[1][1], ray_env)
+        for _, command, env in statuses(last_id):
+            timed(command, env)
         for run in range(args.runs):
-            elapsed, output = timed([rayjobs, "submit", str(spec), *address, "--output", "json"], rayjobs_env)
-            times["rayjobs submit"].append(elapsed)
-            last_id = output.split('"submission_id": "')[1].split('"')[0]
-            elapsed, _ = timed([ray, "job", "submit", "--", *["python", "-c", "print('hello from the job')"]], ray_env)
-            times["ray job submit"].append(elapsed)
-            # Alternate which status command goes first, so neither always meets a warm page cache.
-            pair = [("rayjobs status", [rayjobs, "status", last_id, *address], rayjobs_env),
-                    ("ray job status", [ray, "job", "status", last_id], ray_env)]
-            for label, command, env in (pair if run % 2 == 0 else pair[::-1]):
+            # Alternate which command of each pair goes first, so that neither always starts right after
+            # the other's job has ended (while the cluster cleans up after it) or meets a warm page cache.
+            order = slice(None) if run % 2 == 0 else slice(None, None, -1)
+            for label, command, env in submits[order]:
+                elapsed, output = timed(command, env)
+                times[label].append(elapsed)
+                if label == "rayjobs submit":
+                    last_id = submission_id(output)
+            for label, command, env in statuses(last_id)[order]:
                 times[label].append(timed(command, env)[0])
             print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()),
                   flush=True)
@@ -84,6 +108,9 @@ def main() -> None:
             ratio = medians[ours] / medians[theirs]
             print(f"{ours:<16} median {medians[ours]:.2f}s | {theirs:<16} median {medians[theirs]:.2f}s | "
                   f"ratio {ratio:.2f}x (target <= {target}x) {'OK' if ratio <= target else 'MISSED'}")
+            print(f"  spread (min-max of {args.runs}): {ours} {min(times[ours]):.2f}-{max(times[ours]):.2f}s, "
+                  f"{theirs} {min(times[theirs]):.2f}-{max(times[theirs]):.2f}s")
+        print(f"load average after: {load_average()}")
     finally:
         stop_local_cluster("bench")
 

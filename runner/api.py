@@ -1,10 +1,9 @@
 """The one client for a Ray cluster's job API: every request rayjobs makes goes through ``JobsApi``.
 
 Status, lists, stops and deletes use only the standard library, so ``rayjobs status``/``list``/
-``logs``/``stop`` start in a fraction of the time ``import ray`` takes. ``submit`` goes through Ray's
-``JobSubmissionClient`` (which packages and uploads the working_dir, see ``runner.submit``), and the
-log tails through aiohttp, both imported only when used. Job ids are quoted into URLs and the TLS
-context is built here, once per client.
+``logs``/``stop`` start in a fraction of the time ``import ray`` takes; so does ``submit`` of a job with
+nothing to upload (``runner.submit``). Ray's ``JobSubmissionClient`` and aiohttp (for log tails) are
+imported only when used. Job ids are quoted into URLs and the TLS context is built here, once per client.
 """
 
 from __future__ import annotations
@@ -108,7 +107,8 @@ class JobsApi:
 
     def submit(self, submission: dict[str, Any], *, warn: Callable[[str], None] = lambda text: None,
                progress: Callable[[str], None] = lambda text: None) -> str:
-        """Submit a job through Ray's ``JobSubmissionClient`` (which uploads a local working_dir).
+        """Submit a job: through Ray's ``JobSubmissionClient`` when it has a working_dir to upload or a
+        runtime_env to check, else with one ``create_job`` request (see ``runner.submit``).
 
         Args:
             submission: keyword arguments of ``submit_job`` (``jobs.submission.build_submission``).
@@ -125,7 +125,16 @@ class JobsApi:
         """
         from runner.submit import submit_job
 
-        return submit_job(self.connection, submission, warn=warn, progress=progress)
+        return submit_job(self.connection, submission, warn=warn, progress=progress, rest=self)
+
+    def create_job(self, request: dict[str, Any]) -> str:
+        """POST a job request (the JSON body Ray's client would send) and return the job's submission id.
+
+        No timeout, as with Ray's client: the dashboard may first wait for a job agent, and a
+        request given up on could still have created the job.
+        """
+        answer = self._request("POST", "/api/jobs/", json_body=request, patient=True)
+        return (answer.get("submission_id") if isinstance(answer, dict) else None) or request["submission_id"]
 
     def job_log(self, job_id: str, tail: int | None = None) -> str:
         """The job's log (its last ``tail`` lines), invalid UTF-8 shown as U+FFFD.
@@ -264,13 +273,17 @@ class JobsApi:
     def _aiohttp_ssl(self) -> ssl.SSLContext | bool:
         return self._ssl_context or True  # True: aiohttp's default (ignored for plain http)
 
-    def _request(self, method: str, path: str, job_id: str | None = None, raw: bool = False) -> Any:
+    def _request(self, method: str, path: str, job_id: str | None = None, raw: bool = False,
+                 json_body: Any = None, patient: bool = False) -> Any:
         url = self.connection.address + path
-        request = urllib.request.Request(url, method=method, headers={"Accept": "application/json",
-                                                                       **self.connection.headers})
+        data = None if json_body is None else json.dumps(json_body).encode()
+        request = urllib.request.Request(url, data=data, method=method, headers={
+            "Accept": "application/json", **({"Content-Type": "application/json"} if data else {}),
+            **self.connection.headers})
         where = f"the Ray dashboard at {self.connection.address}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl_context) as response:
+            with urllib.request.urlopen(request, timeout=None if patient else self.timeout_s,
+                                        context=self._ssl_context) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc, job_id, where) from None

@@ -16,6 +16,7 @@ cluster client (``runner.api.JobsApi``); the follower builds no URL and opens no
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import time
 from contextlib import aclosing
@@ -32,7 +33,10 @@ from runner.log_resume import LogChunk, Misaligned, ResumePlan, plan_resume
 
 FIRST_POLL_S = 0.2
 MAX_POLL_S = 1.0
-POLL_GROWTH = 1.5
+# Between the two, status is polled at this fraction of the time followed so far, so a job's end is
+# seen within about a tenth of its run time: a job of a second or two is not kept waiting most of a
+# second for the poll that sees it end, and from ten seconds on it is one request a second.
+POLL_FRACTION = 0.1
 MAX_RETRY_S = 2.0
 DEFAULT_GIVE_UP_S = 60.0
 STOP_GRACE_S = 60.0
@@ -50,6 +54,20 @@ class Outcome:
     info: dict[str, Any] | None
     reason: str = ""
     log_tail: list[str] = field(default_factory=list)
+
+
+class PollCadence:
+    """Delays between status polls: FIRST_POLL_S, then POLL_FRACTION of the time since it was made, at most
+    MAX_POLL_S."""
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+
+    def next_delay(self) -> float:
+        """The delay to wait now."""
+        return min(MAX_POLL_S, max(FIRST_POLL_S, POLL_FRACTION * (time.monotonic() - self._since)))
+
+    peek = next_delay
 
 
 class Follower:
@@ -128,7 +146,7 @@ class Follower:
         return await asyncio.to_thread(method, *args)
 
     async def _watch_status(self) -> Outcome:
-        poll = Backoff(FIRST_POLL_S, MAX_POLL_S, factor=POLL_GROWTH)
+        poll = PollCadence()
         retry = Backoff(MAX_RETRY_S, MAX_RETRY_S)
         contact = Deadline(self.give_up_after_s)
         last_contact = time.monotonic()
@@ -232,6 +250,9 @@ class Follower:
         self._wake.clear()
 
     async def _stream_logs(self) -> None:
+        # The log client (aiohttp, about 0.1 s to import) is loaded while the job starts, so that
+        # neither the first log request nor the one fetch after a short job ends waits for it.
+        await asyncio.to_thread(importlib.import_module, "aiohttp")
         waiter = asyncio.ensure_future(self._driver_known.wait())
         try:
             await waiter

@@ -61,6 +61,8 @@ def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home
     assert jobs_named(rj, "big-upload") == []
 
 
+# Through Ray's client, which a job with a working_dir to upload takes; the direct request of a job with
+# nothing to upload is interrupted the same way in tests/test_submit_direct.py.
 @pytest.mark.parametrize("stop_on_interrupt", [False, True], ids=["detach", "stop"])
 def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeypatch, tmp_path, stop_on_interrupt):
     from ray.job_submission import JobSubmissionClient
@@ -80,8 +82,9 @@ def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeyp
 
     monkeypatch.setattr(JobSubmissionClient, "_do_request", request_then_interrupt)
     name = f"interrupted-{'stop' if stop_on_interrupt else 'detach'}"
+    (tmp_path / "code").mkdir()
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"name: {name}\n{SLOW_JOB}")
+    spec.write_text(f"name: {name}\nruntime_env:\n  working_dir: {tmp_path / 'code'}\n{SLOW_JOB}")
     flags = ["--stop-on-interrupt"] if stop_on_interrupt else []
     result = CliRunner().invoke(app, ["submit", str(spec), *flags], env=loopback_env())
 

@@ -1,0 +1,178 @@
+"""A job that Ray's client has nothing to do for (no upload, no runtime_env to check) is sent
+straight to the job API, without importing ray: the same request body, the same Ctrl-C accounting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from runner.connection import Connection
+from runner.errors import ClusterRequestFailed
+from runner.submit import SubmitInterrupted, job_request, needs_ray_client, submit_job
+from tests.support.cli import REPO_ROOT
+from tests.support.waiting import wait_for_condition
+
+ID = "raysubmit_directdirectdire"
+META = {"rayjobs.name": "demo", "rayjobs.spec_hash": "0123456789abcdef"}
+CONNECTION = Connection(address="http://127.0.0.1:1", source="test")
+
+SUBMISSIONS = {
+    "bare": {"entrypoint": "echo hi", "metadata": META},
+    "env_vars": {"entrypoint": "echo hi", "runtime_env": {"env_vars": {"A": "1", "B": "two"}}, "metadata": META},
+    "empty_env_vars": {"entrypoint": "echo hi", "runtime_env": {"env_vars": {}}, "metadata": {}},
+    "resources": {"entrypoint": "echo hi", "entrypoint_num_cpus": 0.5, "entrypoint_num_gpus": 0,
+                  "entrypoint_memory": 2**30, "entrypoint_resources": {"custom": 1.0},
+                  "entrypoint_label_selector": {"zone": "a"}, "metadata": META},
+}
+
+
+class Rest:
+    """The two calls the direct path makes, recorded; either may raise what ``fail`` names."""
+
+    def __init__(self, ray_version: str = "2.60.0", fail: dict[str, BaseException] | None = None) -> None:
+        self.ray_version = ray_version
+        self.fail = fail or {}
+        self.calls: list[tuple[str, Any]] = []
+
+    def version(self) -> dict[str, Any]:
+        self.calls.append(("version", None))
+        if "version" in self.fail:
+            raise self.fail["version"]
+        return {"ray_version": self.ray_version}
+
+    def create_job(self, request: dict[str, Any]) -> str:
+        self.calls.append(("create_job", request))
+        if "create_job" in self.fail:
+            raise self.fail["create_job"]
+        return request["submission_id"]
+
+
+@pytest.mark.parametrize("name", list(SUBMISSIONS))
+def test_the_request_body_is_the_one_rays_client_sends(name, monkeypatch):
+    from ray.dashboard.modules.dashboard_sdk import SubmissionClient
+    from ray.job_submission import JobSubmissionClient
+
+    sent: list[dict[str, Any]] = []
+
+    class Answer:
+        status_code = 200
+
+        def __init__(self, body: dict[str, Any]) -> None:
+            self.body = body
+
+        def json(self) -> dict[str, Any]:
+            return self.body
+
+        def raise_for_status(self) -> None:
+            pass
+
+    def do_request(self, method, endpoint, *, data=None, json_data=None, **kwargs):
+        if method == "GET":
+            return Answer({"ray_version": "2.60.0"})
+        sent.append(json_data)
+        return Answer({"submission_id": json_data["submission_id"], "job_id": json_data["submission_id"]})
+
+    monkeypatch.setattr(SubmissionClient, "_do_request", do_request)
+    submission = {**SUBMISSIONS[name], "submission_id": ID}
+    JobSubmissionClient(CONNECTION.address).submit_job(**submission)
+
+    assert not needs_ray_client(submission)
+    assert sent == [job_request(submission)]
+
+
+def test_a_runtime_env_beyond_env_vars_goes_through_rays_client():
+    for runtime_env in ({"working_dir": "/tmp/x"}, {"pip": ["requests"]}, {"env_vars": {"A": "1"}, "py_modules": []},
+                        {"config": {"setup_timeout_seconds": 60}}):
+        assert needs_ray_client({"entrypoint": "echo hi", "runtime_env": runtime_env})
+
+
+def test_direct_submission_sends_the_request_and_returns_the_id():
+    rest = Rest()
+    job_id = submit_job(CONNECTION, dict(SUBMISSIONS["env_vars"]), rest=rest)
+    assert job_id.startswith("raysubmit_")
+    assert rest.calls == [("create_job", job_request({**SUBMISSIONS["env_vars"], "submission_id": job_id}))]
+
+
+def test_fields_newer_than_the_cluster_are_refused_as_rays_client_does():
+    # Ray's client asks the cluster's version only when such a field is set (see the test above).
+    for fields, old_version in (({"entrypoint_num_cpus": 1}, "2.1.0"), ({"entrypoint_memory": 2**30}, "2.7.2")):
+        rest = Rest(ray_version=old_version)
+        with pytest.raises(ClusterRequestFailed, match=f"Ray version {old_version} is running on the cluster"):
+            submit_job(CONNECTION, {"entrypoint": "echo hi", **fields}, rest=rest)
+        assert [call for call, _ in rest.calls] == ["version"]
+    rest = Rest(ray_version="2.8.0")
+    submit_job(CONNECTION, {"entrypoint": "echo hi", "entrypoint_memory": 2**30, "entrypoint_num_cpus": 1}, rest=rest)
+    assert [call for call, _ in rest.calls] == ["version", "version", "create_job"]
+
+
+def test_ctrl_c_before_the_job_request_submitted_nothing():
+    rest = Rest(fail={"version": KeyboardInterrupt()})
+    with pytest.raises(SubmitInterrupted) as interrupted:
+        submit_job(CONNECTION, {"entrypoint": "echo hi", "entrypoint_num_cpus": 1}, rest=rest)
+    assert interrupted.value.submission_id is None
+
+
+def test_ctrl_c_during_the_job_request_names_the_job_it_may_have_created():
+    rest = Rest(fail={"create_job": KeyboardInterrupt()})
+    with pytest.raises(SubmitInterrupted) as interrupted:
+        submit_job(CONNECTION, {"entrypoint": "echo hi", "submission_id": ID}, rest=rest)
+    assert interrupted.value.submission_id == ID and not interrupted.value.answered
+
+
+def test_direct_submission_does_not_import_ray():
+    script = (
+        "import sys\n"
+        "from runner.connection import Connection\n"
+        "from runner.submit import submit_job\n"
+        "class Rest:\n"
+        "    def version(self): return {'ray_version': '2.60.0'}\n"
+        "    def create_job(self, request): return request['submission_id']\n"
+        "submit_job(Connection(address='http://127.0.0.1:1', source='test'),\n"
+        "           {'entrypoint': 'echo hi', 'runtime_env': {'env_vars': {'A': '1'}}, 'entrypoint_num_cpus': 1},\n"
+        "           rest=Rest())\n"
+        "print(sorted(name for name in sys.modules if name == 'ray' or name.startswith('ray.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("stop_on_interrupt", [False, True], ids=["detach", "stop"])
+def test_ctrl_c_once_the_direct_job_request_went_out_names_the_job(ray_cluster, monkeypatch, tmp_path,
+                                                                    stop_on_interrupt):
+    from typer.testing import CliRunner
+
+    from runner.api import JobsApi
+    from runner.cli import app
+    from runner.local import loopback_env
+
+    # Ctrl-C lands just after the job request was answered, before rayjobs saw the answer.
+    real_create_job = JobsApi.create_job
+
+    def create_then_interrupt(self, request):
+        real_create_job(self, request)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(JobsApi, "create_job", create_then_interrupt)
+    name = f"interrupted-direct-{'stop' if stop_on_interrupt else 'detach'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"name: {name}\nentrypoint: python -c \"import time; time.sleep(120)\"\n")
+    flags = ["--stop-on-interrupt"] if stop_on_interrupt else []
+    result = CliRunner().invoke(app, ["submit", str(spec), *flags], env=loopback_env())
+
+    assert result.exit_code == 130, result.output
+    assert "Aborted!" not in result.output
+    job_id = next(word.strip("`;,") for word in result.stderr.split() if word.startswith("raysubmit_"))
+    api = JobsApi(Connection(address=ray_cluster.dashboard_url, source="test", headers=ray_cluster.auth_headers()))
+    assert api.get_job(job_id)["metadata"]["rayjobs.name"] == name
+    if stop_on_interrupt:
+        assert f"interrupted: stopping job {job_id} (--stop-on-interrupt)" in result.stderr
+        wait_for_condition(lambda: api.get_job(job_id)["status"] == "STOPPED", timeout_s=60)
+    else:
+        assert (f"interrupted: job {job_id} was submitted and keeps running; follow it with "
+                f"`rayjobs logs --follow {job_id}`") in result.stderr
+        assert api.get_job(job_id)["status"] in ("PENDING", "RUNNING")
+        api.stop_job(job_id)
