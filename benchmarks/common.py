@@ -1,8 +1,23 @@
-"""What every benchmark shares: a private Ray instance on this machine."""
+"""What every benchmark shares: a private Ray instance, alternating rounds with a warm-up, medians with
+their spread, the stamp of where and when a figure was measured, and the JSON result that
+``benchmarks/run_all.py`` turns into the tables of docs/benchmarks.md.
+"""
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:
@@ -15,4 +30,201 @@ def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts its workers at nice 15. Every baseline here runs at nice 0, so on a machine
+    # shared with other work the Ray side would lose CPU to the neighbours that the baseline
+    # keeps: the ratio would measure the scheduler, not the code.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
+
+
+# --------------------------------------------------------------------------- rounds and spreads
+
+
+def alternate(sides: dict[str, Callable[[], T]], rounds: int, warmup: bool | dict[str, Callable[[], Any]] = True,
+              show: Callable[[int, dict[str, T]], None] | None = None) -> dict[str, list[T]]:
+    """Run every side once to warm up (results dropped), then ``rounds`` rounds of all sides.
+
+    The order reverses every other round, so a side is not always the one that meets the
+    machine just after the other (warm caches, a neighbour's load that builds up). ``warmup``
+    may give lighter callables per side; ``show(round, results)`` prints a round's figures.
+    """
+    names = list(sides)
+    if warmup:
+        for name in reversed(names):  # the reverse of round 1's order: neither side starts round 1 cold
+            run = warmup[name] if isinstance(warmup, dict) else sides[name]
+            print(f"  warm-up: {name}", flush=True)
+            run()
+    results: dict[str, list[T]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in (names if index % 2 == 0 else names[::-1]):
+            results[name].append(sides[name]())
+        if show is not None:
+            show(index, {name: values[-1] for name, values in results.items()})
+    return results
+
+
+@dataclass
+class Spread:
+    """A figure over rounds: the median, and the lowest and highest round."""
+
+    median: float
+    low: float
+    high: float
+    values: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Spread":
+        """The spread of ``values`` (at least one)."""
+        return cls(statistics.median(values), min(values), max(values), list(values))
+
+    @classmethod
+    def ratio(cls, ours: list[float], baseline: list[float]) -> "Spread":
+        """Round-by-round ratios ``ours / baseline``: the two sides of one round met the same machine."""
+        return cls.of([a / b for a, b in zip(ours, baseline, strict=True)])
+
+    def text(self, digits: int = 1, unit: str = "") -> str:
+        """``82.1 images/s (54.9–90.0)``; no bracket for a single round."""
+        body = f"{self.median:.{digits}f}{unit}"
+        if len(self.values) > 1:
+            body += f" ({self.low:.{digits}f}–{self.high:.{digits}f})"
+        return body
+
+    def times(self, digits: int = 2) -> str:
+        """A ratio: ``**0.97×** (0.91–1.03)``."""
+        body = f"**{self.median:.{digits}f}×**"
+        if len(self.values) > 1:
+            body += f" ({self.low:.{digits}f}–{self.high:.{digits}f})"
+        return body
+
+
+def plural(count: int, word: str) -> str:
+    """``1 round``, ``3 rounds``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+# --------------------------------------------------------------------------- stamp
+
+
+def git_revision() -> tuple[str, bool]:
+    """This checkout's short commit hash, and whether tracked or new files differ from it."""
+    def git(*args: str) -> str:
+        # --no-optional-locks: only read; never refresh the index under another git command.
+        done = subprocess.run(["git", "--no-optional-locks", "-C", str(REPO_ROOT), *args], capture_output=True,
+                              text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit, bool(git("status", "--porcelain"))
+
+
+def software_versions() -> str:
+    """``Python 3.11.9, ray 2.60.0, torch 2.14.1``: read from the installed metadata, nothing imported."""
+    from importlib import metadata
+
+    found = [f"Python {sys.version.split()[0]}"]
+    for package in ("ray", "torch"):
+        try:
+            found.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+@dataclass
+class Stamp:
+    """Where and when a figure was measured."""
+
+    commit: str
+    dirty: bool
+    date: str  # UTC, minutes
+    cores: int
+    load_before: float  # 1-minute load average
+    load_after: float | None = None
+    software: str = ""
+
+    @classmethod
+    def begin(cls) -> "Stamp":
+        """The stamp of a measurement that starts now."""
+        commit, dirty = git_revision()
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return cls(commit, dirty, now.strftime("%Y-%m-%d %H:%M UTC"), os.cpu_count() or 0, os.getloadavg()[0],
+                   software=software_versions())
+
+    def end(self) -> "Stamp":
+        """Record the load average once the measurement is over."""
+        self.load_after = os.getloadavg()[0]
+        return self
+
+    def line(self) -> str:
+        """One sentence: commit, date, cores, load average."""
+        commit = f"`{self.commit}`" + (" with uncommitted changes" if self.dirty else "")
+        after = f", {self.load_after:.2f} after" if self.load_after is not None else ""
+        software = f"; {self.software}" if self.software else ""
+        return (f"commit {commit}, {self.date}, {self.cores} cores, "
+                f"load average {self.load_before:.2f} before{after}{software}")
+
+
+# --------------------------------------------------------------------------- results
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """``--json PATH``: where the benchmark writes its machine-readable result."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the result as JSON to PATH (run_all.py reads it)")
+
+
+def command_line() -> str:
+    """This benchmark's command line, as a reader would type it from the project root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(REPO_ROOT)
+    except ValueError:
+        pass
+    arguments = []
+    skip = False
+    for argument in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if argument == "--json":  # where the result goes is no part of what was measured
+            skip = True
+            continue
+        if argument.startswith("--json="):
+            continue
+        arguments.append(argument)
+    return " ".join([str(script), *arguments])
+
+
+@dataclass
+class Result:
+    """One benchmark's figures: a table for the docs, the raw figures, and the stamp."""
+
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    stamp: Stamp
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    command: str = field(default_factory=command_line)
+
+    def figure(self, key: str, spread: Spread, unit: str) -> Spread:
+        """Keep ``spread`` under ``key`` (rounds included) for the JSON result; return it."""
+        self.figures[key] = {"unit": unit, **asdict(spread)}
+        return spread
+
+    def save(self, path: Path | None) -> None:
+        """Write the result as JSON to ``path`` (nothing when ``path`` is None)."""
+        if path is None:
+            return
+        if self.stamp.load_after is None:
+            self.stamp.end()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

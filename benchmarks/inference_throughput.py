@@ -11,7 +11,9 @@
 
 The data is in the preprocess stage's layout (one 256-row group per file).
 
-Rounds are interleaved and medians reported. Run:
+Each side is warmed up once (Ray's worker processes exist afterwards, as they do on a
+cluster that has run anything), then the rounds alternate their order; medians are
+reported with the lowest and highest round. Run:
     PYTHONPATH=. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 python benchmarks/inference_throughput.py
 """
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -28,8 +29,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import start_private_ray  # noqa: E402
-
+from benchmarks.common import (Result, Spread, Stamp, add_json_option, alternate, plural,  # noqa: E402
+                               start_private_ray)
 from benchmarks.train_throughput import write_dataset  # noqa: E402
 
 
@@ -66,6 +67,7 @@ def actor_pool(files: list[str], checkpoint: Path, batch: int, actors: int) -> t
 
 
 def per_image_tasks(files: list[str], checkpoint: Path, count: int) -> float:
+    """Images/s of one ``classify_image_task`` per image, each loading the model, over ``count`` images."""
     import pyarrow.parquet as pq
     import ray
 
@@ -78,6 +80,7 @@ def per_image_tasks(files: list[str], checkpoint: Path, count: int) -> float:
 
 
 def single_process(files: list[str], checkpoint: Path, batch: int, threads: int) -> float:
+    """Images/s of the same batched loop in this process, with ``threads`` torch threads, model loading included."""
     import pyarrow.parquet as pq
     import torch
 
@@ -113,11 +116,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--actors", type=int, default=2)
+    add_json_option(parser)
     args = parser.parse_args()
 
     import ray
     from ray.data import DataContext
 
+    stamp = Stamp.begin()
     scratch = Path(tempfile.mkdtemp(prefix="rayjobs-infer-bench-"))
     try:
         started = time.perf_counter()
@@ -128,38 +133,50 @@ def main() -> None:
         DataContext.get_current().enable_progress_bars = False
         print(f"{args.images} images of {args.size}px, batch {args.batch}, {args.actors} actors x 1 CPU, "
               f"{args.rounds} rounds", flush=True)
-        pool, tasks, local, startup, steady = [], [], [], [], []
 
-        def run_pool() -> float:
-            rate, seconds_to_first, after_first = actor_pool(files, checkpoint, args.batch, args.actors)
-            startup.append(seconds_to_first)
-            steady.append(after_first)
-            return rate
-
-        for round_index in range(args.rounds):
-            runs = [("pool", run_pool, pool),
-                    ("tasks", lambda: per_image_tasks(files, checkpoint, args.task_images), tasks),
-                    ("local", lambda: single_process(files, checkpoint, args.batch, 2), local)]
-            if round_index % 2:
-                runs.reverse()
-            for _, run, sink in runs:
-                sink.append(run())
-            print(f"  round {round_index + 1}: actor pool {pool[-1]:.1f} (first predictions after {startup[-1]:.1f} s, "
-                  f"then {steady[-1]:.1f}), per-image tasks {tasks[-1]:.1f}, single process {local[-1]:.1f} images/s",
+        def show(index: int, last: dict) -> None:
+            rate, to_first, after = last["pool"]
+            print(f"  round {index + 1}: actor pool {rate:.1f} (first predictions after {to_first:.1f} s, then "
+                  f"{after:.1f}), per-image tasks {last['tasks']:.1f}, single process {last['local']:.1f} images/s",
                   flush=True)
+
+        results = alternate({
+            "pool": lambda: actor_pool(files, checkpoint, args.batch, args.actors),
+            "tasks": lambda: per_image_tasks(files, checkpoint, args.task_images),
+            "local": lambda: single_process(files, checkpoint, args.batch, 2),
+        }, args.rounds, show=show)
         ray.shutdown()
-        pool_m, tasks_m, local_m = map(statistics.median, (pool, tasks, local))
-        print(f"[vs per-image tasks] actor pool {pool_m:.1f} vs {tasks_m:.1f} images/s -> {pool_m / tasks_m:.1f}x "
-              "(target >= 5x)")
-        print(f"[vs single process] actor pool {pool_m:.1f} vs {local_m:.1f} images/s -> {pool_m / local_m:.2f}x "
-              "(target >= 0.80x)")
-        steady_m = statistics.median(steady)
-        print(f"[steady state] after its first predictions ({statistics.median(startup):.1f} s: actor processes "
-              f"start and load the model) the pool runs at {steady_m:.1f} images/s -> {steady_m / local_m:.2f}x "
-              "of the single process")
-        print(f"total {time.perf_counter() - started:.0f}s")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+    result = Result(f"inference_{args.size}", f"Batch inference at {args.size} px",
+                    ["setup", "actor pool", "per-image tasks", "single process, 2 threads", "pool / tasks",
+                     "pool / single"], [], stamp)
+    pool = result.figure("pool_images_per_s", Spread.of([r[0] for r in results["pool"]]), "images/s")
+    startup = result.figure("pool_first_predictions_s", Spread.of([r[1] for r in results["pool"]]), "s")
+    steady = result.figure("pool_after_first_images_per_s", Spread.of([r[2] for r in results["pool"]]), "images/s")
+    tasks = result.figure("tasks_images_per_s", Spread.of(results["tasks"]), "images/s")
+    local = result.figure("local_images_per_s", Spread.of(results["local"]), "images/s")
+    pool_rates = [r[0] for r in results["pool"]]
+    vs_tasks = result.figure("pool_vs_tasks", Spread.ratio(pool_rates, results["tasks"]), "x")
+    vs_local = result.figure("pool_vs_local", Spread.ratio(pool_rates, results["local"]), "x")
+    steady_vs_local = result.figure("steady_vs_local", Spread.ratio([r[2] for r in results["pool"]],
+                                                                     results["local"]), "x")
+    print(f"[vs per-image tasks] actor pool {pool.text()} vs {tasks.text()} images/s -> {vs_tasks.text()}x "
+          "(target >= 5x)")
+    print(f"[vs single process] actor pool {pool.text()} vs {local.text()} images/s -> {vs_local.text(2)}x "
+          "(target >= 0.80x)")
+    print(f"[steady state] after its first predictions ({startup.text()} s: actor processes start and load the "
+          f"model) the pool runs at {steady.text()} images/s -> {steady_vs_local.text(2)}x of the single process")
+    setup = f"{args.size} px, {args.images} images ({args.task_images} for the tasks), {plural(args.rounds, 'round')}"
+    result.rows.append([setup,
+                        pool.text(1, " images/s"), tasks.text(1, " images/s"), local.text(1, " images/s"),
+                        vs_tasks.times(1), vs_local.times()])
+    result.notes.append(f"The pool's first predictions came after {startup.text(1, ' s')}; after them it ran at "
+                        f"{steady.text(1, ' images/s')}, {steady_vs_local.times()} the single process. "
+                        f"Batch {args.batch}, {args.actors} actors × 1 CPU; each side warmed up once.")
+    print(f"total {time.perf_counter() - started:.0f}s")
+    result.save(args.json)
 
 
 if __name__ == "__main__":

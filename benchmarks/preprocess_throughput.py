@@ -3,11 +3,11 @@
 Both do the same work on the same inputs: read each JPEG, decode (with draft),
 resize + centre-crop, re-encode, and write Parquet parts. The parallel figure is
 the whole ``run_preprocess`` call (listing and fingerprinting included); the
-serial figure is a plain loop with the same image and Parquet functions. Runs are
-interleaved and medians reported. A plain multiprocessing pool doing the same
-work is timed as well: on a shared machine it shows how much parallel speed-up the
-hardware allows at that moment. ``--ray-data`` adds a Ray Data ``map_batches``
-variant of the same work, to compare the two ways of parallelising it.
+serial figure is a plain loop with the same image and Parquet functions. A plain
+multiprocessing pool doing the same work is timed as well: on a shared machine it
+shows how much parallel speed-up the hardware allows at that moment. Each variant is
+warmed up once, then the runs alternate their order; medians are reported with the
+lowest and highest run.
 
     PYTHONPATH=. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 python benchmarks/preprocess_throughput.py
 """
@@ -20,7 +20,6 @@ import io
 import multiprocessing
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -30,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
-from benchmarks.common import start_private_ray  # noqa: E402
-from tests.fixtures_images import photo_like_jpeg  # noqa: E402
+from benchmarks.common import (Result, Spread, Stamp, add_json_option, alternate, plural,  # noqa: E402
+                               start_private_ray)
+from tests.support.images import photo_like_jpeg  # noqa: E402
 from workloads.vision import dataset_format, preprocess  # noqa: E402
 from workloads.vision.config import DataConfig  # noqa: E402
 from workloads.vision.images import square_jpeg_from_bytes  # noqa: E402
@@ -42,6 +42,7 @@ SAMPLE_CLASSES = ["pizza", "hamburger", "sushi", "ramen", "steak", "burrito"]
 
 
 def make_inputs(root: Path, images: int, classes: int) -> list[str]:
+    """Write ``images`` photo-like 512x384 JPEGs in an ImageFolder tree; return the class names."""
     names = [f"class_{i}" for i in range(classes)]
     for index in range(images):
         folder = root / names[index % classes]
@@ -106,33 +107,10 @@ def pool_run(data: DataConfig, out: Path, pool) -> int:
 
 
 def parallel_run(data: DataConfig) -> int:
+    """The workload's own ``run_preprocess`` on Ray; the rows it wrote."""
     with contextlib.redirect_stdout(io.StringIO()):
         info = preprocess.run_preprocess(data, progress=False)
     return info.counts["train"] + info.counts["val"]
-
-
-def ray_data_run(data: DataConfig, out: Path) -> int:
-    """The same work through Ray Data: map_batches over file bytes, rows written on the driver."""
-    import pyarrow.parquet as pq
-    import ray
-
-    listing = list_source(data)
-    size, quality = data.image_size, data.jpeg_quality
-
-    def encode(batch):
-        batch["image"] = [square_jpeg_from_bytes(Path(p).read_bytes(), size, quality) for p in batch["path"]]
-        return batch
-
-    rows = [{"path": i.path, "label": i.label, "split": i.split} for i in listing.items]
-    result = ray.data.from_items(rows).map_batches(encode, batch_size=32, batch_format="pandas").to_arrow_refs()
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    written = 0
-    for n, ref in enumerate(result):
-        table = ray.get(ref)
-        pq.write_table(table, out / f"part-{n:05d}.parquet")
-        written += table.num_rows
-    return written
 
 
 def _parent_pid() -> int:
@@ -165,21 +143,19 @@ def ray_cpu_seconds(raylet_pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=600, help="generated 512x384 JPEGs (default 600)")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs of each variant, interleaved (default 3)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each variant, alternating (default 3)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs given to the local Ray instance (default 2)")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--sample", action="store_true", help=f"use the real Food-101 sample at {SAMPLE} (96 images)")
-    parser.add_argument("--ray-data", action="store_true", help="also time a Ray Data map_batches variant")
     parser.add_argument("--worker-niceness", type=int, default=0, help="nice level of Ray workers (Ray's default is 15)")
+    add_json_option(parser)
     args = parser.parse_args()
 
     import ray
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # Ray starts its workers at nice 15. On a machine shared with other work that
-    # would starve them against the nice-0 serial loop; equal priority keeps the
-    # comparison about the pipeline, not the scheduler.
-    os.environ.setdefault("RAY_worker_niceness", str(args.worker_niceness))
+    os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
+    stamp = Stamp.begin()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="preprocess-bench-"))
     try:
@@ -191,14 +167,13 @@ def main() -> None:
         else:
             names = make_inputs(scratch / "images", args.images, classes=6)
             data = DataConfig(source="imagefolder", root=scratch / "images", classes=names, image_size=args.image_size)
-            described = f"{args.images} generated 512x384 photo-like JPEGs in {scratch / 'images'}"
+            described = f"{args.images} generated 512x384 photo-like JPEGs"
         data = data.model_copy(update={"output_dir": scratch / "parallel", "force": True})
         print(f"inputs: {described}; output {args.image_size}px, JPEG q{data.jpeg_quality}", flush=True)
 
         # Forked before Ray starts its threads in this process.
         pool = multiprocessing.get_context("fork").Pool(args.cpus)
         start_private_ray(args.cpus)
-        parallel_run(data)  # warm-up: starts the worker processes
         raylet_pid = ray.get(ray.remote(_parent_pid).remote())  # workers are children of the raylet
 
         def cpu_seconds(variant: str) -> float:
@@ -208,57 +183,57 @@ def main() -> None:
                 return time.process_time() + sum(_proc_cpu_seconds(c.pid) for c in multiprocessing.active_children())
             return ray_cpu_seconds(raylet_pid)
 
-        if args.ray_data:
-            ray_data_run(data, scratch / "ray-data")
-        timings: dict[str, list[float]] = {"serial": [], "parallel": [], "pool": [], "ray_data": []}
-        cpu: dict[str, list[float]] = {"serial": [], "parallel": [], "pool": [], "ray_data": []}
-        pool_run(data, scratch / "pool", pool)  # warm-up
-        for run in range(args.runs):
-            variants = ["serial", "parallel", "pool"] + (["ray_data"] if args.ray_data else [])
-            if run % 2:
-                variants.reverse()
-            for variant in variants:
-                started = time.perf_counter()
-                cpu_before = cpu_seconds(variant)
-                if variant == "serial":
-                    images = serial_run(data, scratch / "serial")
-                elif variant == "parallel":
-                    images = parallel_run(data)
-                elif variant == "pool":
-                    images = pool_run(data, scratch / "pool", pool)
-                else:
-                    images = ray_data_run(data, scratch / "ray-data")
-                seconds = time.perf_counter() - started
-                cpu_after = cpu_seconds(variant)
-                timings[variant].append(seconds)
-                cpu[variant].append(cpu_after - cpu_before)
-                print(
-                    f"run {run + 1} {variant:<9} {images} images in {seconds:6.2f} s  ({images / seconds:7.1f} images/s), "
-                    f"{cpu_after - cpu_before:5.2f} CPU-s",
-                    flush=True,
-                )
+        def timed(variant: str, run) -> tuple[int, float, float]:
+            started, cpu_before = time.perf_counter(), cpu_seconds(variant)
+            images = run()
+            return images, time.perf_counter() - started, cpu_seconds(variant) - cpu_before
+
+        def show(index: int, last: dict) -> None:
+            for variant, (images, seconds, cpu) in last.items():
+                print(f"run {index + 1} {variant:<9} {images} images in {seconds:6.2f} s  "
+                      f"({images / seconds:7.1f} images/s), {cpu:5.2f} CPU-s", flush=True)
+
+        results = alternate({
+            "serial": lambda: timed("serial", lambda: serial_run(data, scratch / "serial")),
+            "parallel": lambda: timed("parallel", lambda: parallel_run(data)),
+            "pool": lambda: timed("pool", lambda: pool_run(data, scratch / "pool", pool)),
+        }, args.runs, show=show)
         ray.shutdown()
         pool.close()
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-
-        medians = {k: statistics.median(v) for k, v in timings.items() if v}
-        print(f"\nmedian of {args.runs} runs ({images} images, {args.cpus} CPUs for Ray):")
-        for variant, seconds in medians.items():
-            print(
-                f"  {variant:<9} {seconds:6.2f} s  {images / seconds:7.1f} images/s  "
-                f"{statistics.median(cpu[variant]):5.2f} CPU-s"
-            )
-        print(f"  speed-up parallel / serial: {medians['serial'] / medians['parallel']:.2f}x (wall clock)")
-        # On a busy machine wall clock measures the neighbours as much as the code;
-        # CPU-seconds show what the parallel pipeline costs on top of the real work.
-        overhead = statistics.median(cpu["parallel"]) / statistics.median(cpu["serial"])
-        print(f"  CPU cost parallel / serial: {overhead:.2f}x "
-              f"(ideal speed-up on {args.cpus} idle cores ≈ {args.cpus / overhead:.2f}x)")
-        print(f"  speed-up pool / serial: {medians['serial'] / medians['pool']:.2f}x (plain processes, no Ray: what this machine allows now)")
-        if "ray_data" in medians:
-            print(f"  speed-up ray_data / serial: {medians['serial'] / medians['ray_data']:.2f}x")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+    images = results["serial"][0][0]
+    result = Result("preprocess_throughput", "Preprocessing: Ray tasks vs one process",
+                    ["inputs", "serial (baseline)", "rayjobs on Ray", "plain process pool", "Ray / serial",
+                     "pool / serial", "Ray CPU / serial CPU"], [], stamp)
+    seconds = {v: result.figure(f"{v}_s", Spread.of([r[1] for r in runs]), "s") for v, runs in results.items()}
+    cpu = {v: result.figure(f"{v}_cpu_s", Spread.of([r[2] for r in runs]), "CPU-s") for v, runs in results.items()}
+    rate = {v: Spread.of([images / r[1] for r in runs]) for v, runs in results.items()}
+    serial_s = [r[1] for r in results["serial"]]
+    speedup = {v: result.figure(f"{v}_speedup", Spread.ratio(serial_s, [r[1] for r in results[v]]), "x")
+               for v in ("parallel", "pool")}
+    cost = result.figure("cpu_cost", Spread.ratio([r[2] for r in results["parallel"]],
+                                                  [r[2] for r in results["serial"]]), "x")
+    print(f"\nmedian of {args.runs} runs ({images} images, {args.cpus} CPUs for Ray):")
+    for variant in results:
+        print(f"  {variant:<9} {seconds[variant].text(2)} s  {rate[variant].text(1)} images/s  "
+              f"{cpu[variant].text(2)} CPU-s")
+    print(f"  speed-up parallel / serial: {speedup['parallel'].text(2)}x (wall clock)")
+    # On a busy machine wall clock measures the neighbours as much as the code;
+    # CPU-seconds show what the parallel pipeline costs on top of the real work.
+    print(f"  CPU cost parallel / serial: {cost.text(2)}x "
+          f"(ideal speed-up on {args.cpus} idle cores ≈ {args.cpus / cost.median:.2f}x)")
+    print(f"  speed-up pool / serial: {speedup['pool'].text(2)}x "
+          "(plain processes, no Ray: what this machine allows now)")
+
+    def cell(variant: str) -> str:
+        return f"{seconds[variant].text(2, ' s')}, {rate[variant].median:.1f} images/s"
+
+    result.rows.append([f"{described}, {plural(args.runs, 'run')}, {args.cpus} CPUs", cell("serial"), cell("parallel"),
+                        cell("pool"), speedup["parallel"].times(), speedup["pool"].times(), cost.text(2, "×")])
+    result.save(args.json)
 
 
 if __name__ == "__main__":

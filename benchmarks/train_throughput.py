@@ -1,13 +1,20 @@
-"""Training throughput of the vision workload against plain-PyTorch baselines.
+"""Training throughput of the vision workload: Ray Train's overhead, and the data path's.
 
-1. Ray Train: the workload's own ``run_training`` with TorchTrainer, 2 workers x 1 CPU,
-   against the same loop written as plain PyTorch DDP and launched with
-   ``torchrun --nproc_per_node 2`` (gloo). Same model, data, sampler, batch and
-   thread count; the figure is the images/s of the last epoch's training steps.
-2. Data path: training steps/s when batches come from the Parquet dataset
-   (decode + augment in the loop) against pre-made in-memory tensors.
+1. Ray Train: the workload's own ``run_training`` (TorchTrainer, 2 workers x 1 CPU)
+   against the same workers launched by ``torchrun --nproc_per_node 2`` as plain PyTorch
+   DDP over gloo. The baseline is not a copy of the loop: it runs the workload's own
+   ``setup_worker`` and ``train_one_epoch`` on the config that ``run_training`` builds,
+   with only Ray Train's calls swapped for plain PyTorch (benchmarks/plain_torch.py).
+   So both sides train with the same optimisations (channels_last, the bf16 gradient
+   all-reduce hook, fused AdamW, whatever the workload does next), and the ratio is Ray
+   Train's overhead. ``--set channels_last=false --set gradient_allreduce=fp32`` turns
+   them off on both sides. The figure is the images/s of the last epoch's training pass.
+2. Data path: the workload's ``train_one_epoch`` in one process with one thread, with
+   batches from the Parquet dataset (decode + augment in the loop) against the same
+   batches decoded once and held in memory. Steps/s of one epoch each.
 
-Rounds are interleaved and medians reported. Run:
+Each side is warmed up once, then the rounds alternate their order; medians are
+reported with the lowest and highest round. Run:
     PYTHONPATH=. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 python benchmarks/train_throughput.py
 """
 
@@ -18,19 +25,21 @@ import io
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import start_private_ray  # noqa: E402
+from benchmarks.common import (Result, Spread, Stamp, add_json_option, alternate, plural,  # noqa: E402
+                               start_private_ray)
+from benchmarks.plain_torch import (InMemoryBatches, describe, run_torchrun, setup_plain_worker,  # noqa: E402
+                                    workload_loop_config)
 
 
 def write_dataset(root: Path, train_images: int, val_images: int, size: int, classes: int = 10) -> Path:
@@ -63,136 +72,74 @@ def write_dataset(root: Path, train_images: int, val_images: int, size: int, cla
     return root
 
 
-# --------------------------------------------------------------------------- plain DDP (torchrun)
-
-
-def ddp_worker(args) -> None:
-    """One torchrun process: the workload's training step as plain PyTorch DDP."""
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader
-
-    from workloads.vision.config import TrainConfig
-    from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
-    from workloads.vision.images import ImageLayout, normalize
-    from workloads.vision.model import build_model
-    from workloads.vision.recipe import make_optimizer, make_scheduler
-
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    torch.manual_seed(rank)
-    cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch, optimizer="sgd", lr=0.05)
-    layout = ImageLayout.photos(args.size)
-    dataset = ParquetImageDataset(split_files(Path(args.data), "train"), layout)
-    sampler = GroupedShardSampler(dataset, num_replicas=world, rank=rank, shuffle=True, pad=True)
-    loader = DataLoader(dataset, batch_size=args.batch // world, sampler=sampler,
-                        collate_fn=AugmentingCollate(layout.augment))
-    model = torch.nn.parallel.DistributedDataParallel(build_model(cfg, 10, layout))
-    optimizer = make_optimizer(model.module, cfg)
-    scheduler = make_scheduler(optimizer, cfg, len(loader))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    rates = []
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        model.train()
-        loss_total = torch.zeros((), dtype=torch.float64)
-        seen = 0
-        start = time.perf_counter()
-        for images, labels in loader:
-            loss = loss_fn(model(normalize(images, layout)), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            loss_total += loss.detach().double() * labels.shape[0]
-            seen += labels.shape[0]
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        rates.append(seen * world / elapsed.item())
-    if rank == 0:
-        print("RESULT " + json.dumps({"images_per_s": rates[-1]}), flush=True)
-    dist.destroy_process_group()
-
-
-def run_torchrun(data: Path, args) -> float:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(29500 + os.getpid() % 1000), __file__, "--ddp-worker", "--data", str(data),
-               "--epochs", str(args.epochs), "--batch", str(args.batch), "--size", str(args.size)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])["images_per_s"]
-    raise RuntimeError(f"torchrun run failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-
-
-def run_ray_train(data: Path, storage: Path, name: str, args) -> float:
+def vision_params(storage: Path, name: str, args, **train):
+    """The workload's parameters for one run: its defaults, 2 workers x 1 CPU, and the ``--set`` overrides."""
     from workloads.vision.config import VisionParams
-    from workloads.vision.preprocess import load_dataset_info
+
+    settings = {"epochs": args.epochs, "batch_size": args.batch, "num_workers": 2, "cpus_per_worker": 1,
+                "num_to_keep": 1, "max_failures": 0, **args.overrides, **train}
+    return VisionParams.model_validate({"run_name": name, "storage_path": str(storage), "train": settings})
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs of ``train`` settings, values read as YAML (as ``rayjobs submit --set`` does)."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE, e.g. --set gradient_allreduce=fp32")
+        overrides[key.removeprefix("train.")] = yaml.safe_load(value)
+    return overrides
+
+
+# --------------------------------------------------------------------------- Ray Train vs torchrun
+
+
+def ray_train_rate(data: Path, storage: Path, name: str, args) -> float:
+    """Train once through ``run_training``; the last epoch's images/s."""
+    from workloads.vision.dataset_format import load_dataset_info
     from workloads.vision.train import run_training
 
-    params = VisionParams.model_validate({
-        "run_name": name, "storage_path": str(storage),
-        "train": {"epochs": args.epochs, "batch_size": args.batch, "num_workers": 2, "cpus_per_worker": 1,
-                  "optimizer": "sgd", "lr": 0.05, "num_to_keep": 1, "max_failures": 0},
-    })
-    outcome = run_training(params, load_dataset_info(data))
-    rate = outcome.final_metrics["images_per_s"]
+    outcome = run_training(vision_params(storage, name, args), load_dataset_info(data))
     shutil.rmtree(outcome.run_dir, ignore_errors=True)
-    return rate
+    return outcome.final_metrics["images_per_s"]
+
+
+def torchrun_rate(config_file: Path, seen: dict) -> float:
+    """Train once as plain DDP under torchrun, 2 processes; the last epoch's images/s.
+
+    ``seen["setup"]`` gets what the baseline's workers trained with, as they describe it.
+    """
+    # One intra-op thread per process, as Ray gives each 1-CPU worker.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    metrics = run_torchrun(config_file, 2, env)
+    seen["setup"] = metrics["setup"]
+    return metrics["images_per_s"]
 
 
 # --------------------------------------------------------------------------- data path
 
 
-def data_path_rates(data: Path, args) -> tuple[float, float]:
-    """Training steps/s from the Parquet dataset and from in-memory batches (one process, one thread)."""
-    import torch
-    from torch.utils.data import DataLoader
+def data_path_sides(data: Path, storage: Path, args) -> dict:
+    """Two callables, one epoch each of the workload's training pass: from Parquet, and from memory."""
+    from workloads.vision.dataset_format import load_dataset_info
+    from workloads.vision.loop import train_one_epoch
 
-    from workloads.vision.config import TrainConfig
-    from workloads.vision.dataset import AugmentingCollate, GroupedShardSampler, ParquetImageDataset, split_files
-    from workloads.vision.images import ImageLayout, normalize
-    from workloads.vision.model import build_model
-    from workloads.vision.recipe import make_optimizer
+    # One of the two workers of part 1: half the global batch, one thread, no process group.
+    params = vision_params(storage, "data-path", args, batch_size=max(1, args.batch // 2), num_workers=1,
+                           epochs=10_000)  # the schedule must not reach its end (lr 0) during the benchmark
+    worker = setup_plain_worker(workload_loop_config(params, load_dataset_info(data)), rank=0, world_size=1)
+    print(f"data path: {describe(worker)}", flush=True)
+    parquet = worker.batches
+    remembered = InMemoryBatches(list(parquet.train_epoch(0)))
+    epochs = iter(range(10_000))
 
-    torch.set_num_threads(1)
-    per_worker = args.batch // 2
-    layout = ImageLayout.photos(args.size)
-    dataset = ParquetImageDataset(split_files(data, "train"), layout)
-    loader = DataLoader(dataset, batch_size=per_worker, collate_fn=AugmentingCollate(layout.augment),
-                        sampler=GroupedShardSampler(dataset, num_replicas=1, rank=0, shuffle=True))
-    synthetic = [(torch.randint(0, 256, (per_worker, 3, args.size, args.size), dtype=torch.uint8),
-                  torch.randint(0, 10, (per_worker,))) for _ in range(8)]
-    model = build_model(TrainConfig(), 10, layout)
-    optimizer = make_optimizer(model, TrainConfig(optimizer="sgd", lr=0.01))
-    loss_fn = torch.nn.CrossEntropyLoss()
+    def steps_per_s(batches) -> float:
+        worker.batches = batches
+        training = train_one_epoch(worker, next(epochs))
+        return batches.steps_per_epoch / training.seconds
 
-    def steps_per_s(batches, steps: int) -> float:
-        model.train()
-        count, start = 0, None
-        for images, labels in batches:
-            if count == 3:  # skip warm-up steps
-                start = time.perf_counter()
-            loss = loss_fn(model(normalize(images, layout)), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            count += 1
-            if count == steps + 3:
-                break
-        return steps / (time.perf_counter() - start)
-
-    def cycle(items):
-        while True:
-            yield from items
-
-    real, fake = [], []
-    for _ in range(args.rounds):
-        real.append(steps_per_s(loader, args.data_steps))
-        fake.append(steps_per_s(cycle(synthetic), args.data_steps))
-    return statistics.median(real), statistics.median(fake)
+    return {"Parquet dataset": lambda: steps_per_s(parquet), "in-memory batches": lambda: steps_per_s(remembered)}
 
 
 def main() -> None:
@@ -201,48 +148,75 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=640, help="training images")
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--batch", type=int, default=32, help="global batch size")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is measured")
-    parser.add_argument("--data-steps", type=int, default=25, help="steps per data-path measurement")
-    parser.add_argument("--skip-ddp", action="store_true")
-    parser.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per training run; the last one is measured")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train setting for both sides, e.g. --set gradient_allreduce=fp32")
+    parser.add_argument("--skip-ddp", action="store_true", help="measure the data path only")
+    add_json_option(parser)
     args = parser.parse_args()
-    if args.ddp_worker:
-        ddp_worker(args)
-        return
+    args.overrides = parse_overrides(args.overrides)
 
+    stamp = Stamp.begin()
+    result = Result("train_throughput", "Training: TorchTrainer vs torchrun DDP, Parquet vs in-memory batches",
+                    ["comparison", "ours", "baseline", "ratio (rounds)", "target"], [], stamp)
     scratch = Path(tempfile.mkdtemp(prefix="rayjobs-train-bench-"))
     try:
         started = time.perf_counter()
         data = write_dataset(scratch / "data", args.images, 64, args.size)
+        settings = ", ".join(f"{k}={v}" for k, v in args.overrides.items()) or "the workload's defaults"
         print(f"dataset: {args.images} train images of {args.size}px at {data}; global batch {args.batch}, "
-              f"{args.epochs} epochs per run, {args.rounds} rounds", flush=True)
+              f"{args.epochs} epochs per run, {args.rounds} rounds; train settings: {settings}", flush=True)
 
-        real, fake = data_path_rates(data, args)
-        print(f"[data path] Parquet dataset {real:.2f} steps/s vs in-memory batches {fake:.2f} steps/s "
-              f"-> ratio {real / fake:.2f} (target >= 0.90)", flush=True)
+        path = alternate(data_path_sides(data, scratch / "runs", args), args.rounds, show=lambda i, r: print(
+            f"  round {i + 1}: " + ", ".join(f"{k} {v:.2f} steps/s" for k, v in r.items()), flush=True))
+        real = result.figure("parquet_steps_per_s", Spread.of(path["Parquet dataset"]), "steps/s")
+        fake = result.figure("memory_steps_per_s", Spread.of(path["in-memory batches"]), "steps/s")
+        ratio = result.figure("data_path_ratio", Spread.ratio(path["Parquet dataset"], path["in-memory batches"]), "x")
+        print(f"[data path] Parquet dataset {real.text(2)} steps/s vs in-memory batches {fake.text(2)} steps/s "
+              f"-> ratio {ratio.median:.2f} (rounds {ratio.low:.2f}-{ratio.high:.2f}; target >= 0.90)", flush=True)
+        data_row = ["the workload's `train_one_epoch`, one process, 1 thread: Parquet dataset (decode + augment in "
+                    "the loop) vs the same batches held in memory", real.text(2, " steps/s"), fake.text(2, " steps/s"),
+                    ratio.times(), "≥ 0.9×"]
 
         if not args.skip_ddp:
             import ray
 
+            from workloads.vision.dataset_format import load_dataset_info
+
+            # Built once: the baseline trains from exactly what run_training would hand Ray Train.
+            config_file = scratch / "loop_config.json"
+            loop_config = workload_loop_config(vision_params(scratch / "runs", "ddp", args), load_dataset_info(data))
+            config_file.write_text(json.dumps(loop_config), encoding="utf-8")
             start_private_ray(2)
-            ray_rates, ddp_rates = [], []
-            for round_index in range(args.rounds):
-                order = ["ray", "ddp"] if round_index % 2 == 0 else ["ddp", "ray"]
-                for which in order:
-                    if which == "ray":
-                        ray_rates.append(run_ray_train(data, scratch / "runs", f"bench-{round_index}", args))
-                    else:
-                        ddp_rates.append(run_torchrun(data, args))
-                print(f"  round {round_index + 1}: TorchTrainer {ray_rates[-1]:.1f} images/s, "
-                      f"torchrun DDP {ddp_rates[-1]:.1f} images/s", flush=True)
+            runs, baseline = iter(range(1_000)), {}
+            rates = alternate(
+                {"TorchTrainer": lambda: ray_train_rate(data, scratch / "runs", f"bench-{next(runs)}", args),
+                 "torchrun DDP": lambda: torchrun_rate(config_file, baseline)},
+                args.rounds, show=lambda i, r: print(
+                    f"  round {i + 1}: " + ", ".join(f"{k} {v:.1f} images/s" for k, v in r.items()), flush=True))
             ray.shutdown()
-            ray_median, ddp_median = statistics.median(ray_rates), statistics.median(ddp_rates)
-            print(f"[trainer] TorchTrainer 2x1 CPU {ray_median:.1f} images/s vs torchrun DDP 2 procs "
-                  f"{ddp_median:.1f} images/s -> ratio {ray_median / ddp_median:.2f} (target >= 0.90)", flush=True)
+            print(f"the baseline's workers trained with: {baseline['setup']}", flush=True)
+            result.notes.append(f"The baseline's workers reported training with: {baseline['setup']}.")
+            ours = result.figure("torchtrainer_images_per_s", Spread.of(rates["TorchTrainer"]), "images/s")
+            base = result.figure("torchrun_images_per_s", Spread.of(rates["torchrun DDP"]), "images/s")
+            ratio = result.figure("trainer_ratio", Spread.ratio(rates["TorchTrainer"], rates["torchrun DDP"]), "x")
+            print(f"[trainer] TorchTrainer 2x1 CPU {ours.text()} images/s vs torchrun DDP 2 procs {base.text()} "
+                  f"images/s -> ratio {ratio.median:.2f} (rounds {ratio.low:.2f}-{ratio.high:.2f}; target >= 0.90)",
+                  flush=True)
+            result.rows.append([
+                "Ray Train `TorchTrainer`, 2 workers × 1 CPU, vs plain PyTorch DDP under "
+                "`torchrun --nproc_per_node 2` "
+                f"(gloo); both run the workload's `setup_worker` and `train_one_epoch` ({settings})",
+                ours.text(1, " images/s"), base.text(1, " images/s"), ratio.times(), "≥ 0.9×"])
+        result.rows.append(data_row)
+        result.notes.append(f"{args.images} training images of {args.size} px, global batch {args.batch}, "
+                            f"{args.epochs} epochs per training run (the last one timed), "
+                            f"{plural(args.rounds, 'round')} "
+                            "after a warm-up of each side.")
         print(f"total {time.perf_counter() - started:.0f}s")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    result.save(args.json)
 
 
 if __name__ == "__main__":
