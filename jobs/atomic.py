@@ -39,16 +39,50 @@ def write_text(path: Path, text: str, durable: bool = False) -> None:
     replace_file(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), durable=durable)
 
 
+def staging_dir(final: Path) -> Path:
+    """A new hidden sibling of ``final`` to build a folder in; its name carries this process's id.
+
+    A process killed while building leaves it behind; :func:`recover_dir` tells it from one still in use.
+    """
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
 def replace_dir(staged: Path, final: Path) -> None:
     """Move the finished folder ``staged`` to ``final``, replacing whatever was there.
 
     The old folder is renamed aside before the new one takes its name, so a reader finds the
-    old content or the new, never a mix; the old one is deleted afterwards.
+    old content or the new, never a mix; the old one is deleted afterwards. A process killed
+    between the two renames leaves ``final`` absent and the old folder aside, whole:
+    :func:`recover_dir` puts it back.
     """
     previous = None
     if final.exists():
-        previous = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        previous = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.replace(final, previous)
     os.replace(staged, final)
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
+
+
+def recover_dir(final: Path) -> None:
+    """Tidy what killed writers of ``final`` left: remove their half-built folders, and put back the
+    previous folder when one was killed after moving it aside and before its replacement took its place."""
+    for leftover in sorted(final.parent.glob(f".{final.name}.*-*-*")):
+        kind, _, rest = leftover.name[len(final.name) + 2:].partition("-")
+        writer = rest.split("-", 1)[0]
+        if kind not in ("tmp", "old") or not writer.isdigit() or _alive(int(writer)):
+            continue
+        if kind == "old" and not final.exists():
+            os.replace(leftover, final)
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

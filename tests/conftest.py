@@ -48,12 +48,22 @@ def tier_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
+        if used & CLUSTER_FIXTURES and used & RAY_FIXTURES:
+            raise pytest.UsageError(f"{item.nodeid} uses both the in-process Ray and the session cluster; "
+                                    "a test is of one tier")
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
         elif used & RAY_FIXTURES:
             item.add_marker(pytest.mark.ray)
     # A stable sort keeps each module's tests of one tier together, so module fixtures are built once.
     items.sort(key=lambda item: _TIER_ORDER[tier_of(item)])
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # The in-process Ray serves the `ray` tier only: it goes when that tier ends, so the cluster tier
+    # gets the machine to itself (and the Ray client's in-process commands there meet no second Ray).
+    if tier_of(item) == "ray" and (nextitem is None or tier_of(nextitem) != "ray") and "ray" in sys.modules:
+        sys.modules["ray"].shutdown()
 
 
 @pytest.fixture(autouse=True)

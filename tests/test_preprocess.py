@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -17,8 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tests.support.shared_data import FOOD101_SAMPLE as SAMPLE
 from tests.support.cli import REPO_ROOT
+from tests.support.ray_instances import driver_env_joining_this_ray
+from tests.support.shared_data import FOOD101_SAMPLE as SAMPLE
+from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 from tests.support.images import (
     jpeg_bytes,
     make_food101_tree,
@@ -222,6 +225,44 @@ def test_failure_mid_write_leaves_previous_dataset_intact(ray_local, tmp_path, m
     assert read_split(out, "train") + read_split(out, "val") == rows_before
     assert all(Image.open(io.BytesIO(r["image"])).size == (16, 16) for r in rows_before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # the half-built copy is gone
+
+
+def test_preprocess_killed_mid_write_leaves_the_old_dataset_whole_and_the_next_run_tidies_up(ray_local, tmp_path):
+    out = tmp_path / "out"
+    classes = ["a", "b", "c", "d"]
+    old = DataConfig(source="synthetic", classes=classes, synthetic_per_class=4, image_size=16, output_dir=out)
+    before = run_preprocess(old, progress=False)
+    rows_before = read_split(out, "train") + read_split(out, "val")
+
+    # A bigger dataset in place of it, written by a driver process of its own (joining this Ray, as a
+    # job's driver joins its cluster), SIGKILLed once it has written some parts: a crash, not an exception.
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"data": {"source": "synthetic", "classes": classes, "synthetic_per_class": 600,
+                                           "image_size": 32, "rows_per_file": 8, "output_dir": str(out),
+                                           "force": True}}))
+    writer = subprocess.Popen([sys.executable, "-m", "workloads.vision.preprocess", "--params", str(params)],
+                              env=driver_env_joining_this_ray(), cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        def parts_written() -> bool:
+            return writer.poll() is not None or any(len(list(building.glob("*/part-*.parquet"))) >= 3
+                                                    for building in tmp_path.glob(".out.tmp-*"))
+
+        wait_for_condition(parts_written, timeout_s=HANG_GUARD_S, interval_s=0.02)
+        writer.kill()
+        _, stderr = writer.communicate(timeout=60)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert writer.returncode == -signal.SIGKILL, f"it ended before it was killed:\n{stderr[-2000:]}"
+    assert [p.name for p in tmp_path.glob(".out.tmp-*")], "the killed run left no half-built folder"
+
+    # Whole or absent, never half: here the kill came before the swap, so the old dataset is untouched.
+    assert load_dataset_info(out) == before
+    assert read_split(out, "train") + read_split(out, "val") == rows_before
+    # The next run of the stage sweeps away what the killed one left.
+    run_preprocess(old.model_copy(update={"force": True}), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "params.json"]
 
 
 def test_refuses_to_replace_a_folder_that_is_not_a_dataset(ray_local, tmp_path):

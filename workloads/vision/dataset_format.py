@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import shutil
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -225,7 +224,8 @@ def _check_output_prefix(output_dir: ObjectPath) -> None:
 def new_dataset_folder(output_dir: StoragePath) -> Iterator[StoragePath]:
     """Yield the folder to build the dataset in, which becomes ``output_dir`` when the block succeeds.
 
-    Local disk: a hidden sibling folder, renamed into place on success and removed on failure.
+    Local disk: a hidden sibling folder, renamed into place on success and removed on failure; what a
+    killed run left is tidied first (``jobs.atomic.recover_dir``).
     S3: ``output_dir`` itself, emptied first (manifest first), with the ``_writing`` marker
     until the block (which writes the manifest last) is done; a failed block leaves no manifest.
     """
@@ -239,7 +239,8 @@ def new_dataset_folder(output_dir: StoragePath) -> Iterator[StoragePath]:
         storage.delete_file(output_dir / WRITING_MARKER)
         return
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    building = output_dir.with_name(f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    atomic.recover_dir(output_dir)
+    building = atomic.staging_dir(output_dir)
     try:
         yield building
         atomic.replace_dir(building, output_dir)
