@@ -34,6 +34,8 @@ _FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADER
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "ray_cluster_home", "ray_cluster_env", "rj"})
 RAY_FIXTURES = frozenset({"workload_ray"})
 _TIER_ORDER = {"unit": 0, "ray": 1, "cluster": 2}
+_FOLLOW_FAULTS_MODULE = "test_follow_faults"
+_FOLLOW_FAULTS_SELECTED = pytest.StashKey[bool]()
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -56,7 +58,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif used & RAY_FIXTURES:
             item.add_marker(pytest.mark.ray)
     # A stable sort keeps each module's tests of one tier together, so module fixtures are built once.
-    items.sort(key=lambda item: _TIER_ORDER[tier_of(item)])
+    # The follower's fault scenarios run in the background through the cluster tier; their checks go last.
+    items.sort(key=lambda item: (_TIER_ORDER[tier_of(item)], item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)))
+    config.stash[_FOLLOW_FAULTS_SELECTED] = any(item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)
+                                                for item in items)
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -75,6 +80,24 @@ def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[Non
         if getattr(ray, "is_initialized", lambda: False)():
             ray.shutdown()
             pytest.fail("this test started Ray: mark it `ray` (or use the workload_ray fixture)")
+
+
+@pytest.fixture(autouse=True)
+def _follow_fault_scenarios_start_with_the_cluster_tier(request: pytest.FixtureRequest) -> None:
+    """The first cluster test starts the follower's fault scenarios, when tests/test_follow_faults.py will check them."""
+    if tier_of(request.node) == "cluster" and request.config.stash.get(_FOLLOW_FAULTS_SELECTED, False):
+        request.getfixturevalue("follow_fault_scenarios")
+
+
+@pytest.fixture(scope="session")
+def follow_fault_scenarios(ray_cluster: LocalCluster, ray_cluster_home: Path,
+                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The follower's fault scenarios (tests/support/follow_scenarios.py), running in the background: name → future."""
+    from tests.support.follow_scenarios import start_scenarios
+
+    pool, futures = start_scenarios(ray_cluster, ray_cluster_home, tmp_path_factory.mktemp("follow-faults"))
+    yield futures
+    pool.shutdown(wait=True)
 
 
 @pytest.fixture(scope="session")

@@ -245,7 +245,7 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
     # The two nodes left still fit both workers.
     run_dir = tmp_path / "results" / "node-death"
     overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
-                 "workload.data.synthetic_per_class=30", "workload.data.image_size=24", "workload.train.epochs=4",
+                 "workload.data.synthetic_per_class=24", "workload.data.image_size=24", "workload.train.epochs=4",
                  "workload.train.batch_size=32",
                  "workload.train.max_failures=1", "workload.run_name=node-death", "workload.stages=[preprocess, train]"]
     job = popen_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME,

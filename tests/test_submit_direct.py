@@ -13,7 +13,6 @@ from runner.connection import Connection
 from runner.errors import ClusterRequestFailed
 from runner.submit import SubmitInterrupted, job_request, needs_ray_client, submit_job
 from tests.support.cli import REPO_ROOT
-from tests.support.waiting import wait_for_condition
 
 ID = "raysubmit_directdirectdire"
 META = {"rayjobs.name": "demo", "rayjobs.spec_hash": "0123456789abcdef"}
@@ -138,41 +137,3 @@ def test_direct_submission_does_not_import_ray():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("stop_on_interrupt", [False, True], ids=["detach", "stop"])
-def test_ctrl_c_once_the_direct_job_request_went_out_names_the_job(ray_cluster, monkeypatch, tmp_path,
-                                                                    stop_on_interrupt):
-    from typer.testing import CliRunner
-
-    from runner.api import JobsApi
-    from runner.cli import app
-    from runner.local import loopback_env
-
-    # Ctrl-C lands just after the job request was answered, before rayjobs saw the answer.
-    real_create_job = JobsApi.create_job
-
-    def create_then_interrupt(self, request):
-        real_create_job(self, request)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(JobsApi, "create_job", create_then_interrupt)
-    name = f"interrupted-direct-{'stop' if stop_on_interrupt else 'detach'}"
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(f"name: {name}\nentrypoint: python -c \"import time; time.sleep(120)\"\n")
-    flags = ["--stop-on-interrupt"] if stop_on_interrupt else []
-    result = CliRunner().invoke(app, ["submit", str(spec), *flags], env=loopback_env())
-
-    assert result.exit_code == 130, result.output
-    assert "Aborted!" not in result.output
-    job_id = next(word.strip("`;,") for word in result.stderr.split() if word.startswith("raysubmit_"))
-    api = JobsApi(Connection(address=ray_cluster.dashboard_url, source="test", headers=ray_cluster.auth_headers()))
-    assert api.get_job(job_id)["metadata"]["rayjobs.name"] == name
-    if stop_on_interrupt:
-        assert f"interrupted: stopping job {job_id} (--stop-on-interrupt)" in result.stderr
-        wait_for_condition(lambda: api.get_job(job_id)["status"] == "STOPPED", timeout_s=60)
-    else:
-        assert (f"interrupted: job {job_id} was submitted and keeps running; follow it with "
-                f"`rayjobs logs --follow {job_id}`") in result.stderr
-        assert api.get_job(job_id)["status"] in ("PENDING", "RUNNING")
-        api.stop_job(job_id)

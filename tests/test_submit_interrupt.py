@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.support.cli import popen_rayjobs
+from tests.support.cli import direct_api, popen_rayjobs
 from tests.support.waiting import wait_for_condition
 
 
@@ -61,37 +61,53 @@ def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home
     assert jobs_named(rj, "big-upload") == []
 
 
-# Through Ray's client, which a job with a working_dir to upload takes; the direct request of a job with
-# nothing to upload is interrupted the same way in tests/test_submit_direct.py.
-@pytest.mark.parametrize("stop_on_interrupt", [False, True], ids=["detach", "stop"])
-def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeypatch, tmp_path, stop_on_interrupt):
+# A job request goes out one of two ways: straight to the job API (nothing to upload), or through Ray's
+# client (a working_dir to upload). One case detaches, the other stops the job.
+@pytest.mark.parametrize("through_ray_client, stop_on_interrupt", [(False, False), (True, True)],
+                         ids=["direct-request-detach", "ray-client-stop"])
+def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeypatch, tmp_path, through_ray_client,
+                                                            stop_on_interrupt):
     from ray.job_submission import JobSubmissionClient
     from typer.testing import CliRunner
 
+    from runner.api import JobsApi
     from runner.cli import app
     from runner.local import loopback_env
 
     # Ctrl-C lands just after the job request was answered, before rayjobs saw the answer.
-    real_request = JobSubmissionClient._do_request
+    if through_ray_client:
+        real_request = JobSubmissionClient._do_request
 
-    def request_then_interrupt(self, method, endpoint, *args, **kwargs):
-        response = real_request(self, method, endpoint, *args, **kwargs)
-        if method == "POST" and endpoint.rstrip("/") == "/api/jobs":
+        def request_then_interrupt(self, method, endpoint, *args, **kwargs):
+            response = real_request(self, method, endpoint, *args, **kwargs)
+            if method == "POST" and endpoint.rstrip("/") == "/api/jobs":
+                raise KeyboardInterrupt
+            return response
+
+        monkeypatch.setattr(JobSubmissionClient, "_do_request", request_then_interrupt)
+    else:
+        real_create_job = JobsApi.create_job
+
+        def create_then_interrupt(self, request):
+            real_create_job(self, request)
             raise KeyboardInterrupt
-        return response
 
-    monkeypatch.setattr(JobSubmissionClient, "_do_request", request_then_interrupt)
+        monkeypatch.setattr(JobsApi, "create_job", create_then_interrupt)
     name = f"interrupted-{'stop' if stop_on_interrupt else 'detach'}"
-    (tmp_path / "code").mkdir()
+    runtime_env = ""
+    if through_ray_client:
+        (tmp_path / "code").mkdir()
+        runtime_env = f"runtime_env:\n  working_dir: {tmp_path / 'code'}\n"
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"name: {name}\nruntime_env:\n  working_dir: {tmp_path / 'code'}\n{SLOW_JOB}")
+    spec.write_text(f"name: {name}\n{runtime_env}{SLOW_JOB}")
     flags = ["--stop-on-interrupt"] if stop_on_interrupt else []
     result = CliRunner().invoke(app, ["submit", str(spec), *flags], env=loopback_env())
 
     assert result.exit_code == 130, result.output
     assert "Aborted!" not in result.output
     job_id = next(word.strip("`;,") for word in result.stderr.split() if word.startswith("raysubmit_"))
-    api = _api_of(ray_cluster)
+    api = direct_api(ray_cluster)
+    assert api.get_job(job_id)["metadata"]["rayjobs.name"] == name
     if stop_on_interrupt:
         assert f"interrupted: stopping job {job_id} (--stop-on-interrupt)" in result.stderr
         wait_for_condition(lambda: api.get_job(job_id)["status"] == "STOPPED", timeout_s=60)
@@ -101,9 +117,3 @@ def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeyp
         assert api.get_job(job_id)["status"] in ("PENDING", "RUNNING")
         api.stop_job(job_id)
 
-
-def _api_of(cluster):
-    from runner.api import JobsApi
-    from runner.connection import Connection
-
-    return JobsApi(Connection(address=cluster.dashboard_url, source="test", headers=cluster.auth_headers()))

@@ -320,7 +320,7 @@ def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings
 
     # SGD at an absurd rate without clipping: the weights overflow within a few steps.
     params = _params(tiny_dataset, workdir / "runs", "diverges", optimizer="sgd", lr=1e30, grad_clip_norm=None,
-                     warmup_epochs=0, epochs=3)
+                     warmup_epochs=0, epochs=3, num_workers=1)
     with pytest.raises(TrainingError) as failure:
         run_training(params, dataset_info(tiny_dataset))
     message = str(failure.value)
