@@ -28,7 +28,7 @@ from workloads.training.metrics import read_metrics_csv
 
 BUCKET = "rayjobs-vision"
 EPOCHS = 4
-PER_CLASS = 24  # 10 classes: 192 training and 48 validation images
+PER_CLASS = 20  # 10 classes: 160 training and 40 validation images
 
 
 @dataclass

@@ -126,13 +126,15 @@ def test_entry_point_reports_a_missing_dataset_in_one_line(tmp_path):
     assert len(error_lines) == 1 and "preprocess" in error_lines[0]
 
 
-def test_entry_point_runs_the_infer_stage_alone(tiny_run, tmp_path):
+def test_the_infer_stage_runs_alone_on_an_existing_run(tiny_run, tmp_path, capsys):
+    # The stage runner the entry point calls, in this process (the entry point itself, with its
+    # connection to the cluster, runs in every `rayjobs submit` of the cluster tier).
+    from workloads.vision.__main__ import run_stages
+
     params = copy_run(tiny_run, tmp_path / "runs")  # the stage writes its predictions into the run
-    params_file = tmp_path / "infer-only.json"
-    params_file.write_text(json.dumps({**json.loads(params.model_dump_json()), "stages": ["infer"]}), encoding="utf-8")
-    done = _run_module(["workloads.vision", "--params", str(params_file)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Stage 1/1: Infer" in done.stdout
-    best = tiny_run.outcome.best_checkpoint
-    assert f"Best checkpoint: {params.run_dir / best.name}" in done.stdout
-    assert f"Inference accuracy: {tiny_run.inference['accuracy']:.4f}" in done.stdout
+    produced = run_stages(params.model_copy(update={"stages": ["infer"]}))
+    printed = capsys.readouterr().out
+    assert "Stage 1/1: Infer" in printed and "Train" not in printed
+    assert f"Best checkpoint: {params.run_dir / tiny_run.outcome.best_checkpoint.name}" in printed
+    assert produced["infer"]["accuracy"] == tiny_run.inference["accuracy"]
+    assert f"Inference accuracy: {tiny_run.inference['accuracy']:.4f}" in printed

@@ -30,7 +30,9 @@ def digits(tmp_path_factory) -> Path:
 def test_mnist_spec_learns_real_handwritten_digits_with_ray_data(ray_cluster, ray_cluster_home, digits, tmp_path):
     result = submit(ray_cluster_home, "specs/mnist.yaml", f"workload.data.root={digits}",
                     f"workload.data.output_dir={tmp_path / 'parquet'}", f"workload.storage_path={tmp_path / 'results'}",
-                    "workload.run_name=digits", f"workload.train.epochs={MNIST_EPOCHS}")
+                    "workload.run_name=digits", f"workload.train.epochs={MNIST_EPOCHS}",
+                    # Inference on raw arrays is the CIFAR test's; here it would only repeat it.
+                    "workload.stages=[preprocess, train]")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "SUCCEEDED" in result.stderr
     manifest = json.loads((tmp_path / "parquet" / "_manifest.json").read_text())
@@ -46,10 +48,6 @@ def test_mnist_spec_learns_real_handwritten_digits_with_ray_data(ray_cluster, ra
     meta = json.loads(sorted(run_dir.glob("checkpoint_*/meta.json"))[-1].read_text())
     assert meta["val_rows"] == 359  # every validation row counted once
 
-    predictions = pq.read_table(run_dir / "predictions").to_pylist()
-    assert len(predictions) == 359
-    reported = json.loads((run_dir / "inference_metrics.json").read_text())
-    assert reported["accuracy"] == pytest.approx(sum(p["label"] == p["predicted_label"] for p in predictions) / 359)
     assert (run_dir / "loss_curve.png").stat().st_size > 1000
 
 

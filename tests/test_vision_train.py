@@ -302,7 +302,7 @@ def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbo
     monkeypatch.setenv("TORCH_HOME", str(workdir / "torch"))
     try:
         outcome = run_training(_params(tiny_dataset, workdir / "runs", "imagenet", weights="imagenet",
-                                       freeze_epochs=1, lr=None), dataset_info(tiny_dataset))
+                                       freeze_epochs=1, lr=None, num_workers=1), dataset_info(tiny_dataset))
     finally:
         seeded.unlink()  # 45 MB
     frozen = torch.load(outcome.run_dir / "checkpoint_epoch_0001" / "state.pt", map_location="cpu", weights_only=False)
