@@ -103,7 +103,7 @@ def main() -> None:
 
         print()
         medians = {label: statistics.median(values) for label, values in times.items()}
-        for ours, theirs, target in (("rayjobs submit", "ray job submit", 0.5), ("rayjobs status", "ray job status",
+        for ours, theirs, target in (("rayjobs submit", "ray job submit", 0.25), ("rayjobs status", "ray job status",
                                                                                    0.35)):
             ratio = medians[ours] / medians[theirs]
             print(f"{ours:<16} median {medians[ours]:.2f}s | {theirs:<16} median {medians[theirs]:.2f}s | "

@@ -9,4 +9,6 @@
 - ``images``, ``arrays``: datasets written in the real formats (Food-101, ImageFolder, Parquet, IDX, CIFAR)
 - ``train_faults``: a training worker that dies mid-run, armed through Ray's worker setup hook
 - ``shared_data``: the reference data kept beside the project, and the reason to skip when it is absent
+- ``tiny_run``: the one small training run the workload tests share (the ``tiny_run`` fixture)
+- ``follow_scenarios``: the follower's fault scenarios, run in the background through the cluster tier
 """
