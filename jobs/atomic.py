@@ -80,9 +80,9 @@ def recover_dir(final: Path) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # a PermissionError would mean someone else's live process
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process: alive
-        return True
+    except PermissionError:
+        pass
     return True

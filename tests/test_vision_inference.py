@@ -46,7 +46,7 @@ def test_batch_predictions_match_reported_metrics(tiny_run):
     assert saved["accuracy"] == metrics["accuracy"] and saved["confusion_matrix"] == matrix
     assert (run_dir / "confusion_matrix.png").stat().st_size > 1000
     assert (run_dir / "loss_curve.png").stat().st_size > 1000
-    assert not list(run_dir.glob(".predictions-*"))  # staging directory gone
+    assert not list(run_dir.glob(".predictions.*"))  # staging directory gone
 
 
 def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inference(tiny_run):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,7 +239,8 @@ def _write_predictions_locally(predictions, run_dir: Path, started: float) -> fl
     """Write the predictions to ``run_dir/predictions`` (replacing the old ones at once); return the seconds taken
     since ``started``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    staged = run_dir / f".{PREDICTIONS_DIR}-tmp-{uuid.uuid4().hex[:8]}"
+    atomic.recover_dir(run_dir / PREDICTIONS_DIR)
+    staged = atomic.staging_dir(run_dir / PREDICTIONS_DIR)
     try:
         predictions.write_parquet(str(staged), ray_remote_args={"num_cpus": 0})
         seconds = time.perf_counter() - started
