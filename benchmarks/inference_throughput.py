@@ -40,7 +40,7 @@ def make_checkpoint(directory: Path, size: int) -> Path:
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.model import STATE_FILE, build_model
+    from workloads.vision.training.model import STATE_FILE, build_model
 
     directory.mkdir(parents=True, exist_ok=True)
     layout = ImageLayout.photos(size)
@@ -53,7 +53,7 @@ def make_checkpoint(directory: Path, size: int) -> Path:
 def actor_pool(files: list[str], checkpoint: Path, batch: int, actors: int) -> tuple[float, float, float]:
     """(images/s end to end, seconds until the first predictions, images/s after them)."""
     from workloads.vision.config import InferConfig
-    from workloads.vision.inference import prediction_dataset
+    from workloads.vision.inference.stage import prediction_dataset
 
     start = time.perf_counter()
     config = InferConfig(batch_size=batch, num_actors=actors, cpus_per_actor=1)
@@ -71,7 +71,7 @@ def per_image_tasks(files: list[str], checkpoint: Path, count: int) -> float:
     import pyarrow.parquet as pq
     import ray
 
-    from workloads.vision.inference import classify_image_task
+    from workloads.vision.inference.classify import classify_image_task
 
     images = pq.read_table(files[0], columns=["image"]).column("image").to_pylist()[:count]
     start = time.perf_counter()
@@ -85,7 +85,7 @@ def single_process(files: list[str], checkpoint: Path, batch: int, threads: int)
     import torch
 
     from workloads.vision.images import decode_batch
-    from workloads.vision.inference import classify_tensors, load_checkpoint_model
+    from workloads.vision.inference.classify import classify_tensors, load_checkpoint_model
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -49,8 +49,8 @@ COLUMNS = [("images_per_s", "images/s", 1), ("data_wait_s", "data wait s", 2), (
 def run_mode(data: Path, storage: Path, name: str, settings: dict, args) -> dict[str, float]:
     """Train once; return the last epoch's metrics."""
     from workloads.vision.config import VisionParams
-    from workloads.vision.dataset_format import load_dataset_info
-    from workloads.vision.train import run_training
+    from workloads.vision.reading.manifest import load_dataset_info
+    from workloads.vision.training.stage import run_training
 
     params = VisionParams.model_validate({
         "run_name": name, "storage_path": str(storage),

@@ -66,8 +66,8 @@ def run_workload(spec: Path, overrides: list[str], cpus: int) -> tuple[list[dict
     import ray
 
     from jobs.loader import load_spec
-    from workloads.vision.preprocess import run_preprocess
-    from workloads.vision.train import run_training
+    from workloads.vision.preprocess.stage import run_preprocess
+    from workloads.vision.training.stage import run_training
 
     params = load_spec(spec, overrides).workload
     start_private_ray(cpus, log_to_driver=True)

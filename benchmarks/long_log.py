@@ -75,7 +75,7 @@ class Follower:
         self.proxy.__enter__()
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runner.cli", "logs", "--follow", job_id, "--address", self.proxy.address,
+            [sys.executable, "-m", "runner.cli.app", "logs", "--follow", job_id, "--address", self.proxy.address,
              "--give-up-after", "120"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=code_dir, stdin=subprocess.DEVNULL,
             env=dict(env, PYTHONPATH=str(code_dir)))
@@ -182,7 +182,7 @@ def follow_one(label: str, code_dir: Path, spec: Path, lines: int, home: Path, c
 
 def _follow(label: str, code_dir: Path, spec: Path, lines: int, cluster: Any, env: dict[str, str],
             cut_every: float) -> dict[str, Any]:
-    submitted = subprocess.run([sys.executable, "-m", "runner.cli", "submit", str(spec), "--no-wait",
+    submitted = subprocess.run([sys.executable, "-m", "runner.cli.app", "submit", str(spec), "--no-wait",
                                 "--address", cluster.dashboard_url], capture_output=True, text=True,
                                env=env, cwd=REPO, check=True)
     job_id = submitted.stdout.strip()

@@ -46,7 +46,7 @@ def run_on(nodes: int, cpus_per_node: int, epochs: int, scratch: Path, tag: str,
     cluster = local.start(name=name, num_cpus=cpus_per_node, nodes=nodes)
     try:
         command = [
-            sys.executable, "-m", "runner.cli", "submit", "specs/quickstart.yaml", "--cluster", cluster.name,
+            sys.executable, "-m", "runner.cli.app", "submit", "specs/quickstart.yaml", "--cluster", cluster.name,
             "--set", "workload.stages=[preprocess, train]",
             "--set", f"workload.run_name={tag}",
             "--set", f"workload.storage_path={scratch / 'results'}",

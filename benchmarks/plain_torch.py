@@ -3,7 +3,7 @@
 A baseline that copies the workload's loop goes stale the day the loop changes (a new
 memory format, a communication hook, another optimizer). So the baselines here run the
 workload's own code: ``setup_worker``, ``train_one_epoch``, ``evaluate`` and
-``epoch_metrics`` from ``workloads.vision.loop``, built from the very config that
+``epoch_metrics`` from ``workloads.vision.training.loop``, built from the very config that
 ``run_training`` hands to Ray Train. Only the calls into Ray Train are swapped for what
 plain PyTorch does in their place (:func:`without_ray_train`), so the difference between
 the two sides is Ray Train's and nothing else.
@@ -32,7 +32,7 @@ if str(REPO_ROOT) not in sys.path:
 
 def workload_loop_config(params, info) -> dict:
     """The ``train_loop_config`` that ``run_training(params, info)`` gives TorchTrainer, taken instead of fitted."""
-    from workloads.vision import train
+    from workloads.vision.training import stage as train
 
     captured: dict[str, Any] = {}
 
@@ -86,7 +86,7 @@ def without_ray_train(rank: int, world_size: int) -> Iterator[None]:
 
 def setup_plain_worker(config: dict, rank: int, world_size: int):
     """The workload's ``Worker`` (model, optimizer, schedule, batches) built without Ray Train."""
-    from workloads.vision.loop import setup_worker
+    from workloads.vision.training.loop import setup_worker
 
     with without_ray_train(rank, world_size):
         return setup_worker(config)
@@ -148,7 +148,7 @@ def ddp_main(config_file: str) -> None:
     """One torchrun rank: the workload's epochs (train, evaluate, metrics), no checkpoints."""
     import torch.distributed as dist
 
-    from workloads.vision.loop import epoch_metrics, evaluate, train_one_epoch
+    from workloads.vision.training.loop import epoch_metrics, evaluate, train_one_epoch
 
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()

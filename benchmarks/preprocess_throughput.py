@@ -32,10 +32,11 @@ import pyarrow as pa  # noqa: E402
 from benchmarks.common import (Result, Spread, Stamp, add_json_option, alternate, plural,  # noqa: E402
                                start_private_ray)
 from tests.support.images import photo_like_jpeg  # noqa: E402
-from workloads.vision import dataset_format, preprocess  # noqa: E402
+from workloads.vision.preprocess import stage as preprocess  # noqa: E402
+from workloads.vision.preprocess import writing as dataset_format  # noqa: E402
 from workloads.vision.config import DataConfig  # noqa: E402
 from workloads.vision.images import square_jpeg_from_bytes  # noqa: E402
-from workloads.vision.sources import list_source  # noqa: E402
+from workloads.vision.sources.photos import list_source  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "food101-sample"
 SAMPLE_CLASSES = ["pizza", "hamburger", "sushi", "ramen", "steak", "burrito"]

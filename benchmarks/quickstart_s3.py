@@ -39,7 +39,7 @@ def submit_quickstart(cluster: str, tag: str, data: str, results: str, env_vars:
                       overrides: list[str]) -> float:
     """``rayjobs submit specs/quickstart.yaml`` with its data and results at the given places; return seconds."""
     command = [
-        sys.executable, "-m", "runner.cli", "submit", "specs/quickstart.yaml", "--cluster", cluster,
+        sys.executable, "-m", "runner.cli.app", "submit", "specs/quickstart.yaml", "--cluster", cluster,
         "--set", f"workload.run_name={tag}",
         "--set", f"workload.storage_path={results}",
         "--set", f"workload.data.output_dir={data}",

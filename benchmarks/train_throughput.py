@@ -97,8 +97,8 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 def ray_train_rate(data: Path, storage: Path, name: str, args) -> float:
     """Train once through ``run_training``; the last epoch's images/s."""
-    from workloads.vision.dataset_format import load_dataset_info
-    from workloads.vision.train import run_training
+    from workloads.vision.reading.manifest import load_dataset_info
+    from workloads.vision.training.stage import run_training
 
     outcome = run_training(vision_params(storage, name, args), load_dataset_info(data))
     shutil.rmtree(outcome.run_dir, ignore_errors=True)
@@ -122,8 +122,8 @@ def torchrun_rate(config_file: Path, seen: dict) -> float:
 
 def data_path_sides(data: Path, storage: Path, args) -> dict:
     """Two callables, one epoch each of the workload's training pass: from Parquet, and from memory."""
-    from workloads.vision.dataset_format import load_dataset_info
-    from workloads.vision.loop import train_one_epoch
+    from workloads.vision.reading.manifest import load_dataset_info
+    from workloads.vision.training.loop import train_one_epoch
 
     # One of the two workers of part 1: half the global batch, one thread, no process group.
     params = vision_params(storage, "data-path", args, batch_size=max(1, args.batch // 2), num_workers=1,
@@ -181,7 +181,7 @@ def main() -> None:
         if not args.skip_ddp:
             import ray
 
-            from workloads.vision.dataset_format import load_dataset_info
+            from workloads.vision.reading.manifest import load_dataset_info
 
             # Built once: the baseline trains from exactly what run_training would hand Ray Train.
             config_file = scratch / "loop_config.json"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
+
+from jobs.object_store import uri_scheme
 
 # Names that reach this machine's loopback interface, where local clusters listen.
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})
@@ -17,9 +20,10 @@ def normalize_address(address: str) -> str:
     Plain Python on purpose: the CLI calls it on paths that must not import pydantic.
     """
     address = address.strip().rstrip("/")
-    if "://" not in address:
+    if uri_scheme(address) is None:
         address = "http://" + address
-    scheme, rest = address.split("://", 1)
+    scheme = uri_scheme(address) or ""
+    rest = address[len(scheme) + 3:]
     if scheme.lower() not in ("http", "https"):
         hint = " (ray:// is the Ray Client port; jobs go to the dashboard, usually http://host:8265)" \
             if scheme.lower() == "ray" else ""
@@ -41,3 +45,16 @@ def dashboard_endpoint(address: str) -> tuple[str, int]:
     if host in _LOOPBACK_NAMES:
         host = "127.0.0.1"
     return host, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether ``host`` is this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
+    if not host:
+        return False
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

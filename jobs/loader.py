@@ -20,13 +20,18 @@ from jobs.yaml_reader import read_yaml_mapping
 
 @dataclass
 class LoadedSpec:
-    """A validated spec and where it came from."""
+    """A validated spec and where it came from: its file, and which fields a ``--set`` gave."""
 
     path: Path | None
     spec: JobSpec
     workload_kind: str | None = None
     workload: BaseModel | None = None
     overrides: list[str] = field(default_factory=list)
+    set_by: dict[FieldPath, str] = field(default_factory=dict)  # field path -> the ``--set …`` that gave it
+
+    def source_of(self, *path: str) -> str:
+        """Where a field's value came from, for messages: ``--set address=…`` or ``'address' in FILE``."""
+        return self.set_by.get(tuple(path)) or f"'{'.'.join(path)}' in {self.file}"
 
     @property
     def file(self) -> str:
@@ -95,7 +100,7 @@ def validate_spec_data(
             problems += exc.problems
     if problems or spec is None:
         raise SpecError(file, problems)
-    return LoadedSpec(path, spec, kind, workload, overrides)
+    return LoadedSpec(path, spec, kind, workload, overrides, from_cli)
 
 
 def _validate_workload(

@@ -127,7 +127,7 @@ def s3_filesystem(settings: S3Settings, bucket: str) -> Any:
         "region": settings.region or _bucket_region(settings, bucket),
     }
     if settings.endpoint:
-        parsed = urlparse(settings.endpoint if "://" in settings.endpoint else f"https://{settings.endpoint}")
+        parsed = urlparse(settings.endpoint if uri_scheme(settings.endpoint) else f"https://{settings.endpoint}")
         options["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
         options["scheme"] = parsed.scheme
     if settings.access_key:

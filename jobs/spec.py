@@ -24,6 +24,7 @@ from pydantic import (
 
 from jobs.address import normalize_address
 from jobs.errors import did_you_mean
+from jobs.object_store import uri_scheme
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 from jobs.strict import StrictModel
 
@@ -77,7 +78,7 @@ def _env_value_to_str(value: Any) -> Any:
     # that plain scalars are converted (true/false as lowercase); anything else is an error.
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (int, float)):
         return str(value)
     if value is None:
         raise ValueError("has no value; write an empty string \"\" to set it empty")
@@ -92,7 +93,7 @@ EnvValue = Annotated[str, BeforeValidator(_env_value_to_str)]
 
 def _check_local_path(value: str, info: ValidationInfo) -> str:
     """A local path must exist; it is made absolute against the spec's directory."""
-    if "://" in value:
+    if uri_scheme(value) is not None:
         return value  # a remote URI (s3://, gs://, https://…zip) is the cluster's business
     path = resolve_spec_path(value, (info.context or {}).get(SPEC_DIR_CONTEXT_KEY) or Path.cwd())
     try:
@@ -167,7 +168,7 @@ class RuntimeEnv(StrictModel):
         if value is None:
             return None
         checked = _check_local_path(value, info)
-        if "://" not in checked and not Path(checked).is_dir():
+        if uri_scheme(checked) is None and not Path(checked).is_dir():
             raise ValueError(f"{value!r} is not a directory")
         return checked
 

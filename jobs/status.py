@@ -17,10 +17,6 @@ class JobStatus(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    def is_terminal(self) -> bool:
-        """True for the states a job never leaves: SUCCEEDED, FAILED, STOPPED."""
-        return self in TERMINAL_STATUSES
-
 
 TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
 

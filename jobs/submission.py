@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from jobs.keys import METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
+from jobs.object_store import uri_scheme
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
@@ -18,6 +19,19 @@ DEFAULT_EXCLUDES = [
     ".git", ".hg", ".venv", "venv", "env/", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
     ".ruff_cache", ".hypothesis", "*.egg-info", "node_modules", ".ipynb_checkpoints", ".tox", ".DS_Store",
 ]
+
+
+def local_runtime_paths(runtime_env: dict[str, Any]) -> list[tuple[str, str]]:
+    """The runtime_env entries that name local paths, as ``(field, path)``: what must be packaged and uploaded.
+
+    Any URI (``s3://``, ``gs://``, ``https://…zip``, ``file://…zip``) is already where Ray fetches it from.
+    """
+    found = []
+    working_dir = runtime_env.get("working_dir")
+    if working_dir and uri_scheme(working_dir) is None:
+        found.append(("working_dir", working_dir))
+    found += [("py_modules", module) for module in runtime_env.get("py_modules") or [] if uri_scheme(module) is None]
+    return found
 
 
 def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
@@ -37,7 +51,7 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
         env_vars[WORKLOAD_ENV_VAR] = json.dumps(
             {"kind": loaded.workload_kind, **loaded.workload.model_dump(mode="json")}, sort_keys=True
         )
-    if "working_dir" in runtime_env and "://" not in runtime_env["working_dir"]:
+    if dict(local_runtime_paths(runtime_env)).get("working_dir"):
         excludes = list(runtime_env.get("excludes", []))
         runtime_env["excludes"] = excludes + [pattern for pattern in DEFAULT_EXCLUDES if pattern not in excludes]
     submission: dict[str, Any] = {

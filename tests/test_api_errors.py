@@ -6,8 +6,8 @@ import http.server
 
 import pytest
 
-from runner.api import JobsApi
-from runner.connection import Connection
+from runner.client.jobs_api import JobsApi
+from runner.client.connection import Connection
 from runner.errors import NotADashboard
 from tests.support.cli import loopback_http_server, run_rayjobs, send_body
 

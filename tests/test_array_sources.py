@@ -23,7 +23,7 @@ from workloads.vision.errors import DataSourceError
 
 
 def _load(source: str, root: Path, **settings):
-    from workloads.vision.arrays import load_array_source
+    from workloads.vision.sources.arrays import load_array_source
 
     return load_array_source(DataConfig(source=source, root=root, output_dir=root.parent / "out", **settings))
 
@@ -164,8 +164,8 @@ def test_preprocess_writes_raw_arrays_that_decode_to_the_source_pixels(tmp_path)
     import pyarrow.parquet as pq
 
     from workloads.vision.images import decode_batch
-    from workloads.vision.dataset_format import load_dataset_info
-    from workloads.vision.preprocess import run_preprocess
+    from workloads.vision.reading.manifest import load_dataset_info
+    from workloads.vision.preprocess.stage import run_preprocess
 
     write_pattern_mnist(tmp_path / "m", {"train": 5, "test": 2}, gz=True)
     data = DataConfig(source="mnist", root=tmp_path / "m", output_dir=tmp_path / "out", rows_per_file=16)
@@ -243,7 +243,7 @@ def test_vision_transformer_is_built_to_the_configured_shape():
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.model import build_model
+    from workloads.vision.training.model import build_model
 
     cfg = TrainConfig(model="vit", vit={"patch_size": 4, "num_layers": 2, "num_heads": 2, "hidden_dim": 32,
                                         "mlp_dim": 64})

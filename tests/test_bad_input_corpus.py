@@ -29,12 +29,14 @@ from typer.testing import CliRunner
 from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.yaml_reader import MAX_SPEC_BYTES
-from runner.cli import app
+from runner.cli.app import app
 from tests.support.cli import run_rayjobs
 from tests.support.images import jpeg_bytes, make_hf_shards, write_text_as_jpeg, write_truncated_jpeg
 from workloads.vision.config import DataConfig
-from workloads.vision.payloads import PayloadReader, Skip, encode_payload
-from workloads.vision.sources import DataSourceError, SourceItem, list_source
+from workloads.vision.errors import DataSourceError
+from workloads.vision.preprocess.payloads import PayloadReader, Skip, encode_payload
+from workloads.vision.sources.listing import SourceItem
+from workloads.vision.sources.photos import list_source
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "specs"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,20 @@ def test_failing_job_exit_code_and_summary(rj, tmp_path):
     assert "JOB_ENTRYPOINT_COMMAND_ERROR" in result.stderr
     assert "last lines of its log" in result.stderr
     assert "failing on purpose" in result.stderr.split("last lines of its log")[1]
+
+
+def test_a_proxy_in_the_environment_does_not_stand_between_rayjobs_and_a_local_cluster(ray_cluster_home):
+    # A corporate HTTP(S)_PROXY with no NO_PROXY; the proxy's port on loopback has nothing listening.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_proxy = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    env = cli_env(ray_cluster_home, HTTP_PROXY=dead_proxy, HTTPS_PROXY=dead_proxy, http_proxy=dead_proxy,
+                  https_proxy=dead_proxy)
+    env.pop("NO_PROXY", None)
+    env.pop("no_proxy", None)
+    listed = run_rayjobs("list", "--output", "json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert isinstance(json.loads(listed.stdout), list)
 
 
 def test_json_output_keeps_stdout_parsable(rj, tmp_path):

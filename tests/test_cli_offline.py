@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from runner.exit_codes import ExitCode, exit_code_for_status
+from runner.errors import ExitCode, exit_code_for_status
 from tests.support.cli import run_rayjobs, write_spec
 
 

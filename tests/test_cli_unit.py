@@ -1,6 +1,6 @@
 """The ``rayjobs`` command in-process (typer's CliRunner) against a scripted client: messages and exit codes.
 
-The client comes from one factory, ``runner.cli.make_client``; these tests replace it, so
+The client comes from one factory, ``runner.cli.app.make_client``; these tests replace it, so
 everything before it (flags, spec loading, address precedence) and after it (the run policy,
 rendering, exit codes) is the real code.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runner import cli
-from runner.connection import Connection
+from runner.cli import app as cli
+from runner.client.connection import Connection
 from runner.errors import ClusterUnreachable
-from runner.submit import SubmitInterrupted
+from runner.client.submission import SubmitInterrupted
 from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
 
 ADDRESS = ["--address", FAKE_ADDRESS]
@@ -34,7 +34,7 @@ def client(monkeypatch) -> FakeClient:
     fake = FakeClient()
     fake.connections = []
 
-    def make_client(connection: Connection) -> FakeClient:
+    def make_client(connection: Connection, retry_for_s: float = 0.0) -> FakeClient:
         fake.connections.append(connection)
         fake.connection = connection
         return fake

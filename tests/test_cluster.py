@@ -17,7 +17,7 @@ import requests
 
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 from runner import local
-from runner.exit_codes import ExitCode
+from runner.errors import ExitCode
 from runner.local import ClusterError, LocalCluster, cluster_dir, cluster_processes, loopback_env, rayjobs_home
 from runner.local.ports import free_ports
 from runner.local.processes import psutil_module

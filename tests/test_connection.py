@@ -12,7 +12,7 @@ import pytest
 from jobs.address import normalize_address
 from runner import local
 from runner.local import LocalCluster, cluster_dir
-from runner.connection import parse_header, resolve_connection
+from runner.client.connection import parse_header, resolve_connection
 from runner.errors import BadInput, NoCluster
 
 

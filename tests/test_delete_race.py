@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from runner.api import JobsApi
-from runner.connection import Connection
+from runner.client.jobs_api import JobsApi
+from runner.client.connection import Connection
 from tests.support.cli import loopback_http_server, send_body
 
 JOB_ID = "raysubmit_ended"

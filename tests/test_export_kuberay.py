@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from jobs.keys import WORKLOAD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import build_submission
-from runner.cli import app
-from runner.kuberay import Demand, WorkerGroup, size_worker_group
+from runner.cli.app import app
+from jobs.workload_contract import Demand
+from runner.export.kuberay import WorkerGroup, size_worker_group
 from tests.support.cli import REPO_ROOT, run_rayjobs
 from tests.support.s3_server import create_bucket
 from tests.support.s3_server import s3_client as _s3_client
@@ -217,7 +218,7 @@ def test_fields_without_a_rayjob_equivalent_are_named_in_warnings(tmp_path, rayj
         "entrypoint_num_cpus: 1.5\nentrypoint_num_gpus: 0\nentrypoint_memory: 2GiB\n"
         "entrypoint_resources: {accel: 1}\nentrypoint_label_selector: {zone: a}\n"
         "address: http://head:8265\nsubmission_id: unmapped-1\nstart_timeout_s: 90.5\n"
-        "workload:\n  kind: vision\n  stages: [preprocess]\n  train:\n    resources_per_worker: {accel: 1}\n")
+        "workload:\n  kind: vision\n  stages: [preprocess]\n")
     code, manifest, stderr = export(str(spec))
     assert code == 0, stderr
     assert_valid_rayjob(manifest, rayjob_schema)
@@ -230,9 +231,19 @@ def test_fields_without_a_rayjob_equivalent_are_named_in_warnings(tmp_path, rayj
     assert head["rayStartParams"]["num-cpus"] == "2"  # the driver's 1.5 CPUs must exist on the head
     assert json.loads(head["rayStartParams"]["resources"].strip('"').replace('\\"', '"')) == {"accel": 1}
     warnings = [line for line in stderr.splitlines() if line.startswith("rayjobs: warning:")]
-    for field_name in ("entrypoint_memory", "entrypoint_label_selector", "address", "resources_per_worker"):
+    for field_name in ("entrypoint_memory", "entrypoint_label_selector", "address"):
         assert any(field_name in line for line in warnings), (field_name, stderr)
     assert "note: workload 'vision' does not say how many workers it needs" in stderr  # no train stage
+
+
+def test_custom_resources_of_training_workers_are_named_in_a_warning(tmp_path):
+    spec = tmp_path / "custom.yaml"
+    spec.write_text("name: custom\nentrypoint: python -m workloads.vision\nruntime_env:\n  working_dir: s3://b/p.zip\n"
+                    "workload:\n  kind: vision\n  stages: [train]\n  train:\n    resources_per_worker: {accel: 1}\n")
+    code, manifest, stderr = export(str(spec))
+    assert code == 0, stderr
+    warnings = [line for line in stderr.splitlines() if line.startswith("rayjobs: warning:")]
+    assert any("train.resources_per_worker" in line and '"accel": 1' in line for line in warnings), stderr
 
 
 def test_secrets_are_placeholders_never_values(tmp_path):

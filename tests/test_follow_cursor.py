@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from runner.log_cursor import LogCursor
-from runner.log_resume import ANCHOR_BYTES, KEPT_BYTES, REPLAY_BELOW_BYTES, Misaligned, TailAligner, plan_resume
+from runner.follow.log_cursor import LogCursor
+from runner.client.log_resume import ANCHOR_BYTES, KEPT_BYTES, REPLAY_BELOW_BYTES, Misaligned, TailAligner, plan_resume
 
 
 def test_replayed_stream_prints_each_byte_once():

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from runner.api import JobsApi
-from runner.connection import Connection
-from runner.follow import Follower
+from runner.client.jobs_api import JobsApi
+from runner.client.connection import Connection
+from runner.follow.follower import Follower
 
 JOB_ID = "raysubmit_fallback"
 LOG = "line 0\nline 1\nline 2\nline 3 caf\u00e9\n"

@@ -64,6 +64,17 @@ def _resolve_in_subprocess(hf_home: Path, hub_id: str, **env: str) -> subprocess
                           env=variables, cwd=REPO_ROOT)
 
 
+def test_importing_the_workload_leaves_the_environment_alone():
+    # The offline defaults are set by the functions that load the Hugging Face libraries, not on import.
+    code = ("import os\nbefore = dict(os.environ)\nimport workloads.hf_vit.__main__, workloads.hf_vit.train\n"
+            "print(sorted(set(os.environ.items()) ^ set(before.items())))\n")
+    env = {key: value for key, value in os.environ.items() if not key.endswith("_OFFLINE")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, env=env,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_a_hub_model_id_is_read_from_a_pre_seeded_cache(tmp_path):
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
     from transformers import ViTConfig, ViTForImageClassification

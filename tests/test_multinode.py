@@ -14,12 +14,12 @@ from typing import Iterator
 import pytest
 
 from tests.support.waiting import wait_for_condition
-from runner.exit_codes import ExitCode
+from runner.errors import ExitCode
 from runner.local import LocalCluster, cluster_processes
 from runner.local.nodes import dashboard_json
 from runner.local.state import WorkerNode
 from runner.local.processes import psutil_module
-from runner.local.storage_note import is_local_path, local_shared_paths, shared_storage_note
+from runner.client.preflight import is_local_location, local_shared_locations, shared_storage_note
 from runner.local.workers import object_store_bytes
 from tests.support.cli import cli_env, popen_rayjobs, read_metrics_csv, run_rayjobs
 
@@ -49,8 +49,10 @@ print("distinct nodes:", len(set(ids)))
 '''
 
 
-def _submission_with_workload(workload: dict) -> dict:
-    return {"entrypoint": "true", "runtime_env": {"env_vars": {"RAYJOBS_WORKLOAD": json.dumps(workload)}}}
+def _vision_workload(workload: dict):
+    from workloads.vision.config import VisionParams
+
+    return VisionParams.model_validate(workload)
 
 
 # ----------------------------------------------------------------- no cluster needed
@@ -61,22 +63,21 @@ def _submission_with_workload(workload: dict) -> dict:
     ("s3://bucket/results", False), ("gs://bucket/x", False), ("abfss://c@a.dfs.core.windows.net/x", False),
 ])
 def test_storage_locations_are_told_apart(value, local):
-    assert is_local_path(value) is local
+    assert is_local_location(value) is local
 
 
 def test_local_shared_paths_finds_storage_path_and_output_dir():
-    submission = _submission_with_workload(
-        {"kind": "vision", "storage_path": "/r", "data": {"output_dir": "/d", "root": "/elsewhere"}})
-    assert local_shared_paths(submission) == {"storage_path": "/r", "data.output_dir": "/d"}
-    remote = _submission_with_workload({"kind": "vision", "storage_path": "s3://b/r", "data": {"output_dir": "gs://b/d"}})
-    assert local_shared_paths(remote) == {}
-    assert local_shared_paths({"entrypoint": "true"}) == {}
+    workload = _vision_workload({"storage_path": "/r", "data": {"output_dir": "/d", "root": "/elsewhere"}})
+    assert local_shared_locations(workload) == {"storage_path": "/r", "data.output_dir": "/d"}
+    remote = _vision_workload({"storage_path": "s3://bucket/r", "data": {"output_dir": "s3://bucket/d"}})
+    assert local_shared_locations(remote) == {}
+    assert local_shared_locations(None) == {}
 
 
 def test_no_storage_note_without_a_local_cluster():
-    submission = _submission_with_workload({"kind": "vision", "storage_path": "/r"})
-    assert shared_storage_note(None, submission) is None
-    assert shared_storage_note("not-running", submission) is None
+    workload = _vision_workload({"storage_path": "/r"})
+    assert shared_storage_note(None, workload) is None
+    assert shared_storage_note("not-running", workload) is None
 
 
 def test_object_store_fits_several_nodes():

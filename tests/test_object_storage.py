@@ -84,6 +84,16 @@ def test_aws_credentials_are_masked(name):
 # --------------------------------------------------------------------------- the storage helper
 
 
+def test_a_file_uri_is_a_local_path_as_the_client_takes_it(tmp_path):
+    assert storage.storage_path(f"file://{tmp_path}/runs") == tmp_path / "runs"
+    assert storage.storage_path("file://localhost/data/two%20words") == Path("/data/two words")
+    assert storage.local_path(storage.resolved(f"file://{tmp_path}")) == tmp_path.resolve()
+    with pytest.raises(ValueError, match="names the host 'elsewhere'"):
+        storage.storage_path("file://elsewhere/data")
+    with pytest.raises(ValueError, match="gs:// is not supported"):
+        storage.storage_path("gs://bucket/data")
+
+
 def test_filesystem_helper_reads_the_aws_variables(bucket, s3_endpoint):
     from pyarrow.fs import FileType, LocalFileSystem, S3FileSystem
 
@@ -157,9 +167,10 @@ def _mnist_data(tmp_path: Path, output_dir: str, **extra):
 
 
 def test_preprocess_writes_parquet_and_manifest_last_and_reuses_them(bucket, s3_endpoint, tmp_path, capsys):
-    from workloads.vision.dataset import ParquetImageDataset, split_files
-    from workloads.vision.dataset_format import MANIFEST_NAME, WRITING_MARKER, load_dataset_info
-    from workloads.vision.preprocess import run_preprocess
+    from workloads.storage import WRITING_MARKER
+    from workloads.vision.preprocess.stage import run_preprocess
+    from workloads.vision.reading.manifest import MANIFEST_NAME, load_dataset_info
+    from workloads.vision.reading.torch_dataset import ParquetImageDataset, split_files
 
     data = _mnist_data(tmp_path, f"s3://{bucket}/datasets/digits")
     info = run_preprocess(data, progress=False)
@@ -177,7 +188,8 @@ def test_preprocess_writes_parquet_and_manifest_last_and_reuses_them(bucket, s3_
     assert again.reused and "preprocess: reusing s3://rayjobs-storage/datasets/digits" in capsys.readouterr().out
 
     # A rebuild that fails halfway leaves no manifest: the prefix is no longer taken as a dataset...
-    from workloads.vision import dataset_format
+    from workloads.vision.errors import DataSourceError
+    from workloads.vision.preprocess import writing as dataset_format
 
     original_close = dataset_format.SplitWriter.close
 
@@ -191,7 +203,7 @@ def test_preprocess_writes_parquet_and_manifest_last_and_reuses_them(bucket, s3_
     finally:
         dataset_format.SplitWriter.close = original_close
     assert f"datasets/digits/{MANIFEST_NAME}" not in object_keys(s3_endpoint, bucket, "datasets/digits/")
-    with pytest.raises(dataset_format.DataSourceError, match="no preprocessed dataset"):
+    with pytest.raises(DataSourceError, match="no preprocessed dataset"):
         load_dataset_info(data.output_dir)
     # ...and the next run may replace what the failed one left.
     assert not run_preprocess(data, progress=False).reused
@@ -200,7 +212,7 @@ def test_preprocess_writes_parquet_and_manifest_last_and_reuses_them(bucket, s3_
 
 def test_preprocess_refuses_a_prefix_holding_other_objects(bucket, s3_endpoint, tmp_path):
     from workloads.vision.errors import DataSourceError
-    from workloads.vision.preprocess import run_preprocess
+    from workloads.vision.preprocess.stage import run_preprocess
 
     storage.write_text(ObjectPath(f"s3://{bucket}/precious/notes.txt"), "keep me")
     with pytest.raises(DataSourceError, match="holds objects but no _manifest.json"):
@@ -238,8 +250,8 @@ def test_vision_entry_point_exits_2_with_one_line_before_touching_ray(case, aws_
 
 def test_ray_data_reads_the_training_splits_from_s3(workload_ray, bucket, tmp_path):
     from workloads.vision.config import TrainConfig
-    from workloads.vision.ingest import training_datasets
-    from workloads.vision.preprocess import run_preprocess
+    from workloads.vision.reading.ray_datasets import training_datasets
+    from workloads.vision.preprocess.stage import run_preprocess
 
     info = run_preprocess(_mnist_data(tmp_path, f"s3://{bucket}/datasets/for-ray-data"), progress=False)
     datasets = training_datasets(info.root, info.layout, TrainConfig(ingest="ray_data", data_cpus=0))

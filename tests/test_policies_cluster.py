@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import uuid
 
+from tests.support.cli import popen_rayjobs, write_spec
+from tests.support.waiting import HANG_GUARD_S
 
-from tests.support.cli import write_spec
+SUBMITTERS = 6
 
 
 
@@ -48,6 +50,28 @@ def test_fixed_submission_id_attaches_or_conflicts(rj, tmp_path):
     assert "fixed-id-job" in again.stdout
     changed = write_spec(tmp_path, "fixed", f"entrypoint: echo something else\nsubmission_id: {job_id}\n")
     conflict = rj("submit", str(changed))
+    assert conflict.returncode == 2
+    assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
+
+
+def test_submitters_of_one_spec_started_at_once_share_one_job(rj, ray_cluster_home, tmp_path):
+    # As CI retries and parallel pipelines start them: every submitter finds the id free at first.
+    job_id = f"race-{uuid.uuid4().hex[:8]}"
+    spec = tmp_path / "race.yaml"
+    spec.write_text(f"name: race\nentrypoint: python -c \"print('race-job-ran')\"\nsubmission_id: {job_id}\n")
+    submitters = [popen_rayjobs("submit", str(spec), home=ray_cluster_home) for _ in range(SUBMITTERS)]
+    outputs = [process.communicate(timeout=HANG_GUARD_S) for process in submitters]
+    finished = [(process.returncode, out, err) for process, (out, err) in zip(submitters, outputs)]
+    assert [code for code, _, _ in finished] == [0] * SUBMITTERS, [err for _, _, err in finished]
+    assert sum(f"submitted race as {job_id}" in err for _, _, err in finished) == 1, [err for _, _, err in finished]
+    assert sum("was already submitted from this spec" in err for _, _, err in finished) == SUBMITTERS - 1
+    assert all("race-job-ran" in out for _, out, _ in finished)
+    jobs = json.loads(rj("list", "--output", "json").stdout)
+    assert [job["submission_id"] for job in jobs].count(job_id) == 1
+
+    other = tmp_path / "other.yaml"
+    other.write_text(f"name: other\nentrypoint: echo another spec\nsubmission_id: {job_id}\n")
+    conflict = rj("submit", str(other))
     assert conflict.returncode == 2
     assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
 

@@ -1,11 +1,13 @@
-"""Pre-flight: an entrypoint that no node can host is refused before submission."""
+"""Pre-flight: an entrypoint that no node can host is refused before submission; one that does not run its
+workload is warned about."""
 
 from __future__ import annotations
 
 import pytest
 
+from jobs.loader import load_spec
+from runner.client.preflight import check_entrypoint_fits, entrypoint_demand, entrypoint_note, unmet_on_every_node
 from runner.errors import BadInput, ClusterUnreachable
-from runner.preflight import check_entrypoint_fits, entrypoint_demand, unmet_on_every_node
 
 NODES = [{"CPU": 2.0, "memory": 8 * 2**30}, {"CPU": 8.0, "GPU": 1.0, "memory": 32 * 2**30}]
 
@@ -50,3 +52,16 @@ def test_autoscaling_cluster_only_warns():
 
 def test_check_never_blocks_when_the_dashboard_cannot_answer():
     check_entrypoint_fits(FakeApi(NODES, fail=True), {"entrypoint_num_gpus": 2}, warn=print)
+
+
+@pytest.mark.parametrize("entrypoint, warned", [
+    ("python -m workloads.hello", False), ("bash -c 'python -m workloads.hello --params p.yaml'", False),
+    ("python workloads/hello.py", False), ("python train.py", True),
+])
+def test_an_entrypoint_that_does_not_run_its_workload_is_warned_about(tmp_path, entrypoint, warned):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"name: hello\nentrypoint: {entrypoint}\nworkload:\n  kind: hello\n")
+    note = entrypoint_note(load_spec(spec))
+    assert (note is not None) is warned
+    if warned:
+        assert "python -m workloads.hello" in note and "the workload section is ignored" in note

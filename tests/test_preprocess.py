@@ -32,12 +32,14 @@ from tests.support.images import (
     write_text_as_jpeg,
     write_truncated_jpeg,
 )
-from workloads.vision import dataset_format, preprocess
+from workloads.entry import BAD_INPUT_EXIT_CODE
 from workloads.vision.config import DataConfig
-from workloads.vision.dataset_format import MANIFEST_NAME, load_dataset_info
-from workloads.vision.errors import BAD_INPUT_EXIT_CODE, DataSourceError
+from workloads.vision.errors import DataSourceError
 from workloads.vision.images import square_jpeg_from_bytes
-from workloads.vision.preprocess import run_preprocess
+from workloads.vision.preprocess import stage as preprocess
+from workloads.vision.preprocess import writing as dataset_format
+from workloads.vision.preprocess.stage import run_preprocess
+from workloads.vision.reading.manifest import MANIFEST_NAME, load_dataset_info
 
 
 EXPECTED_SCHEMA = pa.schema(

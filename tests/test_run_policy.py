@@ -1,4 +1,4 @@
-"""The run policy (``runner.run``) called from Python against a scripted client: submit, attach, follow, retry."""
+"""The run policy (``runner.follow.policy``) called from Python against a scripted client: submit, attach, follow, retry."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from jobs.keys import METADATA_ATTEMPT, METADATA_PARENT, METADATA_SPEC_HASH
 from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.errors import BadInput, ClusterUnreachable
-from runner.exit_codes import ExitCode
-from runner.run import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
-from runner.submit import SubmitInterrupted
+from runner.errors import ExitCode
+from runner.follow.policy import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
+from runner.client.submission import SubmitInterrupted
 from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
 
 HINT = f" --address {FAKE_ADDRESS}"
@@ -33,7 +33,7 @@ class Run:
         self.loaded = load_spec(spec_file)
         self.client = client
         self.logs, self.notes = io.StringIO(), io.StringIO()
-        self.result = run_with_retries(client, self.loaded.spec, build_submission(self.loaded),
+        self.result = run_with_retries(client, self.loaded,
                                        options=RunOptions(**options), notes=self.notes, logs_out=self.logs)
 
     @property

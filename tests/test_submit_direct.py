@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from runner.connection import Connection
+from runner.client.connection import Connection
 from runner.errors import ClusterRequestFailed
-from runner.submit import SubmitInterrupted, job_request, needs_ray_client, submit_job
+from runner.client.submission import SubmitInterrupted, job_request, needs_ray_client, submit_job
 from tests.support.cli import REPO_ROOT
 
 ID = "raysubmit_directdirectdire"
@@ -124,8 +124,8 @@ def test_ctrl_c_during_the_job_request_names_the_job_it_may_have_created():
 def test_direct_submission_does_not_import_ray():
     script = (
         "import sys\n"
-        "from runner.connection import Connection\n"
-        "from runner.submit import submit_job\n"
+        "from runner.client.connection import Connection\n"
+        "from runner.client.submission import submit_job\n"
         "class Rest:\n"
         "    def version(self): return {'ray_version': '2.60.0'}\n"
         "    def create_job(self, request): return request['submission_id']\n"

@@ -70,8 +70,8 @@ def test_ctrl_c_once_the_job_request_went_out_names_the_job(ray_cluster, monkeyp
     from ray.job_submission import JobSubmissionClient
     from typer.testing import CliRunner
 
-    from runner.api import JobsApi
-    from runner.cli import app
+    from runner.client.jobs_api import JobsApi
+    from runner.cli.app import app
     from runner.local import loopback_env
 
     # Ctrl-C lands just after the job request was answered, before rayjobs saw the answer.

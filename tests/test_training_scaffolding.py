@@ -47,7 +47,7 @@ def test_final_metrics_line_prints_the_epoch_as_a_whole_number():
 
 
 def test_the_summary_names_the_node_of_every_training_rank():
-    from workloads.vision.train import worker_nodes_line
+    from workloads.vision.training.stage import worker_nodes_line
 
     assert worker_nodes_line(["a" * 56, "b" * 56]) == (
         "Training workers: rank 0 on node aaaaaaaa, rank 1 on node bbbbbbbb (2 nodes)")

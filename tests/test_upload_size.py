@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.submit import working_dir_size
+from runner.client.submission import working_dir_size
 
 
 def test_size_honours_excludes_and_gitignore(tmp_path):

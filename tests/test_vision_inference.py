@@ -52,9 +52,9 @@ def test_batch_predictions_match_reported_metrics(tiny_run):
 def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inference(tiny_run):
     import torch
 
-    from workloads.vision.dataset import ParquetImageDataset, split_files
+    from workloads.vision.reading.torch_dataset import ParquetImageDataset, split_files
     from workloads.vision.images import normalize
-    from workloads.vision.inference import load_checkpoint_model
+    from workloads.vision.inference.classify import load_checkpoint_model
 
     outcome, metrics, params = tiny_run.outcome, tiny_run.inference, tiny_run.params
     assert Path(metrics["checkpoint"]) == outcome.best_checkpoint
@@ -71,8 +71,8 @@ def test_the_checkpoint_used_is_the_runs_best_and_agrees_with_single_process_inf
 def test_confusion_helpers():
     import numpy as np
 
-    from workloads.vision.inference import confusion_matrix
-    from workloads.vision.plots import confusion_table
+    from workloads.vision.inference.stage import confusion_matrix
+    from workloads.vision.inference.confusion import confusion_table
 
     matrix = confusion_matrix(np.array([0, 0, 1, 2, 2]), np.array([0, 1, 1, 2, 0]), 3)
     assert matrix == [[1, 1, 0], [0, 1, 0], [1, 0, 1]]
@@ -92,7 +92,7 @@ def _run_module(args: list[str], timeout: int = 180) -> subprocess.CompletedProc
 def test_single_image_task_and_predict_cli(tiny_run, tmp_path):
     import ray
 
-    from workloads.vision.inference import classify_image_task
+    from workloads.vision.inference.classify import classify_image_task
 
     outcome, params = tiny_run.outcome, tiny_run.params
     val_file = sorted((Path(params.data.output_dir) / "val").glob("*.parquet"))[0]
@@ -107,7 +107,7 @@ def test_single_image_task_and_predict_cli(tiny_run, tmp_path):
     image_file.write_bytes(image)
     params_file = tmp_path / "params.json"
     params_file.write_text(params.model_dump_json(), encoding="utf-8")
-    done = _run_module(["workloads.vision.predict", "--params", str(params_file), str(image_file),
+    done = _run_module(["workloads.vision.inference.predict", "--params", str(params_file), str(image_file),
                         f"{val_file}:3"])
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith((str(image_file), str(val_file)))]

@@ -1,4 +1,4 @@
-"""MNIST and CIFAR-10 ViT specs end to end (session cluster), and the two ingestion modes fed the same data (Ray)."""
+"""MNIST and CIFAR-10 ViT specs run through their stages on the in-process Ray, and the two ingestion modes fed the same data."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.arrays import write_cifar_batches, write_digits_as_mnist
-from tests.support.cli import submit_spec as submit
+from tests.support.tiny_run import run_spec_in_process
 from workloads.training.metrics import read_metrics_csv
 
 TINY_VIT = ["workload.train.vit.num_layers=2", "workload.train.vit.num_heads=2", "workload.train.vit.hidden_dim=32",
@@ -27,14 +27,14 @@ def digits(tmp_path_factory) -> Path:
     return root
 
 
-def test_mnist_spec_learns_real_handwritten_digits_with_ray_data(ray_cluster, ray_cluster_home, digits, tmp_path):
-    result = submit(ray_cluster_home, "specs/mnist.yaml", f"workload.data.root={digits}",
-                    f"workload.data.output_dir={tmp_path / 'parquet'}", f"workload.storage_path={tmp_path / 'results'}",
-                    "workload.run_name=digits", f"workload.train.epochs={MNIST_EPOCHS}",
-                    # Inference on raw arrays is the CIFAR test's; here it would only repeat it.
-                    "workload.stages=[preprocess, train]")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "SUCCEEDED" in result.stderr
+def test_mnist_spec_learns_real_handwritten_digits_with_ray_data(workload_ray, digits, tmp_path):
+    produced = run_spec_in_process(
+        "specs/mnist.yaml", f"workload.data.root={digits}", f"workload.data.output_dir={tmp_path / 'parquet'}",
+        f"workload.storage_path={tmp_path / 'results'}", "workload.run_name=digits",
+        f"workload.train.epochs={MNIST_EPOCHS}",
+        # Inference on raw arrays is the CIFAR test's; here it would only repeat it.
+        "workload.stages=[preprocess, train]")
+    assert set(produced) == {"preprocess", "train"}
     manifest = json.loads((tmp_path / "parquet" / "_manifest.json").read_text())
     assert manifest["counts"] == {"train": 1438, "val": 359} and manifest["layout"]["encoding"] == "raw"
 
@@ -56,9 +56,9 @@ def test_ray_data_and_torch_ingestion_feed_the_same_validation_images(workload_r
     import numpy as np
 
     from workloads.vision.config import DataConfig, TrainConfig
-    from workloads.vision.dataset import ParquetImageDataset, split_files
-    from workloads.vision.ingest import training_datasets
-    from workloads.vision.preprocess import run_preprocess
+    from workloads.vision.preprocess.stage import run_preprocess
+    from workloads.vision.reading.ray_datasets import training_datasets
+    from workloads.vision.reading.torch_dataset import ParquetImageDataset, split_files
 
     info = run_preprocess(DataConfig(source="mnist", root=digits, output_dir=tmp_path / "parquet", rows_per_file=256),
                           progress=False)
@@ -74,15 +74,15 @@ def test_ray_data_and_torch_ingestion_feed_the_same_validation_images(workload_r
     assert from_ray == from_torch
 
 
-def test_cifar10_vit_spec_runs_on_python_batches(ray_cluster, ray_cluster_home, tmp_path):
+def test_cifar10_vit_spec_runs_on_python_batches(workload_ray, tmp_path):
     root = write_cifar_batches(tmp_path / "cifar", 8, 5)
     # Three classes and two workers: 15 validation rows cannot be split evenly.
-    result = submit(ray_cluster_home, "specs/cifar10-vit.yaml", f"workload.data.root={root}",
-                    f"workload.data.output_dir={tmp_path / 'pq'}", f"workload.storage_path={tmp_path / 'results'}",
-                    "workload.data.classes=[cat, ship, truck]", "workload.train.epochs=1",
-                    "workload.train.num_workers=2", "workload.train.cpus_per_worker=1", "workload.train.data_cpus=0",
-                    "workload.train.loader_workers=0", *TINY_VIT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    produced = run_spec_in_process(
+        "specs/cifar10-vit.yaml", f"workload.data.root={root}", f"workload.data.output_dir={tmp_path / 'pq'}",
+        f"workload.storage_path={tmp_path / 'results'}", "workload.data.classes=[cat, ship, truck]",
+        "workload.train.epochs=1", "workload.train.num_workers=2", "workload.train.cpus_per_worker=1",
+        "workload.train.data_cpus=0", "workload.train.loader_workers=0", *TINY_VIT)
+    assert produced["infer"]["rows"] == 15
     run_dir = next((tmp_path / "results").iterdir())
     assert [int(r["epoch"]) for r in read_metrics_csv(run_dir / "metrics.csv")] == [1]
     meta = json.loads(sorted(run_dir.glob("checkpoint_*/meta.json"))[-1].read_text())

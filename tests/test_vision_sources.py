@@ -11,8 +11,8 @@ from tests.support.shared_data import FOOD101_SAMPLE as SAMPLE
 from tests.support.images import make_food101_tree, make_hf_shards, make_imagefolder_tree
 from workloads.vision.config import DataConfig
 from workloads.vision.errors import DataSourceError
-from workloads.vision.listing import display_name, food101_folder, split_train_val
-from workloads.vision.sources import FOOD101_CLASSES, list_source
+from workloads.vision.sources.listing import display_name, food101_folder, split_train_val
+from workloads.vision.sources.photos import FOOD101_CLASSES, list_source
 
 
 FOOD_COUNTS = {"pizza": (6, 2), "hamburger": (4, 2), "fried_rice": (5, 3), "breakfast_burrito": (3, 1)}

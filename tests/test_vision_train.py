@@ -31,7 +31,7 @@ def test_parquet_dataset_maps_indices_to_row_groups_lazily(tiny_dataset):
     import pyarrow.parquet as pq
     import torch
 
-    from workloads.vision.dataset import ParquetImageDataset, split_files
+    from workloads.vision.reading.torch_dataset import ParquetImageDataset, split_files
     from workloads.vision.images import ImageLayout
 
     files = split_files(tiny_dataset, "train")
@@ -58,7 +58,7 @@ def test_parquet_dataset_maps_indices_to_row_groups_lazily(tiny_dataset):
 
 
 def test_sampler_shards_cover_every_row_once_and_keep_group_locality(tiny_dataset):
-    from workloads.vision.dataset import GroupedShardSampler, ParquetImageDataset, split_files
+    from workloads.vision.reading.torch_dataset import GroupedShardSampler, ParquetImageDataset, split_files
     from workloads.vision.images import ImageLayout
 
     dataset = ParquetImageDataset(split_files(tiny_dataset, "val"), ImageLayout.photos(16))
@@ -86,7 +86,7 @@ def test_sampler_shards_cover_every_row_once_and_keep_group_locality(tiny_datase
 
 def test_learning_rate_schedule_warmup_and_cosine():
     from workloads.vision.config import TrainConfig
-    from workloads.vision.recipe import lr_factor
+    from workloads.vision.training.recipe import lr_factor
 
     cfg = TrainConfig(epochs=4, warmup_epochs=1, lr_schedule="cosine")
     factors = [lr_factor(step, 10, cfg) for step in range(40)]
@@ -99,8 +99,9 @@ def test_learning_rate_schedule_warmup_and_cosine():
 
 
 def test_missing_or_invalid_weights_and_missing_dataset_are_clear_errors(tmp_path, tiny_dataset):
-    from workloads.vision.dataset import DatasetMissingError
-    from workloads.vision.train import TrainingError, run_training
+    from workloads.training.trainer import TrainingError
+    from workloads.vision.errors import DatasetMissingError
+    from workloads.vision.training.stage import run_training
 
     missing = tmp_path / "resnet18.pth"
     with pytest.raises(TrainingError, match=r"does not exist.*nothing is downloaded"):
@@ -120,7 +121,7 @@ def test_weights_file_is_loaded_and_head_replaced(tmp_path):
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.model import build_model, load_pretrained_state
+    from workloads.vision.training.model import build_model, load_pretrained_state
 
     pretrained = resnet18(weights=None)
     torch.save(pretrained.state_dict(), tmp_path / "r18.pth")
@@ -178,9 +179,9 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(tiny_run):
     from torch.utils.data import DataLoader
 
     from workloads.vision.config import TrainConfig
-    from workloads.vision.dataset import ParquetImageDataset, split_files
+    from workloads.vision.reading.torch_dataset import ParquetImageDataset, split_files
     from workloads.vision.images import ImageLayout, normalize
-    from workloads.vision.model import build_model
+    from workloads.vision.training.model import build_model
 
     state = torch.load(tiny_run.outcome.run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu",
                        weights_only=False)
@@ -203,7 +204,7 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(tiny_run):
 def test_same_run_name_resumes_after_latest_checkpoint(tiny_run, tmp_path):
     import torch
 
-    from workloads.vision.train import run_training
+    from workloads.vision.training.stage import run_training
 
     params = copy_run(tiny_run, tmp_path / "runs")
     params = params.model_copy(update={"train": params.train.model_copy(update={"epochs": 3, "max_failures": 0})})
@@ -241,7 +242,7 @@ def test_residual_branches_start_at_zero_for_sgd_and_at_full_strength_for_adamw(
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
-    from workloads.vision.model import build_model
+    from workloads.vision.training.model import build_model
 
     def last_gammas(cfg: TrainConfig) -> torch.Tensor:
         model = build_model(cfg, 10, ImageLayout.photos(64))
@@ -263,7 +264,7 @@ def test_imagenet_weights_are_for_resnet18_only():
 
 
 def test_an_exploding_validation_loss_at_chance_is_a_warning():
-    from workloads.vision.recipe import epoch_warning
+    from workloads.vision.training.recipe import epoch_warning
 
     assert "WARNING" in epoch_warning({"val_loss": 22426.1, "val_accuracy": 0.10}, 10)
     assert epoch_warning({"val_loss": 2.2, "val_accuracy": 0.12}, 10) == ""  # early, but sane
@@ -272,7 +273,7 @@ def test_an_exploding_validation_loss_at_chance_is_a_warning():
 
 def test_imagenet_weights_missing_offline_name_the_cache_and_how_to_seed_it(tmp_path, monkeypatch):
     from workloads.training.trainer import TrainingError
-    from workloads.vision import model
+    from workloads.vision.training import model
     from workloads.vision.config import TrainConfig
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
@@ -291,7 +292,7 @@ def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbo
     import torch
     from torchvision.models import resnet18
 
-    from workloads.vision.train import run_training
+    from workloads.vision.training.stage import run_training
 
     # torch.hub's cache layout; the hash in the name is only checked when downloading.
     seeded = workdir / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
@@ -316,7 +317,8 @@ def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbo
 
 def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings(workload_ray, tiny_dataset,
                                                                                   workdir):
-    from workloads.vision.train import TrainingError, run_training
+    from workloads.training.trainer import TrainingError
+    from workloads.vision.training.stage import run_training
 
     # SGD at an absurd rate without clipping: the weights overflow within a few steps.
     params = _params(tiny_dataset, workdir / "runs", "diverges", optimizer="sgd", lr=1e30, grad_clip_norm=None,
@@ -331,7 +333,7 @@ def test_a_non_finite_loss_stops_training_at_once_naming_epoch_step_and_settings
 
 def test_loader_processes_never_outnumber_the_cpus_beside_the_training_process():
     from workloads.vision.config import TrainConfig
-    from workloads.vision.batches import effective_loader_workers
+    from workloads.vision.reading.batches import effective_loader_workers
 
     assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=1)) == 0
     assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=4)) == 2

@@ -2,7 +2,8 @@
 
 rayjobs validates the section on the client, then hands it to the job as JSON in
 the ``RAYJOBS_WORKLOAD`` environment variable (set through ``runtime_env.env_vars``).
-A workload can also be run by hand with ``--params FILE`` (YAML or JSON).
+A workload can also be run by hand with ``--params FILE`` (YAML or JSON). Parameters that
+are not valid are :class:`workloads.entry.BadInput`: the entry point exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel
 
 from jobs.keys import WORKLOAD_ENV_VAR
-from jobs.ray_env import prepare_ray_env
+from jobs.paths import SPEC_DIR_CONTEXT_KEY
+from workloads.entry import BadInput
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -36,7 +37,7 @@ def load_params(model: type[ModelT], params_file: str | Path | None = None) -> M
         # A params file may be a whole spec: take its workload section.
         if isinstance(raw, dict) and "entrypoint" in raw and "workload" in raw:
             raw = raw["workload"]
-        return model.model_validate(_without_kind(raw), context={"spec_dir": Path(params_file).parent})
+        return model.model_validate(_without_kind(raw), context={SPEC_DIR_CONTEXT_KEY: Path(params_file).parent})
     encoded = os.environ.get(WORKLOAD_ENV_VAR)
     if encoded:
         return model.model_validate(_without_kind(json.loads(encoded)))
@@ -61,55 +62,26 @@ def add_params_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def read_params(model: type[ModelT], params_file: str | Path | None, workload: str) -> ModelT:
-    """:func:`load_params` for a workload's entry point: any problem becomes one ``ValueError`` line
-    naming the fields, for the program to print before it exits 2."""
+    """:func:`load_params` for a workload's entry point: any problem becomes one :class:`BadInput` line
+    naming the fields, for :func:`workloads.entry.workload_main` to print before the program exits 2."""
     from pydantic import ValidationError
 
     try:
         return load_params(model, params_file)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'workload'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"invalid {workload} parameters: {problems}") from None
+        raise BadInput(f"invalid {workload} parameters: {problems}") from None
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read the {workload} parameters: {exc}") from None
-
-
-def connect_to_cluster() -> None:
-    """``ray.init()`` on loopback-safe settings: inside a Ray job RAY_ADDRESS names the job's
-    cluster; a workload run by hand starts a local one."""
-    import ray
-
-    prepare_ray_env()
-    ray.init()
+        raise BadInput(f"cannot read the {workload} parameters: {exc}") from None
 
 
 def parse_command_line(model: type[ModelT], workload: str, prog: str, description: str,
                        argv: list[str] | None = None) -> ModelT:
     """Read ``[--params FILE]`` from the command line and return the validated parameters.
 
-    Parameters that are not valid end the program as a bad flag does: one ``error:`` line
-    naming the fields, exit status 2.
+    Raises :class:`BadInput` naming the fields when the parameters are not valid; a bad flag
+    ends the program as argparse does (exit status 2).
     """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_params_argument(parser)
-    args = parser.parse_args(argv)
-    try:
-        return read_params(model, args.params, workload)
-    except ValueError as exc:
-        parser.exit(2, f"error: {exc}\n")
-
-
-def run_on_cluster(work, user_errors: tuple[type[BaseException], ...]) -> int:
-    """Connect to the cluster, call ``work()`` and disconnect; 0 when it returns, 1 (after one
-    ``error:`` line) when it raises one of ``user_errors``."""
-    import ray
-
-    connect_to_cluster()
-    try:
-        work()
-    except user_errors as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        ray.shutdown()
-    return 0
+    return read_params(model, parser.parse_args(argv).params, workload)

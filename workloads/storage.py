@@ -1,10 +1,11 @@
 """Folders on local disk or in S3: where a workload's dataset and runs are kept.
 
-A location is a :class:`pathlib.Path` or an :class:`ObjectPath` (``s3://bucket/prefix``,
-with the same ``/``, ``name`` and ``parent``). :func:`filesystem_and_path` gives the
-``pyarrow.fs`` filesystem and path that pyarrow, Ray Data and Ray Train take; the
-functions below read and write either kind. On local disk a file is replaced
-atomically (:mod:`jobs.atomic`); in S3 one upload is atomic by itself.
+A location is a :data:`StoragePath`: a :class:`pathlib.Path` or an :class:`ObjectPath`
+(``s3://bucket/prefix``, with the same ``/``, ``name`` and ``parent``). This module is the
+only one that tells the two apart: the functions below read, write and replace either kind,
+and :func:`arrow_path` gives the path and filesystem that pyarrow, Ray Data and Ray Train
+take. On local disk a file or folder is replaced atomically (:mod:`jobs.atomic`); in S3 one
+upload is atomic by itself, and a folder is replaced in place under a ``_writing`` marker.
 
 S3 is configured from the standard AWS variables (see :mod:`jobs.object_store`); on a
 cluster they come from the spec's ``runtime_env.env_vars``, so the driver and every
@@ -17,16 +18,22 @@ import :class:`ObjectPath` without pyarrow.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable, Iterator, TypeVar, Union
+from urllib.parse import unquote, urlparse
 
 from jobs import atomic
 from jobs.object_store import (ObjectStoreError, S3Location, S3Settings, call_object_store, check_bucket,
                                s3_filesystem, uri_scheme)
 
 T = TypeVar("T")
+
+# Marks an S3 prefix that :func:`replacing_folder` is filling (or was, when its writer failed).
+WRITING_MARKER = "_writing"
 
 
 class ObjectPath:
@@ -82,7 +89,8 @@ StoragePath = Union[Path, ObjectPath]
 def storage_path(value: str | os.PathLike | ObjectPath) -> StoragePath:
     """An :class:`ObjectPath` for an ``s3://`` URI, else a local ``Path`` with ``~`` expanded.
 
-    Raises ValueError for a URI of another scheme.
+    A ``file://`` URI is a local path, as the client takes it. Raises ValueError for a URI of
+    another scheme, and for a ``file://`` URI that names another host.
     """
     if isinstance(value, ObjectPath):
         return value
@@ -90,14 +98,33 @@ def storage_path(value: str | os.PathLike | ObjectPath) -> StoragePath:
     scheme = uri_scheme(text)
     if scheme == "s3":
         return ObjectPath(text)
+    if scheme == "file":
+        return _file_uri_path(text)
     if scheme is not None:
         raise ValueError(f"{text!r}: {scheme}:// is not supported; give s3://BUCKET/PREFIX or a local path")
     return Path(text).expanduser()
 
 
-def is_remote(path: object) -> bool:
-    """Whether ``path`` is in an object store (an :class:`ObjectPath` or an ``s3://`` text)."""
-    return isinstance(path, ObjectPath) or (isinstance(path, str) and uri_scheme(path) is not None)
+def _file_uri_path(uri: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{uri!r} names the host {parsed.netloc!r}; a file:// URI is a path on this machine "
+                         "(file:///PATH)")
+    return Path(unquote(parsed.path))
+
+
+def resolved(value: str | os.PathLike | ObjectPath) -> StoragePath:
+    """:func:`storage_path` made absolute: a local path resolved (symbolic links too), an S3 path as it is.
+
+    Processes with other working directories find the same place by it.
+    """
+    where = storage_path(value)
+    return where if isinstance(where, ObjectPath) else where.resolve()
+
+
+def local_path(path: StoragePath) -> Path | None:
+    """``path`` on this machine's disk, or None when it is in object storage."""
+    return None if isinstance(path, ObjectPath) else Path(path)
 
 
 # --------------------------------------------------------------------------- filesystems
@@ -127,6 +154,30 @@ def filesystem_and_path(path: str | os.PathLike | ObjectPath) -> tuple[Any, str]
             _FILESYSTEMS[key] = s3_filesystem(settings, bucket)
         return _FILESYSTEMS[key], where.fs_path
     return fs.LocalFileSystem(), os.path.abspath(where)
+
+
+def arrow_path(path: StoragePath) -> tuple[str, Any]:
+    """``(path, filesystem)`` as pyarrow, Ray Data and Ray Train take them: a local path as absolute text with
+    no filesystem (each picks the local one), an S3 path as ``bucket/key`` with its ``S3FileSystem``."""
+    if isinstance(path, ObjectPath):
+        filesystem, fs_path = filesystem_and_path(path)
+        return fs_path, filesystem
+    return os.path.abspath(path), None
+
+
+def arrow_paths(paths: list[StoragePath]) -> tuple[list[str], Any]:
+    """:func:`arrow_path` of several paths in one store: their paths, and the filesystem they share (or None)."""
+    located = [arrow_path(path) for path in paths]
+    filesystem = next((filesystem for _, filesystem in located if filesystem is not None), None)
+    return [text for text, _ in located], filesystem
+
+
+def from_arrow_path(text: str, like: StoragePath) -> StoragePath:
+    """The location of ``text``, a path as the filesystem of :func:`arrow_path` (``like``) names it."""
+    if not isinstance(like, ObjectPath):
+        return Path(text)
+    bucket = like.location.bucket
+    return ObjectPath(f"s3://{text}" if text.startswith(f"{bucket}/") else f"s3://{bucket}/{text.lstrip('/')}")
 
 
 def call_storage(path: StoragePath, call: Callable[[], T]) -> T:
@@ -171,6 +222,14 @@ def exists(path: StoragePath) -> bool:
     return file_size(path) is not None or bool(list_files(path, recursive=True, limit=1))
 
 
+def is_empty(folder: StoragePath) -> bool:
+    """Whether nothing is at ``folder``: no file, and no folder with anything in it (in S3: no object under it)."""
+    if not isinstance(folder, ObjectPath):
+        folder = Path(folder)
+        return not folder.exists() or (folder.is_dir() and next(folder.iterdir(), None) is None)
+    return not exists(folder)
+
+
 def read_bytes(path: StoragePath) -> bytes:
     """The whole content of the file at ``path``. Raises FileNotFoundError when there is none."""
     if not isinstance(path, ObjectPath):
@@ -213,10 +272,8 @@ def list_files(folder: StoragePath, suffix: str = "", recursive: bool = False,
     filesystem, fs_path = filesystem_and_path(folder)
     selector = FileSelector(fs_path, allow_not_found=True, recursive=recursive)
     infos = call_storage(folder, lambda: filesystem.get_file_info(selector))
-    bucket = folder.location.bucket
     names = sorted(info.path for info in infos if info.type == FileType.File and info.path.endswith(suffix))
-    return [ObjectPath(f"s3://{name}" if name.startswith(f"{bucket}/") else f"s3://{bucket}/{name}")
-            for name in names[:limit]]
+    return [from_arrow_path(name, folder) for name in names[:limit]]
 
 
 # --------------------------------------------------------------------------- writing
@@ -269,8 +326,6 @@ def delete_file(path: StoragePath) -> None:
 
 def delete_tree(folder: StoragePath) -> None:
     """Remove ``folder`` and everything under it, if it is there."""
-    import shutil
-
     if not isinstance(folder, ObjectPath):
         shutil.rmtree(folder, ignore_errors=True)
         return
@@ -286,11 +341,35 @@ def make_folder(folder: StoragePath) -> None:
         Path(folder).mkdir(parents=True, exist_ok=True)
 
 
-def reader_paths(paths: list[StoragePath]) -> tuple[list[str], Any]:
-    """``(paths, filesystem)`` for readers that take both (Ray Data, pyarrow datasets): local paths as text with
-    no filesystem (the reader picks the local one), S3 paths as ``bucket/key`` with their filesystem."""
-    remote = [path for path in paths if isinstance(path, ObjectPath)]
-    if not remote:
-        return [str(path) for path in paths], None
-    filesystem = filesystem_and_path(remote[0])[0]
-    return [filesystem_and_path(path)[1] for path in paths], filesystem
+@contextlib.contextmanager
+def replacing_folder(folder: StoragePath, index: str | None = None) -> Iterator[StoragePath]:
+    """Yield the folder to write the new content of ``folder`` in; it becomes ``folder`` when the block succeeds.
+
+    Local disk: a hidden sibling, renamed into place at once (:func:`jobs.atomic.replace_dir`) and
+    removed when the block fails; what a killed writer left is tidied first, so a reader finds
+    the old content or the new, never a mix.
+    S3, where nothing is renamed: ``folder`` itself. The :data:`WRITING_MARKER` goes in first, then
+    the old objects go, ``index`` (the file readers look for first, such as a manifest) before the
+    rest; the marker goes when the block is done. A failed block leaves the marker, which tells the
+    next writer that the prefix is one it may replace.
+    """
+    if isinstance(folder, ObjectPath):
+        write_text(folder / WRITING_MARKER, "a writer is replacing this folder; left behind when it failed\n")
+        if index is not None:
+            delete_file(folder / index)
+        for old in list_files(folder, recursive=True):
+            if old.name != WRITING_MARKER:
+                delete_file(old)
+        yield folder
+        delete_file(folder / WRITING_MARKER)
+        return
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    atomic.recover_dir(folder)
+    building = atomic.staging_dir(folder)
+    try:
+        yield building
+        atomic.replace_dir(building, folder)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise

@@ -1,4 +1,31 @@
-"""The environment of a local cluster's processes, and of the processes that talk to it."""
+"""The environment of a local cluster's processes, and of the processes that talk to it.
+
+Token authentication is on by default. A random token is written (mode 0600) to
+``$RAYJOBS_HOME/clusters/<name>/auth_token`` and Ray is started with ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN_PATH`` pointing at it, so the GCS, raylet, dashboard, job agent, workers and job
+drivers all use that token. The user's ``~/.ray/auth_token`` is never read or written.
+
+What a client needs (checked against Ray 2.60):
+
+* HTTP (REST calls, ``ray.job_submission.JobSubmissionClient``): the header from
+  ``LocalCluster.auth_headers()``, ``Authorization: Bearer <token>``, on every request,
+  ``/api/version`` included. Without it the dashboard answers 401, with a wrong token 403.
+  ``JobSubmissionClient(url, headers=cluster.auth_headers())`` works with no auth variables in
+  the client's environment.
+* Instead of the header, the environment from ``loopback_env(cluster)`` (``RAY_AUTH_MODE=token``
+  plus ``RAY_AUTH_TOKEN_PATH``) makes Ray's clients add it themselves, but only if it is in place
+  before ``ray`` is imported: Ray reads these settings once. ``RAY_AUTH_TOKEN_PATH`` without
+  ``RAY_AUTH_MODE=token`` is not enough.
+* A process calling ``ray.init(address=cluster.gcs_address)`` must have ``loopback_env(cluster)``
+  in its environment; without it the connection is refused.
+* Job drivers need nothing: they inherit the token settings from the cluster. ``python`` in an
+  entrypoint is the interpreter next to the ``ray`` command that started the cluster (its
+  directory leads the cluster's ``PATH``).
+
+A ``RAY_AUTH_TOKEN`` variable outranks ``RAY_AUTH_TOKEN_PATH`` in Ray's token lookup, so it is
+removed from the cluster's environment, and a client that relies on ``loopback_env`` must not
+carry one either.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runner.errors import BadInput, RayJobsError
-from runner.exit_codes import ExitCode
+from runner.errors import ExitCode
 
 
 class ClusterError(RayJobsError):

@@ -12,12 +12,11 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from runner.backoff import Backoff, Deadline
+from runner.client.backoff import Backoff, Deadline
+from runner.client.http import Unanswered, fetch
 from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
 from runner.local.ports import LOOPBACK_HOST, RAY_PORT_OPTIONS, free_ports
@@ -260,14 +259,9 @@ def wait_until_ready(
 
 def http_status(url: str, headers: dict[str, str]) -> int | None:
     """HTTP status of a GET, or None when nothing answers."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(url, headers=headers, method="GET")
     try:
-        with opener.open(request, timeout=_HTTP_PROBE_TIMEOUT_S) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError, ValueError):
+        return fetch(url, headers=headers, timeout_s=_HTTP_PROBE_TIMEOUT_S).status
+    except (Unanswered, ValueError):
         return None
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from runner.client.http import Unanswered, fetch
 from runner.local.errors import ClusterError
 from runner.local.state import LocalCluster
 
@@ -79,16 +78,13 @@ def _display_order(node: NodeInfo) -> tuple[int, int, str]:
 def dashboard_json(cluster: LocalCluster, path: str, timeout_s: float = _REQUEST_TIMEOUT_S) -> Any:
     """The JSON answer of the cluster's dashboard to a GET of ``path`` (with its token), or ClusterError."""
     url = f"{cluster.dashboard_url}{path}"
-    # Loopback traffic never goes through a proxy from the user's environment.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(url, headers=cluster.auth_headers(), method="GET")
     try:
-        with opener.open(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise ClusterError(f"The dashboard answered {url} with HTTP {exc.code}.") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ClusterError(f"The dashboard did not answer {url}: {reason}.") from None
+        answer = fetch(url, headers=cluster.auth_headers(), timeout_s=timeout_s)
+    except Unanswered as exc:
+        raise ClusterError(f"The dashboard did not answer {url}: {exc.reason}.") from None
+    if answer.status >= 400:
+        raise ClusterError(f"The dashboard answered {url} with HTTP {answer.status}.")
+    try:
+        return json.loads(answer.body)
     except ValueError:
         raise ClusterError(f"The dashboard answered {url} with something that is not JSON.") from None

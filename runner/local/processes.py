@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any
 
-from runner.backoff import Deadline
+from runner.client.backoff import Deadline
 from runner.local.state import LocalCluster, WorkerNode
 
 _STRAGGLER_GRACE_S = 3.0

@@ -10,7 +10,7 @@ Every node of a local cluster runs with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``:
 address resolution on the loopback address (with it on, Ray swaps ``127.0.0.1`` in ``--address``
 and ``--node-ip-address`` for the machine's outward address, where the head does not listen). The
 same setting makes ``ray start`` refuse to join a cluster, so worker nodes run ``ray start``
-through :data:`_JOIN_ON_LOOPBACK`, which lifts only that refusal.
+through :data:`jobs.ray_internals.WORKER_NODE_LAUNCHER`, which lifts only that refusal.
 """
 
 from __future__ import annotations
@@ -22,29 +22,17 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from runner.backoff import Backoff, Deadline
+from runner.client.backoff import Backoff, Deadline
 from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
 from runner.local.launch import (PortClash, keep_session_logs, log_shows_port_clash, log_tail_sentence,
                                  node_options)
+from jobs.ray_internals import WORKER_NODE_LAUNCHER
 from runner.local.nodes import list_nodes
 from runner.local.ports import LOOPBACK_HOST, NODE_PORT_OPTIONS, free_ports
 from runner.local.processes import leader_is_alive, process_create_time, reap, stop_cluster_processes, track_child
 from runner.local.state import FAILED_START_LOGS, LocalCluster, WorkerNode
 
-# Runs Ray's own `ray start` CLI with its multi-node guard seeing "enabled" while the rest of Ray
-# keeps the loopback-only setting from the environment.
-_JOIN_ON_LOOPBACK = (
-    "import sys, types\n"
-    "import ray._private.ray_constants as constants\n"
-    "from ray.scripts import scripts\n"
-    "view = types.ModuleType(constants.__name__)\n"
-    "view.__dict__.update(vars(constants))\n"
-    "view.ENABLE_RAY_CLUSTER = True\n"
-    "scripts.ray_constants = view\n"
-    "sys.argv[0] = 'ray'\n"
-    "sys.exit(scripts.main())\n"
-)
 _MIB = 1024 * 1024
 # Per node, when a cluster has several: small enough that several fit in /dev/shm beside other
 # people's clusters, large enough for Ray's 75 MiB floor and a few batches of images.
@@ -108,7 +96,7 @@ def worker_start_command(
     command = [
         python,
         "-c",
-        _JOIN_ON_LOOPBACK,
+        WORKER_NODE_LAUNCHER,
         "start",
         "--block",
         f"--address={head_address}",

@@ -27,7 +27,7 @@ def rayjobs_command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("rayjobs")
-    return [found] if found else [sys.executable, "-m", "runner.cli"]
+    return [found] if found else [sys.executable, "-m", "runner.cli.app"]
 
 
 def cli_env(home: Path | None, **extra: str) -> dict[str, str]:
@@ -177,8 +177,8 @@ def dashboard_port(cluster) -> int:
 
 def direct_api(cluster):
     """The cluster's job API without any proxy in between, to see what really happened to a job."""
-    from runner.api import JobsApi
-    from runner.connection import Connection
+    from runner.client.jobs_api import JobsApi
+    from runner.client.connection import Connection
 
     headers = {"Authorization": f"Bearer {cluster.auth_token()}"} if cluster.token_file else {}
     return JobsApi(Connection(address=cluster.dashboard_url, source="test", headers=headers))

@@ -1,4 +1,4 @@
-"""A scripted stand-in for the cluster client (``runner.api.JobsApi``), for tests that need no cluster.
+"""A scripted stand-in for the cluster client (``runner.client.jobs_api.JobsApi``), for tests that need no cluster.
 
 Each submitted job plays a script: the statuses its successive status polls return (the last one
 repeats). ``calls`` records every call in order, so a test can assert exactly what was asked.
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from runner.connection import Connection
+from runner.client.connection import Connection
 from runner.errors import ClusterUnreachable, JobNotFound
-from runner.log_resume import LogChunk, ResumePlan
-from runner.submit import SubmitInterrupted
+from runner.client.log_resume import LogChunk, ResumePlan
+from runner.client.submission import SubmitInterrupted
 
 FAKE_ADDRESS = "http://127.0.0.1:8265"
 AN_HOUR_AGO_MS = (time.time() - 3600) * 1000
@@ -155,7 +155,7 @@ class FakeClient:
 
 def speed_up_following(monkeypatch: pytest.MonkeyPatch) -> None:
     """Poll, reconnect and retry every few milliseconds instead of every fraction of a second."""
-    from runner import follow
+    from runner.follow import follower as follow
 
     for name in ("FIRST_POLL_S", "MAX_POLL_S", "MAX_RETRY_S", "FIRST_LOG_RECONNECT_S", "MAX_LOG_RECONNECT_S"):
         monkeypatch.setattr(follow, name, 0.005)

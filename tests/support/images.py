@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from workloads.vision.sources import FOOD101_CLASSES
+from workloads.vision.sources.photos import FOOD101_CLASSES
 
 # Colours far apart in RGB, so a class survives JPEG noise and resizing.
 _PALETTE = [

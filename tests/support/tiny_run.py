@@ -41,7 +41,7 @@ def tiny_params(dataset: Path, storage: Path, run_name: str = RUN_NAME, **train:
 
 def dataset_info(dataset: Path):
     """The preprocess stage's description of a dataset folder."""
-    from workloads.vision.preprocess import load_dataset_info
+    from workloads.vision.reading.manifest import load_dataset_info
 
     return load_dataset_info(dataset)
 
@@ -66,8 +66,8 @@ def write_tiny_data(directory: Path) -> Path:
 def train_tiny_run(directory: Path) -> TinyRun:
     """Train the shared run under ``directory`` (losing rank 1 once), then run batch inference on it."""
     from workloads.training.metrics import read_metrics_csv
-    from workloads.vision.inference import run_batch_inference
-    from workloads.vision.train import run_training
+    from workloads.vision.inference.stage import run_batch_inference
+    from workloads.vision.training.stage import run_training
 
     dataset = write_tiny_data(directory / "data")
     params = tiny_params(dataset, directory / "runs", max_failures=1)
@@ -83,3 +83,18 @@ def copy_run(run: TinyRun, storage: Path):
     """A copy of the shared run under another storage path; its parameters there."""
     shutil.copytree(run.outcome.run_dir, storage / run.params.run_name)
     return run.params.model_copy(update={"storage_path": storage})
+
+
+def run_spec_in_process(spec: str, *overrides: str) -> dict[str, Any]:
+    """Run the stages of a vision spec (``specs/…``, with ``--set`` overrides) on the in-process Ray.
+
+    What the spec's job would run, without the job around it: the workload tests check what the
+    stages produce, and submission and following are the CLI tests' concern.
+    """
+    from jobs.loader import load_spec
+    from tests.support.cli import REPO_ROOT
+    from workloads.vision.__main__ import check_params_storage, run_stages
+
+    params = load_spec(REPO_ROOT / spec, list(overrides)).workload
+    check_params_storage(params)
+    return run_stages(params)

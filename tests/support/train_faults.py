@@ -24,7 +24,7 @@ def install() -> None:
     fail_at = os.environ.get(FAIL_AT_EPOCH_ENV_VAR, "")
     if not fail_at:
         return
-    from workloads.vision import loop
+    from workloads.vision.training import loop
 
     train_one_epoch = loop.train_one_epoch
 
@@ -37,7 +37,7 @@ def install() -> None:
 
 def exit_once_at(worker, epoch: int, fail_at: int) -> None:
     """End this process when it is rank 1 (rank 0 alone) at epoch index ``fail_at`` and the run has not failed yet."""
-    from workloads.vision.loop import say
+    from workloads.vision.training.loop import say
 
     if epoch != fail_at or worker.rank != min(1, worker.world_size - 1):
         return

@@ -13,6 +13,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_v
 
 from jobs.paths import SpecPath, refuse_uri
 from jobs.strict import StrictModel
+from jobs.workload_contract import WorkloadNeeds
 from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # "google/vit-base-patch16-224": what a Hugging Face hub model id looks like.
@@ -100,3 +101,13 @@ class HFViTParams(TrainingRunParams):
                                  "cached weights, or a fresh one of the given shape.")
     train: HFTrainConfig = Field(default_factory=HFTrainConfig, description="Trainer settings and Ray Train "
                                  "workers.")
+
+    def needs(self) -> WorkloadNeeds:
+        """The job's program, the locations every node reads or writes, and the Ray Train workers (see
+        :mod:`jobs.workload_contract`)."""
+        # Every worker writes the run, reads the dataset, and loads local weights itself.
+        shared = {"storage_path": str(self.storage_path), "data.path": str(self.data.path)}
+        if self.model.weights.strip().lower() != "none" and self.model.hub_id is None:
+            shared["model.weights"] = self.model.weights
+        return WorkloadNeeds(entrypoint_module="workloads.hf_vit", shared_locations=shared,
+                             demands=(self.train.demand("training", "train"),))

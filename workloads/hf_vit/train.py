@@ -8,7 +8,8 @@ the same run name again resumes from the latest checkpoint.
 
 Data is read from local files in a Hugging Face ``datasets`` format. Weights come
 from a ``save_pretrained`` folder or, by hub model id, from the Hugging Face cache;
-the hub is contacted only to fill that cache, and only when ``HF_HUB_OFFLINE=0``.
+the hub is contacted only to fill that cache, and only when ``HF_HUB_OFFLINE=0``
+(:func:`hub_offline_by_default`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, 
 from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, write_run_metrics
 from workloads.training.trainer import fit, first_line
 
-for _variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_variable, "1")
-
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 RAY_CHECKPOINT_DIR = "checkpoint"  # RayTrainReportCallback's folder inside each Ray checkpoint
 
 
@@ -34,11 +33,21 @@ class HFWorkloadError(RuntimeError):
     """The job cannot run as configured; the message says why."""
 
 
+def hub_offline_by_default() -> None:
+    """Keep the Hugging Face libraries off the hub unless the job's environment turns it on (``HF_HUB_OFFLINE=0``).
+
+    Every function here calls it before importing them: they read these variables once, when first imported.
+    """
+    for variable in OFFLINE_VARIABLES:
+        os.environ.setdefault(variable, "1")
+
+
 # --------------------------------------------------------------------------- data
 
 
 def load_local_dataset(data: HFDataConfig):
     """The ``DatasetDict`` at ``data.path``, in whichever of the supported formats it is."""
+    hub_offline_by_default()
     import datasets
 
     path = Path(data.path).expanduser()
@@ -74,6 +83,7 @@ def load_local_dataset(data: HFDataConfig):
 
 def dataset_splits(data: HFDataConfig):
     """(train split, eval split, image column, label column, class names), with the caps applied."""
+    hub_offline_by_default()
     import datasets
 
     loaded = load_local_dataset(data)
@@ -112,6 +122,8 @@ def resolve_hub_weights(hub_id: str) -> Path:
     cache path and how to pre-seed it when the model is not cached and cannot be fetched.
     """
     from filelock import FileLock
+
+    hub_offline_by_default()
     from huggingface_hub import constants, snapshot_download
 
     cache = Path(constants.HF_HUB_CACHE)
@@ -142,6 +154,7 @@ def resolve_hub_weights(hub_id: str) -> Path:
 
 def build_model(model_cfg: HFModelConfig, classes: list[str]):
     """(model, image processor): from the local weights folder, or a fresh ViT of the configured shape."""
+    hub_offline_by_default()
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     labels = {"id2label": dict(enumerate(classes)), "label2id": {name: i for i, name in enumerate(classes)}}
@@ -177,6 +190,7 @@ def build_model(model_cfg: HFModelConfig, classes: list[str]):
 
 def train_loop_per_worker(config: dict) -> None:
     """Body of every Ray Train worker: one transformers Trainer, reporting to Ray Train each epoch."""
+    hub_offline_by_default()
     import numpy as np
     import ray.train
     import torch
@@ -265,8 +279,8 @@ def run(params: HFViTParams) -> dict:
     run_dir = params.run_dir
     scratch = tempfile.mkdtemp(prefix="rayjobs-hf-")
     try:
-        result = fit(train_loop_per_worker, {"params": params.model_dump(mode="json"), "scratch": scratch}, run_dir,
-                     params.train, "eval_accuracy")
+        result = fit(train_loop_per_worker, {"params": params.model_dump(mode="json"), "scratch": scratch},
+                     params.storage_root, params.run_name, params.train, "eval_accuracy")
     finally:
         # The Trainer's own output; every checkpoint that matters is in the run's storage by now.
         shutil.rmtree(scratch, ignore_errors=True)

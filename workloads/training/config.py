@@ -7,14 +7,15 @@ parameter model derives from :class:`TrainingRunParams` and its training section
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from jobs.paths import SpecStoragePath
 from jobs.strict import StrictModel
-from workloads.storage import ObjectPath, StoragePath, is_remote
+from jobs.workload_contract import Demand
+from workloads import storage
+from workloads.storage import StoragePath
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -34,11 +35,14 @@ class TrainingRunParams(StrictModel):
         "s3://BUCKET/PREFIX (credentials from the AWS_* variables in runtime_env.env_vars).")
 
     @property
+    def storage_root(self) -> StoragePath:
+        """``storage_path`` as a location: an absolute ``Path``, or an ``ObjectPath`` in S3."""
+        return storage.resolved(self.storage_path)
+
+    @property
     def run_dir(self) -> StoragePath:
         """The run's folder, ``<storage_path>/<run_name>``: an absolute ``Path``, or an ``ObjectPath`` in S3."""
-        if is_remote(self.storage_path):
-            return ObjectPath(str(self.storage_path)) / self.run_name
-        return Path(self.storage_path).expanduser().resolve() / self.run_name
+        return self.storage_root / self.run_name
 
 
 class WorkerScaling(StrictModel):
@@ -57,6 +61,13 @@ class WorkerScaling(StrictModel):
         if self.use_gpu:
             resources.setdefault("GPU", 1.0)
         return resources
+
+    def demand(self, phase: str, section: str) -> Demand:
+        """These workers as ``phase`` of a workload's needs (:mod:`jobs.workload_contract`); ``section`` is where
+        they are set in the workload's parameters (``train``)."""
+        return Demand(phase, count=self.num_workers, cpus=float(self.cpus_per_worker), gpus=1 if self.use_gpu else 0,
+                      resources=dict(self.resources_per_worker),
+                      resources_parameter=f"{section}.resources_per_worker")
 
     def scaling_config(self):
         """Ray Train's ``ScalingConfig`` for these settings."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from workloads.storage import ObjectPath, StoragePath, filesystem_and_path
+from workloads import storage
+from workloads.storage import StoragePath
 from workloads.training.config import RayTrainSettings
 
 
@@ -34,21 +35,19 @@ def root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1] if text else ''}"
 
 
-def run_config(run_dir: StoragePath, settings: RayTrainSettings, score_attribute: str):
-    """``RunConfig`` of a run kept at ``run_dir`` (``<storage_path>/<run_name>``): the best ``num_to_keep``
-    checkpoints by ``score_attribute`` (higher is better), and ``max_failures`` worker failures survived.
+def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSettings, score_attribute: str):
+    """``RunConfig`` of run ``run_name`` kept under ``storage_root``: the best ``num_to_keep`` checkpoints by
+    ``score_attribute`` (higher is better), and ``max_failures`` worker failures survived.
 
     In S3, Ray Train is given the bucket's filesystem and the path on it (``bucket/prefix``).
     """
     import ray.train
 
-    storage: dict[str, Any] = {"storage_path": str(run_dir.parent)}
-    if isinstance(run_dir, ObjectPath):
-        filesystem, path = filesystem_and_path(run_dir.parent)
-        storage = {"storage_path": path, "storage_filesystem": filesystem}
+    path, filesystem = storage.arrow_path(storage_root)
     return ray.train.RunConfig(
-        name=run_dir.name,
-        **storage,
+        name=run_name,
+        storage_path=path,
+        storage_filesystem=filesystem,
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=settings.num_to_keep,
                                                      checkpoint_score_attribute=score_attribute,
                                                      checkpoint_score_order="max"),
@@ -56,9 +55,10 @@ def run_config(run_dir: StoragePath, settings: RayTrainSettings, score_attribute
     )
 
 
-def fit(train_loop: Callable[[dict], Any], loop_config: dict, run_dir: StoragePath, settings: RayTrainSettings,
-        score_attribute: str, **trainer_options: Any):
-    """Run ``train_loop`` on ``settings.num_workers`` Ray Train workers and return the ``Result``.
+def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: StoragePath, run_name: str,
+        settings: RayTrainSettings, score_attribute: str, **trainer_options: Any):
+    """Run ``train_loop`` on ``settings.num_workers`` Ray Train workers as run ``run_name`` under ``storage_root``
+    (``<storage_root>/<run_name>`` holds its checkpoints), and return the ``Result``.
 
     ``trainer_options`` go to ``TorchTrainer`` as they are (``datasets``, ``dataset_config``).
     Raises :class:`TrainingError` naming the run and the root cause when the run fails.
@@ -69,13 +69,13 @@ def fit(train_loop: Callable[[dict], Any], loop_config: dict, run_dir: StoragePa
         train_loop,
         train_loop_config=loop_config,
         scaling_config=settings.scaling_config(),
-        run_config=run_config(run_dir, settings, score_attribute),
+        run_config=run_config(storage_root, run_name, settings, score_attribute),
         **trainer_options,
     )
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause once
-        raise TrainingError(f"training run {run_dir.name!r} failed: {root_cause(exc)}") from None
+        raise TrainingError(f"training run {run_name!r} failed: {root_cause(exc)}") from None
     if getattr(result, "error", None) is not None:
-        raise TrainingError(f"training run {run_dir.name!r} failed: {root_cause(result.error)}")
+        raise TrainingError(f"training run {run_name!r} failed: {root_cause(result.error)}")
     return result

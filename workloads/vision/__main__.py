@@ -14,11 +14,12 @@ from __future__ import annotations
 import sys
 import time
 
-from jobs.object_store import ObjectStoreError
-from workloads.params import parse_command_line, run_on_cluster
+from workloads.entry import on_cluster, workload_main
+from workloads.params import parse_command_line
 from workloads.storage import check_storage, storage_path
+from workloads.training.trainer import TrainingError
 from workloads.vision.config import VisionParams
-from workloads.vision.errors import BAD_INPUT_EXIT_CODE, STAGE_FAILED_EXIT_CODE, DataSourceError
+from workloads.vision.errors import DatasetMissingError, DataSourceError, InferenceError
 
 STAGE_TITLES = {
     "preprocess": "Preprocess: images -> Parquet",
@@ -32,17 +33,8 @@ def _header(index: int, total: int, stage: str) -> None:
     print(f"\n{'=' * len(title)}\n{title}\n{'=' * len(title)}", flush=True)
 
 
-def _stage_failures() -> tuple[type[BaseException], ...]:
-    from workloads.vision.dataset import DatasetMissingError
-    from workloads.vision.inference import InferenceError
-    from workloads.vision.train import TrainingError
-
-    return DatasetMissingError, InferenceError, TrainingError
-
-
 def _dataset_info(params: VisionParams):
-    from workloads.vision.dataset import DatasetMissingError
-    from workloads.vision.preprocess import load_dataset_info
+    from workloads.vision.reading.manifest import load_dataset_info
 
     try:
         return load_dataset_info(storage_path(params.data.output_dir))
@@ -52,7 +44,7 @@ def _dataset_info(params: VisionParams):
 
 def run_stages(params: VisionParams) -> dict:
     """Run ``params.stages`` in order on the connected Ray cluster; return what each produced."""
-    from workloads.vision.train import print_training_summary
+    from workloads.vision.training.stage import print_training_summary
 
     produced: dict = {}
     info = None
@@ -61,18 +53,18 @@ def run_stages(params: VisionParams) -> dict:
         _header(index, len(params.stages), stage)
         started = time.perf_counter()
         if stage == "preprocess":
-            from workloads.vision.preprocess import run_preprocess
+            from workloads.vision.preprocess.stage import run_preprocess
 
             info = run_preprocess(params.data)
             produced["preprocess"] = info
         elif stage == "train":
-            from workloads.vision.train import run_training
+            from workloads.vision.training.stage import run_training
 
             info = info or _dataset_info(params)
             training = run_training(params, info)
             produced["train"] = training
         elif stage == "infer":
-            from workloads.vision.inference import run_batch_inference
+            from workloads.vision.inference.stage import run_batch_inference
 
             dataset_root = info.root if info else storage_path(params.data.output_dir)
             produced["infer"] = run_batch_inference(params, dataset_root=dataset_root)
@@ -80,7 +72,7 @@ def run_stages(params: VisionParams) -> dict:
 
     print("\n== Summary ==", flush=True)
     if training is None and "infer" in produced:
-        from workloads.vision.train import outcome_from_disk
+        from workloads.vision.training.stage import outcome_from_disk
 
         training = outcome_from_disk(params.run_dir, [], True)
     if training is not None:
@@ -103,20 +95,17 @@ def check_params_storage(params: VisionParams) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, connect to Ray and run the stages; return the exit status."""
-    params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0], argv)
-
-    try:
+    def run() -> None:
+        params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0],
+                                    argv)
         check_params_storage(params)
         if "preprocess" not in params.stages:
             # Fail before connecting to the cluster when the dataset a later stage needs is missing.
             _dataset_info(params)
-        return run_on_cluster(lambda: run_stages(params), _stage_failures())
-    except (DataSourceError, ObjectStoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return BAD_INPUT_EXIT_CODE
-    except _stage_failures() as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return STAGE_FAILED_EXIT_CODE
+        on_cluster(lambda: run_stages(params))
+
+    return workload_main(run, failures=(DatasetMissingError, InferenceError, TrainingError),
+                         bad_input=(DataSourceError,))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_v
 
 from jobs.paths import SpecPath, SpecStoragePath, refuse_uri
 from jobs.strict import StrictModel
+from jobs.workload_contract import Demand, WorkloadNeeds
 from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # The ten Food-101-Lite classes, by their display names.
@@ -269,3 +270,19 @@ class VisionParams(TrainingRunParams):
             raise ValueError(f"train.vit.patch_size ({self.train.vit.patch_size}) must divide data.image_size "
                              f"({self.data.image_size})")
         return self
+
+    def needs(self) -> WorkloadNeeds:
+        """The job's program, the locations every node reads or writes, and the workers or actors of the
+        train and infer stages among ``stages`` (see :mod:`jobs.workload_contract`)."""
+        shared: dict[str, str] = {}
+        if "train" in self.stages or "infer" in self.stages:
+            # Ray Train's workers write the run there, the inference actors read its checkpoint.
+            shared["storage_path"] = str(self.storage_path)
+        shared["data.output_dir"] = str(self.data.output_dir)
+        demands = []
+        if "train" in self.stages:
+            demands.append(self.train.demand("training", "train"))
+        if "infer" in self.stages:
+            demands.append(Demand("inference", count=self.infer.num_actors, cpus=float(self.infer.cpus_per_actor),
+                                  gpus=1 if self.infer.use_gpu else 0))
+        return WorkloadNeeds(entrypoint_module="workloads.vision", shared_locations=shared, demands=tuple(demands))

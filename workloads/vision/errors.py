@@ -1,24 +1,21 @@
-"""The vision workload's errors that end a stage, and the exit status of its entry points.
+"""The vision workload's errors that end a stage, and what its entry points make of them.
 
-``python -m workloads.vision`` and ``python -m workloads.vision.preprocess`` exit with
+``python -m workloads.vision``, ``python -m workloads.vision.preprocess`` and
+``python -m workloads.vision.inference.predict`` end through :func:`workloads.entry.workload_main`:
 
-- 0 when every stage did its work;
-- 1 when a stage failed (training diverged, inference failed, the preprocessed dataset a
-  later stage needs is missing);
-- 2 for bad input: the data named in ``workload.data`` cannot be read as asked
-  (:class:`DataSourceError`; the message names the data and what was looked for),
-  the parameters themselves are invalid, or the object storage named by
-  ``data.output_dir`` or ``storage_path`` cannot be used: a missing bucket, refused
-  credentials or an endpoint that does not answer (``jobs.object_store.ObjectStoreError``;
-  the message names the field, the path and the AWS variables to check). Storage is
-  checked before the first stage starts; a storage failure inside the training workers
-  is a failed stage (1).
+- exit status 1 when a stage failed: training diverged (``TrainingError``), inference failed
+  (:class:`InferenceError`), or the preprocessed dataset a later stage needs is missing
+  (:class:`DatasetMissingError`);
+- exit status 2 for bad input: the data named in ``workload.data`` cannot be read as asked
+  (:class:`DataSourceError`; the message names the data and what was looked for), the
+  parameters themselves are invalid, or the object storage named by ``data.output_dir`` or
+  ``storage_path`` cannot be used: a missing bucket, refused credentials or an endpoint that
+  does not answer (``jobs.object_store.ObjectStoreError``; the message names the field, the
+  path and the AWS variables to check). Storage is checked before the first stage starts; a
+  storage failure inside the training workers is a failed stage (1).
 """
 
 from __future__ import annotations
-
-STAGE_FAILED_EXIT_CODE = 1
-BAD_INPUT_EXIT_CODE = 2
 
 
 class DataSourceError(ValueError):
@@ -27,3 +24,7 @@ class DataSourceError(ValueError):
 
 class DatasetMissingError(RuntimeError):
     """The Parquet split a stage needs is not on disk."""
+
+
+class InferenceError(RuntimeError):
+    """Inference cannot run; the message says why."""

@@ -1,0 +1,315 @@
+"""The ``rayjobs`` command.
+
+Each command parses its arguments, calls the library (``runner.follow.policy`` for submitting and
+following, the cluster client for the rest), prints, and exits with a code from
+``runner.errors``. Errors a user can fix are printed as one paragraph, never as a
+traceback. Heavy imports (ray, pydantic specs) happen inside the commands that need them,
+so ``status``/``logs``/``list`` start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from jobs.keys import METADATA_ATTEMPT
+from jobs.ray_env import prepare_ray_env
+from jobs.status import JobStatus, is_terminal
+from runner.cli.cluster import cluster_app
+from runner.cli.export import export_app
+from runner.cli.options import (ConnectionOptions, DryRunOption, GiveUpOption, JobIdArgument, LocalOption,
+                                NoPreflightOption, NoWaitOption, OutputOption, QuietOption, SetOption,
+                                StopOnInterruptOption, ValidateSetOption, check_output, handles_errors,
+                                with_connection_options)
+from runner.cli.options import fail as _fail, say as _say
+from runner.errors import BadInput, ExitCode
+
+if TYPE_CHECKING:
+    from runner.client.connection import Connection
+    from runner.client.jobs_api import JobsApi
+
+app = typer.Typer(
+    name="rayjobs",
+    help="Run declarative YAML job specs on a Ray cluster and follow them to the end.",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(export_app, name="export")
+
+STOP_WAIT_S = 60.0
+# A dashboard restarting or a proxy hiccup should not fail `rayjobs status`; a dead cluster should, soon.
+ONE_SHOT_RETRY_S = 5.0
+
+
+
+def make_client(connection: Connection, retry_for_s: float = 0.0) -> JobsApi:
+    """The one place the commands get their cluster client from.
+
+    ``retry_for_s``: how long each request rides out an unreachable cluster; one-shot commands use
+    :data:`ONE_SHOT_RETRY_S`, a followed job none, since the follower has its own give-up policy.
+    """
+    from runner.client.jobs_api import JobsApi
+
+    return JobsApi(connection, retry_for_s=retry_for_s)
+
+
+@app.command()
+@handles_errors
+@with_connection_options
+def submit(
+    spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="Spec file (YAML).", show_default=False)],
+    set_: SetOption = None,
+    connection: ConnectionOptions = ConnectionOptions(),
+    no_wait: NoWaitOption = False,
+    dry_run: DryRunOption = False,
+    output: OutputOption = "text",
+    local: LocalOption = False,
+    stop_on_interrupt: StopOnInterruptOption = False,
+    quiet: QuietOption = False,
+    no_preflight: NoPreflightOption = False,
+    give_up_after: GiveUpOption = 60.0,
+) -> None:
+    """Validate SPEC, submit it, and follow the job to its end (exit code = outcome)."""
+    from pathlib import Path
+
+    from jobs.loader import load_spec
+    from jobs.secrets import masked
+    from jobs.submission import build_submission
+    from runner.cli.render import dry_run_text, run_summary
+    from runner.follow.messages import follow_up_lines
+    from runner.follow.policy import RunOptions, RunOutcome, run_with_retries
+    from runner.client.preflight import entrypoint_note, shared_storage_note
+
+    check_output(output)
+    try:
+        loaded = load_spec(Path(spec_file), set_ or [])
+        submission = build_submission(loaded)
+        spec_address_source = loaded.source_of("address")
+        if dry_run:
+            address = connection.address or loaded.spec.address
+            typer.echo(json.dumps({"address": address, **masked(submission)}, indent=2)
+                       if output == "json" else dry_run_text(masked(submission), address))
+            return
+        target = connection.target(loaded.spec.address, spec_address_source)
+        if local and target.address is None:
+            _ensure_local_cluster(target.cluster_name)
+        client = make_client(connection.resolve(loaded.spec.address, spec_address_source))
+    except KeyboardInterrupt:
+        _say("interrupted: nothing was submitted")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+
+    if (note := entrypoint_note(loaded)) is not None:
+        _say(f"warning: {note}")
+    if (note := shared_storage_note(client.connection.local_cluster, loaded.workload)) is not None:
+        _say(f"note: {note}")
+    options = RunOptions(wait=not no_wait, stream_logs=not quiet, give_up_after_s=give_up_after,
+                         stop_on_interrupt=stop_on_interrupt, preflight=not no_preflight,
+                         summaries=output != "json")
+    result = run_with_retries(client, loaded, options=options,
+                              logs_out=sys.stderr if output == "json" else sys.stdout)
+    if result.outcome == RunOutcome.SUBMITTED:
+        typer.echo(json.dumps({"submission_id": result.job_id, "address": client.address}) if output == "json"
+                   else result.job_id)
+        for line in follow_up_lines(result.job_id, client.connection):
+            _say(line)
+        return
+    if output == "json" and result.followed is not None:
+        typer.echo(json.dumps(run_summary(result.job_id, result.exit_code, result.followed, result.summary,
+                                          client.address, result.attempts)))
+    raise typer.Exit(int(result.exit_code))
+
+
+def _ensure_local_cluster(name: str) -> None:
+    """Start the named local cluster unless it runs; a failed start ends the command like `cluster up` (exit 4)."""
+    from runner import local
+
+    if local.find_running(name) is not None:
+        return
+    down = "rayjobs cluster down" + ("" if name == local.DEFAULT_CLUSTER_NAME else f" --name {name}")
+    _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
+    started = local.start(name=name)
+    _say(f"local cluster '{name}' is up at {started.dashboard_url}")
+
+
+@app.command()
+@handles_errors
+@with_connection_options
+def status(
+    job_id: JobIdArgument,
+    connection: ConnectionOptions = ConnectionOptions(),
+    output: OutputOption = "text",
+) -> None:
+    """Show a job's status. Exit code: 0 succeeded or still running, 1 failed, 3 stopped."""
+    from jobs.secrets import masked
+    from runner.errors import exit_code_for_status
+    from runner.cli.render import attempts_report, status_report
+
+    check_output(output)
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    info = client.get_job(job_id)
+    if output == "json":
+        typer.echo(json.dumps(masked(info), indent=2))
+    else:
+        typer.echo(status_report(info))
+        if METADATA_ATTEMPT in (info.get("metadata") or {}):
+            typer.echo(attempts_report(info, client.list_jobs()))
+    raise typer.Exit(int(exit_code_for_status(info.get("status", ""))))
+
+
+@app.command()
+@handles_errors
+@with_connection_options
+def logs(
+    job_id: JobIdArgument,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends; exit code = "
+                      "outcome.")] = False,
+    tail: Annotated[Optional[int], typer.Option("--tail", "-n", min=0, metavar="N", help="Print only the last N lines "
+                    "(without --follow).", show_default=False)] = None,
+    connection: ConnectionOptions = ConnectionOptions(),
+    give_up_after: GiveUpOption = 60.0,
+) -> None:
+    """Print a job's log (--follow: stream it until the job ends)."""
+
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    if follow:
+        from runner.follow.policy import RunOptions, follow_job
+
+        if tail is not None:
+            raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
+        client.get_job(job_id)  # unknown id: clear error before streaming
+        result = follow_job(make_client(client.connection), job_id, options=RunOptions(give_up_after_s=give_up_after),
+                            log_tail_on_failure=False)
+        raise typer.Exit(int(result.exit_code))
+    text = client.job_log(job_id, tail)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@app.command()
+@handles_errors
+@with_connection_options
+def stop(
+    job_id: JobIdArgument,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
+    connection: ConnectionOptions = ConnectionOptions(),
+) -> None:
+    """Stop a running job."""
+    from runner.follow.policy import wait_until_ended
+
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    stopped = client.stop_job(job_id)
+    if not stopped:
+        info = client.get_job(job_id)
+        _say(f"job {job_id} had already ended: {info.get('status')}")
+        return
+    _say(f"stop requested for job {job_id}")
+    if wait:
+        status_now, ended = wait_until_ended(client, job_id, within_s=STOP_WAIT_S)
+        if not ended:
+            _fail(f"job {job_id} has not stopped after {STOP_WAIT_S:g}s (still {status_now})", ExitCode.FAILED)
+        _say(f"job {job_id} is {status_now}")
+
+
+@app.command("list")
+@handles_errors
+@with_connection_options
+def list_jobs(
+    status_filter: Annotated[Optional[list[str]], typer.Option("--status", "-s", metavar="STATUS", help="Only jobs in this status "
+                             "(repeatable): PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED.", show_default=False)] = None,
+    connection: ConnectionOptions = ConnectionOptions(),
+    output: OutputOption = "text",
+) -> None:
+    """List the jobs on the cluster, newest first."""
+    from jobs.secrets import masked
+    from runner.cli.render import jobs_table
+
+    check_output(output)
+    wanted = {s.upper() for s in status_filter or []}
+    unknown = wanted - {status.value for status in JobStatus}
+    if unknown:
+        raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use PENDING, RUNNING, SUCCEEDED, FAILED "
+                       "or STOPPED")
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    jobs = [job for job in client.list_jobs() if not wanted or job.get("status") in wanted]
+    typer.echo(json.dumps([masked(job) for job in jobs], indent=2) if output == "json" else jobs_table(jobs))
+
+
+@app.command()
+@handles_errors
+@with_connection_options
+def delete(
+    job_id: JobIdArgument,
+    connection: ConnectionOptions = ConnectionOptions(),
+) -> None:
+    """Delete a finished job and its record from the cluster."""
+
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    info = client.get_job(job_id)
+    if not is_terminal(info.get("status")):
+        raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
+                       f"(stop it first: rayjobs stop --wait {job_id})")
+    client.delete_finished_job(job_id, info.get("end_time"))
+    _say(f"deleted job {job_id}")
+
+
+@app.command()
+def validate(
+    spec_files: Annotated[list[str], typer.Argument(metavar="SPEC...", help="Spec files to check.",
+                                                    show_default=False)],
+    set_: ValidateSetOption = None,
+) -> None:
+    """Check spec files without contacting a cluster (exit code 2 if any is invalid)."""
+    from jobs.errors import SpecError
+    from jobs.loader import load_spec
+    from runner.client.preflight import entrypoint_note
+
+    failed = 0
+    for spec_file in spec_files:
+        try:
+            loaded = load_spec(spec_file, set_ or [])
+        except SpecError as exc:
+            failed += 1
+            typer.echo(str(exc), err=True)
+            continue
+        kind = f", workload {loaded.workload_kind}" if loaded.workload_kind else ""
+        typer.echo(f"{spec_file}: ok ({loaded.spec.name}{kind})")
+        if (note := entrypoint_note(loaded)) is not None:
+            _say(f"warning: {spec_file}: {note}")
+    raise typer.Exit(int(ExitCode.BAD_INPUT) if failed else 0)
+
+
+@app.command()
+def schema(
+    workload: Annotated[Optional[str], typer.Option("--workload", metavar="KIND", help="Print the schema of this workload kind's "
+                        "parameters instead (e.g. vision).", show_default=False)] = None,
+) -> None:
+    """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml)."""
+    from jobs.spec import JobSpec
+    from jobs.workload_kinds import workload_model
+
+    if workload is None:
+        document = JobSpec.model_json_schema()
+        document["title"] = "rayjobs spec"
+    else:
+        try:
+            document = workload_model(workload).model_json_schema()
+        except ValueError as exc:
+            _fail(str(exc), ExitCode.BAD_INPUT)
+    typer.echo(json.dumps(document, indent=2))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    prepare_ray_env()
+    app()
+
+
+if __name__ == "__main__":
+    main()

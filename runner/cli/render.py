@@ -1,0 +1,111 @@
+"""How jobs and outcomes read in a terminal."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
+from runner.follow.messages import duration_s, format_duration, job_id_of
+
+if TYPE_CHECKING:
+    from runner.follow.follower import Outcome
+
+
+def job_name_of(info: dict[str, Any]) -> str:
+    """The name rayjobs gave the job ("" for jobs submitted otherwise)."""
+    return (info.get("metadata") or {}).get(METADATA_NAME, "")
+
+
+def format_time(ms: int | float | None) -> str:
+    """Local time of a Ray timestamp (milliseconds); ``-`` for none."""
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def status_report(info: dict[str, Any]) -> str:
+    """A few aligned lines describing one job."""
+    rows = [
+        ("job", job_id_of(info)),
+        ("status", info.get("status", "?")),
+        ("name", job_name_of(info)),
+        ("entrypoint", info.get("entrypoint") or ""),
+        ("started", format_time(info.get("start_time"))),
+        ("ended", format_time(info.get("end_time"))),
+        ("duration", format_duration(duration_s(info))),
+        ("message", (info.get("message") or "").strip()),
+        ("error type", info.get("error_type") or ""),
+        ("driver exit code", "" if info.get("driver_exit_code") is None else str(info["driver_exit_code"])),
+    ]
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows if value not in ("", "-")
+                     or label in ("job", "status"))
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    """A plain table of jobs, newest first."""
+    header = ("ID", "STATUS", "NAME", "STARTED", "DURATION", "ENTRYPOINT")
+    rows = [header]
+    for info in sorted(jobs, key=lambda job: job.get("start_time") or 0, reverse=True):
+        entrypoint = (info.get("entrypoint") or "").replace("\n", " ")
+        rows.append((
+            job_id_of(info),
+            info.get("status") or "?",
+            job_name_of(info) or "-",
+            format_time(info.get("start_time")),
+            format_duration(duration_s(info)),
+            entrypoint if len(entrypoint) <= 60 else entrypoint[:57] + "...",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1] for row in rows
+    )
+
+
+def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:
+    """All attempts of a retried job (linked through metadata rayjobs.parent), oldest first."""
+    metadata = info.get("metadata") or {}
+    root = metadata.get(METADATA_PARENT) or job_id_of(info)
+    attempts = [job for job in jobs if job_id_of(job) == root
+                or (job.get("metadata") or {}).get(METADATA_PARENT) == root]
+    attempts.sort(key=lambda job: int((job.get("metadata") or {}).get(METADATA_ATTEMPT, "1")))
+    lines = ["attempts:"]
+    for job in attempts:
+        number = (job.get("metadata") or {}).get(METADATA_ATTEMPT, "1")
+        error = f" {job['error_type']}" if job.get("error_type") else ""
+        lines.append(f"  {number}. {job_id_of(job)}  {job.get('status')}{error}")
+    return "\n".join(lines)
+
+
+def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, address: str,
+                attempts: list[str]) -> dict[str, Any]:
+    """The one JSON document ``rayjobs submit --output json`` prints when it has followed a job to its end."""
+    info = followed.info or {}
+    return {
+        "submission_id": job_id, "status": followed.status, "exit_code": int(exit_code), "summary": summary,
+        "error_type": info.get("error_type"), "message": info.get("message"), "start_time": info.get("start_time"),
+        "end_time": info.get("end_time"), "address": address, "attempts": attempts,
+    }
+
+
+def dry_run_text(submission: dict[str, Any], address: str | None) -> str:
+    """What ``submit --dry-run`` prints: where it would go, then the submission as YAML."""
+    import yaml
+
+    header = f"# would submit to {address or 'the resolved cluster (see --address)'}\n"
+    return header + yaml.safe_dump(submission, sort_keys=False, default_flow_style=False, width=100)
+
+
+def nodes_text(nodes: list[Any] | None, error: str | None) -> str:
+    """The ``nodes:`` section of ``cluster status``: one row per node the cluster's GCS knows."""
+    if nodes is None:
+        return f"nodes:     unknown ({error})"
+    alive = sum(node.alive for node in nodes)
+    rows = [("ROLE", "NODE ID", "CPUS", "ALIVE")]
+    rows += [(node.role, node.node_id, "-" if node.cpus is None else f"{node.cpus:g}", "yes" if node.alive else
+              f"no ({node.state})") for node in nodes]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = [f"nodes:     {len(nodes)} ({alive} alive)"]
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3] for row in rows]
+    return "\n".join(lines)

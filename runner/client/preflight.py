@@ -1,0 +1,135 @@
+"""The checks made before a job is sent: an entrypoint no node can host, and local paths a multi-node job shares.
+
+Ray would accept a job whose entrypoint fits no node and leave it PENDING until its supervisor
+gives up (15 minutes by default). A cluster with an autoscaler may still grow, so there the
+check only warns. What a workload shares between nodes comes from its own declaration
+(:mod:`jobs.workload_contract`), never from its field names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from jobs.object_store import uri_scheme
+from jobs.workload_contract import workload_needs
+from runner.errors import BadInput, RayJobsError
+
+
+def entrypoint_demand(submission: dict[str, Any]) -> dict[str, float]:
+    """What the entrypoint reserves, in Ray's resource names (only amounts above zero)."""
+    demand = {
+        "CPU": submission.get("entrypoint_num_cpus") or 0,
+        "GPU": submission.get("entrypoint_num_gpus") or 0,
+        "memory": submission.get("entrypoint_memory") or 0,
+        **(submission.get("entrypoint_resources") or {}),
+    }
+    return {name: float(amount) for name, amount in demand.items() if amount and amount > 0}
+
+
+def unmet_on_every_node(demand: dict[str, float], nodes: list[dict[str, float]]) -> dict[str, float] | None:
+    """Whether some node can host ``demand``.
+
+    Returns:
+        None if some node has enough of every resource; else the most any single node offers of each.
+    """
+    if not demand or any(all(node.get(name, 0) >= amount for name, amount in demand.items()) for node in nodes):
+        return None
+    return {name: max((node.get(name, 0) for node in nodes), default=0) for name in demand}
+
+
+def check_entrypoint_fits(api: Any, submission: dict[str, Any], warn: Callable[[str], None]) -> None:
+    """Refuse an entrypoint that no node can host; only warn if the cluster autoscales.
+
+    Args:
+        api: the cluster client (``node_resources``, ``has_autoscaler``).
+        submission: ``submit_job`` arguments with the entrypoint's resources.
+        warn: hears why a submission goes ahead although no node fits it now.
+
+    Raises:
+        BadInput: no node offers enough of every resource asked for, and the cluster cannot grow.
+        A cluster that cannot answer the check is not a reason to refuse: its errors are ignored.
+    """
+    demand = entrypoint_demand(submission)
+    if not demand:
+        return
+    try:
+        nodes = api.node_resources()
+        if not nodes:
+            return  # nothing reported (yet): let Ray decide
+        best = unmet_on_every_node(demand, nodes)
+        if best is None:
+            return
+        autoscaling = api.has_autoscaler()
+    except RayJobsError:
+        return  # the check is a courtesy; a dashboard that cannot answer it must not block submission
+    wanted = ", ".join(f"{name} {_amount(name, value)}" for name, value in demand.items())
+    offered = ", ".join(f"{name} {_amount(name, value)}" for name, value in best.items())
+    message = (f"the entrypoint asks for {wanted}, but the largest of the cluster's {len(nodes)} node(s) "
+               f"offers {offered}")
+    if autoscaling:
+        warn(f"{message}; submitting anyway because the cluster autoscales")
+        return
+    raise BadInput(f"{message}, so Ray would leave the job PENDING until it times out. Lower "
+                   "entrypoint_num_cpus/_gpus/_memory/_resources in the spec, or use a bigger cluster")
+
+
+def _amount(name: str, value: float) -> str:
+    if name == "memory" or name.endswith("memory"):
+        return f"{value / 2**30:.1f} GiB"
+    return f"{value:g}"
+
+
+def is_local_location(value: str) -> bool:
+    """Whether a storage location is a path on one machine's disk (``file://`` included) rather than object storage."""
+    return uri_scheme(value) in (None, "file")
+
+
+def local_shared_locations(workload: Any) -> dict[str, str]:
+    """The locations a workload declares every node shares (parameter -> value) that are local paths."""
+    shared = workload_needs(workload).shared_locations
+    return {name: value for name, value in shared.items() if value and is_local_location(value)}
+
+
+def shared_storage_note(local_cluster: str | None, workload: Any) -> str | None:
+    """One line for stderr when a multi-node local cluster gets a job whose shared storage is a local path.
+
+    On this machine all nodes share the disk, so the job works; on a real cluster each node has
+    its own disk. Reads the cluster's state only.
+
+    Args:
+        local_cluster: the name of the local cluster the job goes to, or None for any other cluster.
+        workload: the spec's validated workload parameters (``LoadedSpec.workload``), or None.
+
+    Returns:
+        The note, or None when there is nothing to say.
+    """
+    from runner.local import find_running
+
+    if local_cluster is None:
+        return None
+    paths = local_shared_locations(workload)
+    if not paths:
+        return None
+    cluster = find_running(local_cluster)
+    if cluster is None or cluster.node_count <= 1:
+        return None
+    named = " and ".join(f"workload.{key} ({value})" for key, value in paths.items())
+    one = len(paths) == 1
+    return (
+        f"local cluster '{cluster.name}' has {cluster.node_count} nodes and {named} "
+        f"{'is a local path' if one else 'are local paths'}: fine here, where all nodes share this machine's "
+        f"disk, but on a real multi-node cluster {'it' if one else 'they'} must be a shared mount or object "
+        "storage (s3://, gs://)"
+    )
+
+
+def entrypoint_note(loaded: Any) -> str | None:
+    """A warning when the spec's entrypoint does not run its workload's module: its parameters would be ignored.
+
+    A wrapper script may still run it, so this is a warning, never a refusal.
+    """
+    module = workload_needs(loaded.workload).entrypoint_module
+    if module is None or module in loaded.spec.entrypoint or module.replace(".", "/") in loaded.spec.entrypoint:
+        return None
+    return (f"workload '{loaded.workload_kind}' runs as `python -m {module}`, but the entrypoint is "
+            f"`{loaded.spec.entrypoint}`: unless that runs it, the workload section is ignored")

@@ -1,0 +1,318 @@
+"""A KubeRay ``RayJob`` manifest for a spec: what ``rayjobs export kuberay`` prints.
+
+Pure: a validated spec and its submission in, a manifest (a dict) and the notes and
+warnings about it out. Nothing here prints, uploads or talks to a cluster. The
+operator's own rules (``ray-operator/controllers/ray/utils/validation.go``) that the
+CRD schema does not carry are kept here, so a manifest that leaves this module is one
+the operator accepts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.loader import LoadedSpec
+from jobs.secrets import looks_secret
+from jobs.submission import local_runtime_paths
+from jobs.workload_contract import Demand, workload_needs
+from runner.errors import BadInput
+
+RAYJOB_API_VERSION = "ray.io/v1"
+CLUSTER_SELECTOR_KEY = "ray.io/cluster"
+# The operator appends 6 characters to a RayJob's name for its RayCluster, whose names stop at 53.
+MAX_RAYJOB_NAME_LENGTH = 47
+MAX_RAYCLUSTER_NAME_LENGTH = 53
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+INT32_MAX = 2**31 - 1
+
+# Time to read logs and inspect the cluster after the job ends, before the operator deletes it.
+TTL_AFTER_FINISHED_S = 600
+HEAD_CPUS = 2  # GCS, dashboard and the job's driver process
+HEAD_MEMORY_GIB = 8
+# The spec says how many CPUs a worker takes, never how much memory: this is the rule used.
+MEMORY_PER_CPU_GIB = 4
+DEFAULT_WORKER_CPUS = 2
+GPU_RESOURCE = "nvidia.com/gpu"
+HEAD_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)]
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """One worker group: ``replicas`` pods of ``cpus`` CPUs, ``memory_gib`` GiB and ``gpus`` GPUs."""
+
+    replicas: int
+    cpus: int
+    memory_gib: int
+    gpus: int
+
+
+@dataclass
+class Export:
+    """A RayJob manifest and what a user should know about it."""
+
+    manifest: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def ray_image(ray_version: str, python: tuple[int, int], gpu: bool) -> str:
+    """The ``rayproject/ray`` image for a Ray and Python version, CUDA-enabled when ``gpu``."""
+    return f"rayproject/ray:{ray_version}-py{python[0]}{python[1]}" + ("-gpu" if gpu else "")
+
+
+def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str | None = None,
+                 image: str | None = None) -> Export:
+    """The RayJob manifest for a validated spec and the submission ``build_submission`` made of it.
+
+    Args:
+        loaded: the validated spec.
+        submission: its submission, with every local path in the runtime_env already replaced by a URI.
+        cluster: an existing RayCluster to run on (``clusterSelector``); default: a cluster of the job's own.
+        image: the container image of that own cluster; default: ``rayproject/ray`` for this Ray and Python.
+
+    Returns:
+        The manifest, with notes (choices made) and warnings (spec fields KubeRay cannot honour).
+
+    Raises:
+        BadInput: the runtime_env still names local paths, or a name KubeRay refuses.
+    """
+    spec = loaded.spec
+    check_rayjob_name(spec.name)
+    if cluster is not None:
+        check_cluster_name(cluster)
+    runtime_env = copy.deepcopy(submission.get("runtime_env") or {})
+    unshipped = local_runtime_paths(runtime_env)
+    if unshipped:
+        listed = ", ".join(f"{name} {path}" for name, path in unshipped)
+        raise BadInput(f"KubeRay cannot upload local files, and this spec's runtime_env names {listed}. "
+                       "Give --upload-to s3://BUCKET/PREFIX to package and upload them as Ray does, or set "
+                       "them to remote URIs (e.g. --set runtime_env.working_dir=s3://BUCKET/pkg.zip)")
+
+    result = Export({})
+    job: dict[str, Any] = {"entrypoint": submission["entrypoint"]}
+    secrets = _replace_secrets(runtime_env, set(spec.secret_env_vars))
+    if secrets:
+        result.warnings.append(
+            f"secret environment variables {', '.join(secrets)} are written as placeholders "
+            f"(${{{secrets[0]}}}), which Ray fills from the environment of the pods it runs in: give the head "
+            "and worker containers these variables from a Kubernetes Secret before applying")
+    if runtime_env:
+        # Wide lines keep the workload's JSON on one line.
+        job["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=False, default_flow_style=False, width=2**20)
+    if "submission_id" in submission:
+        job["jobId"] = submission["submission_id"]
+    job["metadata"] = dict(submission["metadata"])
+    if spec.entrypoint_num_cpus is not None:
+        job["entrypointNumCpus"] = _number(spec.entrypoint_num_cpus)
+    if spec.entrypoint_num_gpus is not None:
+        job["entrypointNumGpus"] = _number(spec.entrypoint_num_gpus)
+    if spec.entrypoint_resources:
+        job["entrypointResources"] = json.dumps(spec.entrypoint_resources, sort_keys=True)
+    if spec.timeout_s is not None:
+        job["activeDeadlineSeconds"] = _seconds(spec.timeout_s)
+    if spec.start_timeout_s is not None:
+        job["preRunningDeadlineSeconds"] = _seconds(spec.start_timeout_s)
+    deadlines = [name for name in ("activeDeadlineSeconds", "preRunningDeadlineSeconds") if name in job]
+    if deadlines:
+        result.notes.append(f"{' and '.join(deadlines)} count{'s' if len(deadlines) == 1 else ''} from the "
+                            "RayJob's start, so the time its cluster takes to come up is included")
+
+    if cluster is not None:
+        job["clusterSelector"] = {CLUSTER_SELECTOR_KEY: cluster}
+        if spec.max_retries:
+            result.warnings.append(
+                f"max_retries ({spec.max_retries}) is dropped: KubeRay allows backoffLimit only for a RayJob "
+                "with a cluster of its own (leave out --cluster)")
+    else:
+        if spec.max_retries:
+            job["backoffLimit"] = spec.max_retries
+        job["shutdownAfterJobFinishes"] = True
+        job["ttlSecondsAfterFinished"] = TTL_AFTER_FINISHED_S
+        job["rayClusterSpec"] = _cluster_spec(loaded, image, result)
+    result.warnings += _unmapped_fields(loaded, cluster is not None)
+    result.notes += _workload_path_notes(loaded)
+    result.manifest = {
+        "apiVersion": RAYJOB_API_VERSION,
+        "kind": "RayJob",
+        "metadata": {"name": spec.name},
+        "spec": job,
+    }
+    return result
+
+
+def check_rayjob_name(name: str) -> None:
+    """Raise BadInput unless the operator accepts ``name`` for a RayJob."""
+    if len(name) > MAX_RAYJOB_NAME_LENGTH or not DNS_1035_LABEL.match(name):
+        raise BadInput(f"name {name!r} cannot name a RayJob: KubeRay wants at most {MAX_RAYJOB_NAME_LENGTH} "
+                       "characters, lowercase letters, digits and '-', starting with a letter (change it, or "
+                       "--set name=NEW-NAME)")
+
+
+def check_cluster_name(name: str) -> None:
+    """Raise BadInput unless ``name`` can be a RayCluster's name."""
+    if len(name) > MAX_RAYCLUSTER_NAME_LENGTH or not DNS_1035_LABEL.match(name):
+        raise BadInput(f"--cluster {name!r} is not a RayCluster name: at most {MAX_RAYCLUSTER_NAME_LENGTH} "
+                       "characters, lowercase letters, digits and '-', starting with a letter")
+
+
+def size_worker_group(demands: list[Demand]) -> WorkerGroup:
+    """Pods big enough for the largest bundle, as many as the hungriest phase needs.
+
+    Phases run one after another, so the group fits each in turn rather than all at once.
+    """
+    cpus = max(1, math.ceil(max(demand.cpus for demand in demands)))
+    gpus = max(demand.gpus for demand in demands)
+    replicas = 1
+    for demand in demands:
+        per_pod = math.floor(cpus / demand.cpus) if demand.cpus else demand.count
+        if demand.gpus:
+            per_pod = min(per_pod, gpus // demand.gpus)
+        replicas = max(replicas, math.ceil(demand.count / max(1, per_pod)))
+    return WorkerGroup(replicas, cpus, MEMORY_PER_CPU_GIB * cpus, gpus)
+
+
+def _cluster_spec(loaded: LoadedSpec, image: str | None, result: Export) -> dict[str, Any]:
+    spec = loaded.spec
+    demands = list(workload_needs(loaded.workload).demands)
+    if demands:
+        group = size_worker_group(demands)
+        sized_by = "; ".join(f"{d.phase} {d.count} x {_number(d.cpus)} CPU" + (f" + {d.gpus} GPU" if d.gpus else "")
+                             for d in demands)
+        result.notes.append(f"worker group: {group.replicas} pods of {group.cpus} CPU, {group.memory_gib}Gi"
+                            + (f", {group.gpus} GPU" if group.gpus else "") + f" (from the workload: {sized_by}; "
+                            f"memory is {MEMORY_PER_CPU_GIB}Gi per CPU, the spec does not say)")
+    else:
+        group = WorkerGroup(1, DEFAULT_WORKER_CPUS, MEMORY_PER_CPU_GIB * DEFAULT_WORKER_CPUS, 0)
+        what = f"workload '{loaded.workload_kind}'" if loaded.workload_kind else "this spec"
+        result.notes.append(f"{what} does not say how many workers it needs: one worker pod of {group.cpus} CPU "
+                            f"and {group.memory_gib}Gi; edit workerGroupSpecs to change that")
+    for demand in demands:
+        if demand.resources:
+            asked = f"workload.{demand.resources_parameter}" if demand.resources_parameter else \
+                f"the workload's {demand.phase}"
+            result.warnings.append(f"{asked} {json.dumps(demand.resources)} is not given to the worker pods: add "
+                                   "those resources to the worker group's rayStartParams")
+
+    head_cpus = math.ceil(spec.entrypoint_num_cpus or 0)
+    head_gpus = math.ceil(spec.entrypoint_num_gpus or 0)
+    ray_version = version("ray")
+    if image is None:
+        image = ray_image(ray_version, sys.version_info[:2], gpu=bool(group.gpus or head_gpus))
+        if loaded.workload_kind not in (None, "hello"):
+            result.notes.append(f"image {image} holds Ray and its own dependencies only: what the workload imports "
+                                "beyond them (e.g. torch) must come from runtime_env pip/uv or an --image built "
+                                "with them")
+    # The head only runs the driver: Ray Train workers and actors land on the worker pods
+    # the group was sized for, not on spare head CPUs.
+    head_params = {"num-cpus": str(head_cpus)}
+    if spec.entrypoint_resources:
+        # As in KubeRay's samples: the value reaches `ray start --resources=` through a shell.
+        head_params["resources"] = '"' + json.dumps(spec.entrypoint_resources, sort_keys=True).replace('"', '\\"') + '"'
+    head_container = {
+        "name": "ray-head",
+        "image": image,
+        "ports": [{"containerPort": port, "name": name} for name, port in HEAD_PORTS],
+        "resources": _pod_resources(HEAD_CPUS + head_cpus, HEAD_MEMORY_GIB, head_gpus),
+    }
+    worker_container = {"name": "ray-worker", "image": image,
+                        "resources": _pod_resources(group.cpus, group.memory_gib, group.gpus)}
+    return {
+        "rayVersion": ray_version,
+        "headGroupSpec": {"rayStartParams": head_params, "template": {"spec": {"containers": [head_container]}}},
+        "workerGroupSpecs": [{
+            "groupName": "workers",
+            "replicas": group.replicas,
+            "minReplicas": group.replicas,
+            "maxReplicas": group.replicas,
+            "rayStartParams": {},
+            "template": {"spec": {"containers": [worker_container]}},
+        }],
+    }
+
+
+def _pod_resources(cpus: int, memory_gib: int, gpus: int) -> dict[str, dict[str, str]]:
+    amounts = {"cpu": str(cpus), "memory": f"{memory_gib}Gi"}
+    if gpus:
+        amounts[GPU_RESOURCE] = str(gpus)
+    # Requests equal to limits: Ray schedules by what it was told a node has, so the pod must really have it.
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def _replace_secrets(runtime_env: dict[str, Any], marked: set[str]) -> list[str]:
+    """Swap secret env var values for ``${NAME}`` placeholders in place; return their names."""
+    env_vars = runtime_env.get("env_vars") or {}
+    names = [name for name in env_vars if name in marked or looks_secret(name)]
+    for name in names:
+        env_vars[name] = f"${{{name}}}"
+    return names
+
+
+def _unmapped_fields(loaded: LoadedSpec, on_existing_cluster: bool) -> list[str]:
+    """Warnings for the spec fields a RayJob has no place for."""
+    spec = loaded.spec
+    warnings = []
+    if spec.entrypoint_memory is not None:
+        warnings.append(f"entrypoint_memory ({spec.entrypoint_memory} bytes) has no RayJob field: the driver's "
+                        "memory is not reserved")
+    if spec.entrypoint_label_selector:
+        warnings.append(f"entrypoint_label_selector {json.dumps(spec.entrypoint_label_selector)} has no RayJob "
+                        "field: the driver may run on any node")
+    if spec.address is not None:
+        warnings.append(f"address ({spec.address}) is not used: the RayJob runs where it is applied")
+    if spec.max_retries and not on_existing_cluster and spec.retry_on:
+        warnings.append(f"retry_on ({', '.join(spec.retry_on)}) has no RayJob field: KubeRay retries after any "
+                        "failure, up to backoffLimit times, each on a new cluster")
+    return warnings
+
+
+def _workload_path_notes(loaded: LoadedSpec) -> list[str]:
+    if loaded.workload is None:
+        return []
+    paths = _paths_in(loaded.workload.model_dump(), ())
+    if not paths:
+        return []
+    listed = ", ".join(f"{'.'.join(where)}={path}" for where, path in paths)
+    return [f"workload paths were resolved on this machine ({listed}): they must exist in the pods too "
+            "(a mounted volume), or be remote URIs"]
+
+
+def _paths_in(value: Any, where: tuple[str, ...]) -> list[tuple[tuple[str, ...], Path]]:
+    if isinstance(value, Path):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [found for key, item in value.items() for found in _paths_in(item, (*where, str(key)))]
+    return []
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _seconds(value: float) -> int:
+    return min(INT32_MAX, max(1, math.ceil(value)))
+
+
+class _BlockStrings(yaml.SafeDumper):
+    """Multi-line strings (the runtimeEnvYAML) as ``|`` blocks, so the manifest reads like hand-written YAML."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_BlockStrings.add_representer(str, _represent_str)
+
+
+def manifest_yaml(manifest: dict[str, Any]) -> str:
+    """The manifest as YAML for ``kubectl apply -f -``."""
+    return yaml.dump(manifest, Dumper=_BlockStrings, sort_keys=False, default_flow_style=False, width=120)

@@ -1,0 +1,167 @@
+"""Packaging a runtime_env's local directories as Ray does and uploading them to S3.
+
+KubeRay submits a job from inside the cluster, where the laptop's ``working_dir`` does
+not exist. Ray itself can fetch a working_dir from ``s3://…zip``, so the directory is
+zipped here with Ray's own packaging code (same excludes, same content-hash name
+``_ray_pkg_<hash>.zip``) and put in a bucket. The same contents always get the same
+name, so an unchanged directory is uploaded once.
+
+How the object store is reached (the AWS variables) is :mod:`jobs.object_store`'s.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jobs import object_store, ray_internals
+from jobs.object_store import S3Settings, s3_filesystem
+from jobs.submission import local_runtime_paths
+from runner.errors import AuthFailed, BadInput, ClusterUnreachable, RayJobsError
+
+
+class StorageUnreachable(ClusterUnreachable):
+    """The object store did not answer, or answered with an error of its own."""
+
+
+class StorageAuthFailed(AuthFailed):
+    """The object store refused the credentials (or wanted some)."""
+
+
+class S3Location(object_store.S3Location):
+    """``s3://bucket/prefix``: where packages go."""
+
+    @classmethod
+    def parse(cls, text: str) -> S3Location:
+        """Read ``s3://bucket[/prefix]``. Raises BadInput for anything else."""
+        try:
+            location = object_store.S3Location.parse(text)
+        except ValueError as exc:
+            raise BadInput(f"--upload-to {exc}") from None
+        return cls(location.bucket, location.prefix)
+
+
+# Ray's packaging reports each file it skips; rayjobs says what it uploaded itself.
+_QUIET = logging.getLogger("rayjobs.package")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Mapping[str, str] = os.environ,
+                       say: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    """A copy of ``runtime_env`` whose local working_dir and py_modules directories are uploaded packages.
+
+    Args:
+        runtime_env: a submission's runtime_env (its ``excludes`` already hold rayjobs' defaults).
+        destination: ``s3://bucket/prefix`` for the packages.
+        env: where the AWS variables are read.
+        say: receives one line per package (its URI, uploaded or already there).
+
+    Returns:
+        The runtime_env with ``s3://…/_ray_pkg_<hash>.zip`` URIs, and without ``excludes`` (applied here).
+
+    Raises:
+        BadInput: a malformed destination, a missing bucket, or a py_modules entry that is not a directory.
+        StorageUnreachable: no answer from the endpoint, or an error from it.
+        StorageAuthFailed: the credentials were refused.
+    """
+    location = S3Location.parse(destination)
+    result = copy.deepcopy(runtime_env)
+    excludes = list(result.get("excludes") or [])
+    jobs: list[tuple[str, Path, bool, list[str]]] = []
+    for field_name, path in local_runtime_paths(result):
+        if field_name == "working_dir":
+            # Ray adds its own defaults to the working_dir's excludes (not to py_modules').
+            jobs.append((field_name, Path(path), False, ray_internals.default_working_dir_excludes() + excludes))
+            continue
+        if not Path(path).is_dir():
+            raise BadInput(f"py_modules entry {path} is a file: only directories are packaged for KubeRay; "
+                           "upload it yourself and give its URI")
+        jobs.append((field_name, Path(path), True, excludes))
+    if not jobs:
+        return result
+
+    settings = S3Settings.from_env(env)
+    filesystem = s3_filesystem(settings, location.bucket)
+    check_bucket(filesystem, location, settings)
+    uploaded: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="rayjobs-package-") as scratch:
+        for field_name, directory, include_parent_dir, patterns in jobs:
+            name, package = package_directory(directory, patterns, include_parent_dir, Path(scratch))
+            uri = location.uri(name)
+            if upload_file(filesystem, package, location.key(name), settings):
+                say(f"uploaded {field_name} {directory} ({_size(package.stat().st_size)}) as {uri}")
+            else:
+                say(f"{field_name} {directory} is already uploaded as {uri} (same contents)")
+            uploaded[str(directory)] = uri
+    if result.get("working_dir") in uploaded:
+        result["working_dir"] = uploaded[result["working_dir"]]
+    if result.get("py_modules"):
+        result["py_modules"] = [uploaded.get(module, module) for module in result["py_modules"]]
+    result.pop("excludes", None)
+    return result
+
+
+def package_directory(directory: Path, excludes: list[str], include_parent_dir: bool,
+                      scratch: Path) -> tuple[str, Path]:
+    """Zip ``directory`` with Ray's packaging code; return the package's name (``_ray_pkg_<hash>.zip``) and file."""
+    with ray_internals.quieter(ray_internals.PACKAGING_LOGGER):
+        name = ray_internals.package_name(directory, excludes)
+        target = scratch / name
+        ray_internals.create_package(directory, target, excludes, include_parent_dir, _QUIET)
+    return name, target
+
+
+def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings) -> None:
+    """Raise unless the bucket exists and answers."""
+    _calling_storage(lambda: object_store.check_bucket(filesystem, location, settings,
+                                                       "create it, or name another with --upload-to"))
+
+
+def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) -> bool:
+    """Copy ``package`` to ``key`` unless an object of that name and size is there; return whether it copied."""
+    from pyarrow.fs import FileType
+
+    existing = _calling_storage(lambda: object_store.call_object_store(lambda: filesystem.get_file_info(key),
+                                                                       settings, key))
+    size = package.stat().st_size
+    if existing.type == FileType.File and existing.size == size:
+        return False
+
+    def copy_it() -> None:
+        with package.open("rb") as source, filesystem.open_output_stream(key) as target:
+            while chunk := source.read(8 * 1024 * 1024):
+                target.write(chunk)
+
+    _calling_storage(lambda: object_store.call_object_store(copy_it, settings, key))
+    return True
+
+
+def _calling_storage(call: Callable[[], Any]) -> Any:
+    """Run a call to the object store; its error becomes the client's error of the same kind."""
+    try:
+        return call()
+    except object_store.ObjectStoreError as exc:
+        raise _client_error(exc) from None
+
+
+def _client_error(error: object_store.ObjectStoreError) -> RayJobsError:
+    if isinstance(error, object_store.ObjectStoreAuthFailed):
+        return StorageAuthFailed(str(error))
+    if isinstance(error, object_store.ObjectStoreMissing):
+        return BadInput(str(error))
+    return StorageUnreachable(str(error))
+
+
+def _size(size_bytes: int) -> str:
+    amount = float(size_bytes)
+    for unit in ("B", "KiB", "MiB"):
+        if amount < 1024:
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} GiB"

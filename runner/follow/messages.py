@@ -1,0 +1,82 @@
+"""The lines a followed job leaves in the terminal: its one-line summary, and how to reach it again."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from jobs.status import JobStatus
+from runner.errors import ExitCode
+
+if TYPE_CHECKING:
+    from runner.client.connection import Connection
+
+
+def job_id_of(info: dict[str, Any]) -> str:
+    """A job's submission id, else its Ray job id."""
+    return info.get("submission_id") or info.get("job_id") or "?"
+
+
+def duration_s(info: dict[str, Any]) -> float | None:
+    """Seconds from start to end (to now while it runs); None before it started."""
+    start = info.get("start_time")
+    if not start:
+        return None
+    end = info.get("end_time") or time.time() * 1000
+    return max(0.0, (end - start) / 1000)
+
+
+def format_duration(seconds: float | None) -> str:
+    """``12.3s``, ``4m05s`` or ``1h02m03s``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | None, reason: str = "") -> str:
+    """The one line printed when following a job ends."""
+    status = (info or {}).get("status") or "UNKNOWN"
+    took = format_duration(duration_s(info)) if info else "-"
+    if outcome_code == ExitCode.TIMEOUT:
+        return f"job {job_id} {status} after {took}: {reason}"
+    if outcome_code == ExitCode.CLUSTER_UNREACHABLE:
+        return f"job {job_id} state unknown (last seen {status}): {reason}"
+    line = f"job {job_id} {status} in {took}"
+    if status in (JobStatus.FAILED, JobStatus.STOPPED) and info:
+        # Ray's message may carry the whole log tail after its first line; the log is shown separately.
+        message = (info.get("message") or "").strip().splitlines()
+        first = message[0].split(", last available logs")[0] if message else ""
+        detail = " ".join(part for part in (info.get("error_type"), first) if part)
+        if info.get("driver_exit_code") is not None and "exit code" not in detail:
+            detail += f" (exit code {info['driver_exit_code']})"
+        if detail:
+            line += f": {detail.strip()}"
+    return line
+
+
+def address_hint(connection: Connection) -> str:
+    """The flag that reaches the same cluster again in a printed command ("" for the default local cluster)."""
+    if connection.source == "local cluster":
+        return ""
+    if connection.source in ("--cluster", "RAYJOBS_CLUSTER"):
+        return f" --cluster {connection.local_cluster}"
+    return f" --address {connection.address}"
+
+
+def where_from(connection: Connection) -> str:
+    """Where the address came from, naming the local cluster it reaches when that is not obvious."""
+    if connection.local_cluster is None or connection.source == "local cluster":
+        return connection.source
+    return f"local cluster '{connection.local_cluster}' via {connection.source}"
+
+
+def follow_up_lines(job_id: str, connection: Connection) -> list[str]:
+    """The commands to follow, check or stop a job that keeps running."""
+    hint = address_hint(connection)
+    return [f"follow it:  rayjobs logs --follow {job_id}{hint}",
+            f"its status: rayjobs status {job_id}{hint}",
+            f"stop it:    rayjobs stop {job_id}{hint}"]

@@ -1,0 +1,227 @@
+"""Starting, stopping and finding the local clusters: the lifecycle behind ``rayjobs cluster up|down|status``.
+
+:func:`start` runs ``ray start --head --block`` in a new session with every port chosen free on
+127.0.0.1, so several clusters (other users', other test sessions') can run side by side on one
+machine. With ``nodes=N`` it adds N-1 worker nodes (:mod:`runner.local.workers`). Only the
+processes of those sessions are ever stopped: there is no machine-wide ``ray stop`` here.
+
+Finding a cluster comes in two kinds. :func:`find_running`, :func:`find_serving` and
+:func:`list_running` only read state files and look at processes, so any command may call them,
+whatever cluster it talks to. :func:`status`, :func:`start` and :func:`stop` also clean up after a
+cluster that died: they remove its state file and kill what is left of its processes; only the
+``rayjobs cluster`` commands and ``submit --local`` use them.
+
+Errors are :class:`ClusterError` (exit code 4) or, for a bad name or option,
+:class:`InvalidClusterRequest` (exit code 2). Nothing here imports ``ray``, to keep CLI start-up fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from typing import Callable
+
+from runner.local.errors import ClusterError, InvalidClusterRequest
+from runner.local.launch import PortClash, find_ray_executable, launch
+from runner.local.processes import leader_is_alive, reap, stop_cluster_processes
+from runner.local.state import (
+    DEFAULT_CLUSTER_NAME,
+    FAILED_START_LOGS,
+    TOKEN_FILE,
+    LocalCluster,
+    check_name,
+    cluster_dir,
+    forget_state,
+    name_lock,
+    peek_all_states,
+    peek_state,
+    read_state,
+    write_new_token,
+    write_state,
+)
+from runner.local.workers import add_worker_nodes, object_store_bytes
+
+# Free ports are only reserved until our probe sockets close, so another
+# program may grab one before Ray binds it; one retry with fresh ports covers that race.
+_START_ATTEMPTS = 2
+# Time a dead cluster's leftover processes get to stop before they are killed.
+_STALE_CLEANUP_TIMEOUT_S = 5
+# Each node runs its own raylet, agents and object store (a few hundred MB of memory).
+MAX_NODES = 32
+
+
+def start(
+    name: str = DEFAULT_CLUSTER_NAME,
+    num_cpus: int | None = None,
+    auth: bool = True,
+    timeout_s: float = 90,
+    ray_executable: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    nodes: int = 1,
+) -> LocalCluster:
+    """Start a loopback-only Ray cluster and wait until its job API answers and all its nodes are alive.
+
+    A stale record of a cluster of that name (its leader is gone) is cleaned up first.
+
+    Args:
+        name: the cluster's name (letters, digits, '.', '_', '-').
+        num_cpus: CPUs each node offers; None for all of the machine's.
+        auth: whether the cluster requires a token (written to the cluster's directory).
+        timeout_s: how long the head may take to come up, and then the worker nodes to join.
+        ray_executable: the ``ray`` command to use; see :func:`runner.local.launch.find_ray_executable`.
+        progress: receives short status lines while waiting.
+        nodes: how many nodes, the head included (1 to :data:`MAX_NODES`). With more than one,
+            each node's object store is sized to fit ``/dev/shm`` (see
+            :func:`runner.local.workers.object_store_bytes`).
+
+    Returns:
+        The running cluster, as recorded in its state file.
+
+    Raises:
+        InvalidClusterRequest: a bad name, ``num_cpus``, ``nodes`` or ``timeout_s``.
+        ClusterError: ``ray`` was not found, a cluster of that name is already running or being
+            started, or Ray did not come up within ``timeout_s`` (everything started is then
+            killed again; the message names the node that did not come up).
+    """
+    check_name(name)
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1):
+        raise InvalidClusterRequest(f"num_cpus must be a positive whole number, got {num_cpus!r}.")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise InvalidClusterRequest(f"nodes must be a whole number from 1 to {MAX_NODES}, got {nodes!r}.")
+    if timeout_s <= 0:
+        raise InvalidClusterRequest(f"timeout_s must be positive, got {timeout_s!r}.")
+    ray_path = find_ray_executable(ray_executable)
+    directory = cluster_dir(name)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    with name_lock(directory):
+        existing = status(name)
+        if existing is not None:
+            raise ClusterError(
+                f"Local cluster '{name}' is already running at {existing.dashboard_url} "
+                f"(pid {existing.pid}); stop it first."
+            )
+        token_file = write_new_token(directory / TOKEN_FILE) if auth else None
+        if not auth:
+            with contextlib.suppress(FileNotFoundError):
+                (directory / TOKEN_FILE).unlink()
+        object_store_memory = object_store_bytes(nodes)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                cluster = launch(
+                    name, directory, ray_path, num_cpus, token_file, timeout_s, progress, object_store_memory
+                )
+                if nodes > 1:
+                    add_worker_nodes(cluster, nodes - 1, ray_path, num_cpus, token_file, timeout_s, progress)
+            except PortClash as clash:
+                if attempt == _START_ATTEMPTS:
+                    raise ClusterError(str(clash)) from None
+                continue
+            write_state(cluster)
+            shutil.rmtree(directory / FAILED_START_LOGS, ignore_errors=True)
+            return cluster
+    raise AssertionError("unreachable")
+
+
+def stop(name: str = DEFAULT_CLUSTER_NAME, timeout_s: float = 30) -> bool:
+    """Stop the named cluster and every process it started, and remove its state.
+
+    Sends SIGTERM to the worker nodes' ``ray start`` leaders, then to the head's, each of which
+    stops its node's daemons, and waits up to ``timeout_s`` for them. Then whatever of the cluster is left (found by session id or by its
+    temp dir on the command line) gets SIGTERM and a few seconds' grace, then SIGKILL.
+
+    Args:
+        name: the cluster's name.
+        timeout_s: how long the orderly shutdown may take.
+
+    Returns:
+        False if no cluster of that name was running (a stale record is still cleaned up).
+
+    Raises:
+        InvalidClusterRequest: a bad name.
+        ClusterError: the state file cannot be read.
+    """
+    cluster = read_state(name)
+    if cluster is None:
+        return False
+    leader_alive = leader_is_alive(cluster)
+    killed_any = stop_cluster_processes(cluster, leader_alive=leader_alive, timeout_s=timeout_s)
+    for worker in cluster.worker_nodes:
+        reap(worker.pid)
+    reap(cluster.pid)
+    forget_state(cluster)
+    return leader_alive or killed_any
+
+
+def status(name: str = DEFAULT_CLUSTER_NAME) -> LocalCluster | None:
+    """The named cluster if it is running; otherwise its stale record is cleaned up.
+
+    A state file whose leader process is gone (or whose pid now belongs to some other program)
+    is stale: it is removed, and leftover processes of that cluster are killed, so the name can
+    be used again. For a lookup that changes nothing, use :func:`find_running`.
+
+    Args:
+        name: the cluster's name.
+
+    Returns:
+        The running cluster, or None.
+
+    Raises:
+        InvalidClusterRequest: a bad name.
+        ClusterError: the state file cannot be read.
+    """
+    cluster = read_state(name)
+    if cluster is None:
+        return None
+    if leader_is_alive(cluster):
+        return cluster
+    stop_cluster_processes(cluster, leader_alive=False, timeout_s=_STALE_CLEANUP_TIMEOUT_S)
+    forget_state(cluster)
+    return None
+
+
+
+def find_running(name: str) -> LocalCluster | None:
+    """The named cluster if it is running; reads state only, never cleans up.
+
+    Args:
+        name: the cluster's name.
+
+    Returns:
+        The running cluster, or None (also for a missing, garbled or stale state file).
+
+    Raises:
+        InvalidClusterRequest: a bad name.
+    """
+    cluster = peek_state(name)
+    return cluster if cluster is not None and leader_is_alive(cluster) else None
+
+
+def find_serving(address: str) -> LocalCluster | None:
+    """The running local cluster whose dashboard ``address`` reaches, however it is spelled; reads state only.
+
+    Args:
+        address: a dashboard address (``http://127.0.0.1:8265``, ``localhost:8265/``, ...).
+
+    Returns:
+        The running cluster, or None when no local cluster serves that address.
+
+    Raises:
+        ValueError: ``address`` is not an http(s) address with a host.
+    """
+    from jobs.address import dashboard_endpoint
+
+    wanted = dashboard_endpoint(address)
+    for cluster in peek_all_states():
+        try:
+            serves_it = dashboard_endpoint(cluster.dashboard_url) == wanted
+        except ValueError:  # a hand-edited state file; it describes no cluster rayjobs started
+            continue
+        if serves_it and leader_is_alive(cluster):
+            return cluster
+    return None
+
+
+def list_running() -> list[LocalCluster]:
+    """Every running local cluster under ``$RAYJOBS_HOME``, in name order; reads state only."""
+    return [cluster for cluster in peek_all_states() if leader_is_alive(cluster)]

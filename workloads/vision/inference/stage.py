@@ -1,0 +1,166 @@
+"""Inference stage: the best checkpoint of a run applied to the validation split.
+
+Batch inference streams the validation Parquet through a pool of Ray Data actors, each
+loading the model once (:mod:`workloads.vision.inference.classify`), and writes the
+predictions, their metrics and a confusion matrix into the run's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import ray
+
+from workloads import storage
+from workloads.placement import nodes_phrase
+from workloads.storage import StoragePath
+from workloads.vision.config import InferConfig, VisionParams
+from workloads.vision.errors import InferenceError
+from workloads.vision.inference.classify import (classify_tensors, load_checkpoint_model, load_classes,
+                                                 resolve_checkpoint)
+
+PREDICTIONS_DIR = "predictions"
+METRICS_FILE = "inference_metrics.json"
+CONFUSION_PNG = "confusion_matrix.png"
+PREDICTION_COLUMNS_READ_BACK = ["label", "predicted_label", "node_id"]
+
+
+class BatchPredictor:
+    """Ray Data actor: loads the checkpoint once, then classifies batches of Parquet rows."""
+
+    def __init__(self, checkpoint_dir: str, use_gpu: bool, cpus: float):
+        import torch
+
+        # Ray reserved `cpus` for this actor; more threads would fight the other actors.
+        torch.set_num_threads(max(1, int(cpus)))
+        self.loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu)
+        self.class_names = np.array(self.loaded.classes, dtype=object)
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from workloads.vision.images import decode_batch
+
+        predicted, probabilities = classify_tensors(self.loaded, decode_batch(batch["image"], self.loaded.layout))
+        return {
+            "path": batch["path"],
+            "label": batch["label"].astype(np.int64),
+            "predicted_label": predicted.astype(np.int64),
+            "predicted_class": self.class_names[predicted],
+            "confidence": probabilities[np.arange(len(predicted)), predicted].astype(np.float32),
+            # Which replica's node classified the row: tells placement problems apart from model ones.
+            "node_id": np.full(len(predicted), self.node_id, dtype=object),
+        }
+
+
+def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg: InferConfig, filesystem=None):
+    """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors.
+
+    ``filesystem``: the ``pyarrow.fs`` filesystem of ``files`` (None: local files).
+    """
+    from workloads.vision.reading.ray_datasets import read_parquet_on_no_cpu
+
+    # Reads reserve no CPU, so unbounded, Ray would run every read task at once, each in
+    # a new worker process that must start and import pyarrow; beside the model actors
+    # on a 2-core machine that delayed the first predictions by about 10 s. Two readers
+    # keep up with actors that spend far more per row on the model.
+    dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"], max_concurrent_reads=2,
+                                     filesystem=filesystem)
+    # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
+    # holding every CPU cannot starve them); grow to num_actors if nodes are added.
+    resources = ray.cluster_resources()
+    fits = resources.get("CPU", 0) // cfg.cpus_per_actor
+    if cfg.use_gpu:
+        fits = min(fits, resources.get("GPU", 0))
+    start_with = int(max(1, min(cfg.num_actors, fits)))
+    return dataset.map_batches(
+        BatchPredictor,
+        fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
+                               "cpus": cfg.cpus_per_actor},
+        batch_size=cfg.batch_size,
+        compute=ray.data.ActorPoolStrategy(min_size=start_with, max_size=cfg.num_actors),
+        num_cpus=cfg.cpus_per_actor,
+        num_gpus=1 if cfg.use_gpu else 0,
+        batch_format="numpy",
+    )
+
+
+def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> list[list[int]]:
+    """Counts of (true label, predicted label) pairs."""
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (labels, predicted), 1)
+    return matrix.tolist()
+
+
+def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None = None,
+                        run_dir: StoragePath | None = None, checkpoint_dir: StoragePath | None = None) -> dict:
+    """Classify the validation split with the run's best checkpoint; write predictions and metrics.
+
+    ``dataset_root`` and ``run_dir`` default to the parameters' ``data.output_dir`` and run folder.
+
+    Returns the metrics written to ``inference_metrics.json``. Needs a connected Ray cluster.
+    """
+    import pyarrow.parquet as pq
+
+    from workloads.vision.inference.confusion import confusion_table, plot_confusion_matrix
+    from workloads.vision.reading.torch_dataset import split_files
+
+    cfg: InferConfig = params.infer
+    dataset_root = dataset_root if dataset_root is not None else storage.storage_path(params.data.output_dir)
+    run_dir = run_dir if run_dir is not None else params.run_dir
+    val_files = split_files(dataset_root, "val")
+    if checkpoint_dir is None:
+        checkpoint_dir, checkpoint_metrics = resolve_checkpoint(run_dir)
+        source = f"epoch {int(checkpoint_metrics['epoch'])}, val_accuracy {checkpoint_metrics['val_accuracy']:.4f}"
+    else:
+        source = "given checkpoint"
+    print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
+          f"{cfg.num_actors} actor(s) x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
+    expected_rows = sum(pq.read_metadata(storage.open_input_file(f)).num_rows for f in val_files)
+
+    started = time.perf_counter()
+    files, filesystem = storage.arrow_paths(val_files)
+    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem)
+    out_dir = run_dir / PREDICTIONS_DIR
+    # Old and new predictions are never read back mixed (see storage.replacing_folder).
+    with storage.replacing_folder(out_dir) as building:
+        path, filesystem = storage.arrow_path(building)
+        predictions.write_parquet(path, filesystem=filesystem, ray_remote_args={"num_cpus": 0})
+        seconds = time.perf_counter() - started
+    out_path, filesystem = storage.arrow_path(out_dir)
+    table = storage.call_storage(out_dir, lambda: pq.read_table(out_path, filesystem=filesystem,
+                                                                columns=PREDICTION_COLUMNS_READ_BACK))
+    labels = table.column("label").to_numpy()
+    predicted = table.column("predicted_label").to_numpy()
+    if len(labels) != expected_rows:
+        raise InferenceError(f"inference wrote {len(labels)} predictions for {expected_rows} validation rows")
+    classes = load_classes(checkpoint_dir)
+    matrix = confusion_matrix(labels, predicted, len(classes))
+    correct = int((labels == predicted).sum())
+    node_ids = set(table.column("node_id").to_pylist())
+    metrics = {
+        "accuracy": correct / max(1, len(labels)),
+        "correct": correct,
+        "rows": int(len(labels)),
+        "images_per_s": len(labels) / max(1e-9, seconds),
+        "seconds": seconds,
+        "nodes": len(node_ids),
+        "checkpoint": str(checkpoint_dir),
+        "predictions": str(out_dir),
+        "classes": classes,
+        "confusion_matrix": matrix,
+        "per_class_recall": {
+            name: (row[i] / sum(row) if sum(row) else None) for i, (name, row) in enumerate(zip(classes, matrix))
+        },
+    }
+    metrics_path = run_dir / METRICS_FILE
+    storage.write_text(metrics_path, json.dumps(metrics, indent=2))
+    plot_confusion_matrix(matrix, classes, run_dir / CONFUSION_PNG)
+
+    print(confusion_table(matrix, classes), flush=True)
+    print(f"Inference accuracy: {metrics['accuracy']:.4f} ({correct}/{len(labels)}), "
+          f"{metrics['images_per_s']:.1f} images/s on {nodes_phrase(node_ids)}", flush=True)
+    print(f"Predictions: {out_dir}", flush=True)
+    print(f"Confusion matrix: {run_dir / CONFUSION_PNG}; metrics: {metrics_path}", flush=True)
+    return metrics

@@ -1,0 +1,1 @@
+"""Where the images come from: photo folders and shards, generated images, MNIST and CIFAR-10 arrays."""

@@ -1,0 +1,164 @@
+"""Training stage: ResNet-18 (or a ViT) on the Parquet dataset with Ray Train's TorchTrainer.
+
+Layout of a run, ``<storage_path>/<run_name>/`` (a local folder or an S3 prefix):
+
+- ``checkpoint_epoch_NNNN/`` (kept by Ray Train, best ``num_to_keep`` by val accuracy,
+  plus the latest): ``state.pt`` with model, optimizer, scheduler, epoch (0-based
+  index of the last finished epoch), config and classes; ``meta.json`` with the
+  epoch's metrics.
+- ``metrics.csv``: one row per finished epoch, written by rank 0 after every epoch.
+- ``loss_curve.png``: drawn by the driver from ``metrics.csv``.
+
+Running again with the same run name continues after the latest checkpoint: Ray
+Train V2 (the default in Ray 2.60) finds the run's checkpoint snapshot under the
+same ``RunConfig(name, storage_path)`` and hands its latest checkpoint to
+``ray.train.get_checkpoint()``.
+
+The model and checkpoints are in :mod:`workloads.vision.training.model`, the optimizer and
+schedule in :mod:`workloads.vision.training.recipe`, the workers' loop in
+:mod:`workloads.vision.training.loop`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobs import ray_internals
+from workloads import storage
+from workloads.placement import nodes_phrase
+from workloads.storage import StoragePath
+from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, plot_loss_curve, read_metrics_csv
+from workloads.training.trainer import TrainingError, fit
+from workloads.vision.config import VisionParams
+from workloads.vision.training.loop import METRIC_FIELDS, train_loop_per_worker
+from workloads.vision.training.model import best_checkpoint, list_checkpoints, load_pretrained_state
+from workloads.vision.training.recipe import divergence_message
+
+if TYPE_CHECKING:
+    from workloads.vision.reading.manifest import DatasetInfo
+
+@dataclass
+class TrainingOutcome:
+    """What a training stage left behind."""
+
+    run_dir: StoragePath
+    best_checkpoint: StoragePath | None
+    best_metrics: dict[str, float]
+    final_metrics: dict[str, float]
+    metrics_csv: StoragePath
+    loss_curve: StoragePath | None
+    epochs_trained: list[int] = field(default_factory=list)  # epoch numbers (1-based) this call trained
+    skipped: bool = False
+    worker_nodes: list[str] = field(default_factory=list)  # Ray node id of each rank (last attempt); empty if skipped
+
+
+def outcome_from_disk(run_dir: StoragePath, trained: list[int], skipped: bool) -> TrainingOutcome:
+    """Describe a run from what is in its storage: its metrics, curve and best checkpoint."""
+    metrics_csv = run_dir / METRICS_CSV
+    rows = read_metrics_csv(metrics_csv) if storage.exists(metrics_csv) else []
+    loss_curve = plot_loss_curve(metrics_csv, run_dir / LOSS_CURVE) if rows else None
+    best = best_checkpoint(run_dir)
+    return TrainingOutcome(
+        run_dir=run_dir,
+        best_checkpoint=best[0] if best else None,
+        best_metrics=best[1] if best else {},
+        final_metrics=rows[-1] if rows else {},
+        metrics_csv=metrics_csv,
+        loss_curve=loss_curve,
+        epochs_trained=trained,
+        skipped=skipped,
+    )
+
+
+def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
+    """Train (or continue training) ``params.run_name`` on the preprocessed dataset ``info`` describes.
+
+    Needs a connected Ray cluster. Raises :class:`TrainingError` with a readable
+    message for problems the user can fix.
+    """
+    import ray
+
+    from workloads.vision.reading.torch_dataset import split_files
+
+    cfg = params.train
+    dataset_root = storage.resolved(info.root)
+    classes, layout = info.classes, info.layout
+    split_files(dataset_root, "train")
+    split_files(dataset_root, "val")
+    if cfg.model == "vit" and layout.height % cfg.vit.patch_size:
+        raise TrainingError(f"train.vit.patch_size {cfg.vit.patch_size} does not divide the dataset's "
+                            f"{layout.height}-pixel images")
+    # Read once here, checked, and handed to every worker through the object store: the
+    # workers' nodes need neither the file nor internet access.
+    pretrained = load_pretrained_state(cfg)
+    if pretrained is not None:
+        print(f"Fine-tuning from {'ImageNet weights' if cfg.uses_imagenet_weights else cfg.weights}: peak lr "
+              f"{cfg.peak_lr():.3g}" + (f", backbone frozen for {cfg.freeze_epochs} epoch(s)" if cfg.freeze_epochs else ""),
+              flush=True)
+    run_dir = params.run_dir
+
+    checkpoints = list_checkpoints(run_dir)
+    latest = checkpoints[-1] if checkpoints else None
+    if latest is not None:
+        done = int(latest[1]["epoch"])
+        if done >= cfg.epochs:
+            print(f"Run {params.run_name!r} already finished {done} of {cfg.epochs} epochs "
+                  f"(latest checkpoint {latest[0]}); nothing to train. Raise train.epochs to train further, "
+                  "or pick a new run_name to start over.", flush=True)
+            return outcome_from_disk(run_dir, [], skipped=True)
+        print(f"Run {params.run_name!r} has a checkpoint after epoch {done}: continuing with epoch {done + 1} "
+              f"of {cfg.epochs}.", flush=True)
+
+    loop_config = {
+        "train": cfg.model_dump(mode="json"),
+        "classes": list(classes),
+        "layout": layout.to_dict(),
+        "train_rows": int(info.counts.get("train", 0)),
+        # Locations as text: the torchrun baseline of benchmarks/plain_torch.py stores this config as JSON.
+        "dataset_root": str(dataset_root),
+        "run_dir": str(run_dir),
+        "pretrained": ray.put(pretrained) if pretrained is not None else None,
+        # Ray Train V1 does not restore a run by name; there the latest checkpoint is handed over explicitly.
+        "resume_from": str(latest[0]) if latest is not None and not ray_internals.train_v2_enabled() else None,
+    }
+    data_options: dict[str, Any] = {}
+    if cfg.ingest == "ray_data":
+        from workloads.vision.reading.ray_datasets import (ExactValidationDataConfig, data_cpu_shortfall,
+                                                           training_datasets)
+
+        shortfall = data_cpu_shortfall(cfg)
+        if shortfall is not None:
+            raise TrainingError(shortfall)
+        data_options = {"datasets": training_datasets(dataset_root, layout, cfg),
+                        "dataset_config": ExactValidationDataConfig()}
+    result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, "val_accuracy",
+                 **data_options)
+    returned = getattr(result, "return_value", None) or {}
+    if "diverged" in returned:
+        raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
+    outcome = outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
+    outcome.worker_nodes = list(returned.get("worker_nodes", []))
+    return outcome
+
+
+def print_training_summary(outcome: TrainingOutcome) -> None:
+    """Print where the best checkpoint is and the final metrics, for the job's last log lines."""
+    print(f"Run directory: {outcome.run_dir}")
+    print(f"Metrics: {outcome.metrics_csv}")
+    if outcome.loss_curve:
+        print(f"Loss curve: {outcome.loss_curve}")
+    if outcome.best_checkpoint:
+        best = outcome.best_metrics
+        print(f"Best checkpoint: {outcome.best_checkpoint} (epoch {int(best['epoch'])}, "
+              f"val_accuracy {best['val_accuracy']:.4f}, val_loss {best['val_loss']:.4f})")
+    if outcome.worker_nodes:
+        print(worker_nodes_line(outcome.worker_nodes))
+    if outcome.final_metrics:
+        print(final_metrics_line(outcome.final_metrics, METRIC_FIELDS))
+
+
+def worker_nodes_line(nodes: list[str]) -> str:
+    """``Training workers: rank 0 on node 1a2b3c4d, rank 1 on node 5e6f7a8b (2 nodes)``: where each rank ran."""
+    ranks = ", ".join(f"rank {rank} on node {node[:8]}" for rank, node in enumerate(nodes))
+    return f"Training workers: {ranks} ({nodes_phrase(nodes)})"
