@@ -11,9 +11,10 @@ from tests.support.cli import read_metrics_csv, submit_spec
 from tests.support.shared_data import FOOD101_64PX_DEV, skip_unless_present
 
 EPOCHS = 2
-# Chance is 0.10. Two epochs of the shipped recipe reached 0.276 here, in the same configuration
-# through the workload, about four standard errors (0.02 on 500 photos) above this floor. The old
-# SGD recipe left the model at chance, with a first-epoch validation loss of 100,330.
+# The photos are resized to 48 px: an epoch takes 16 s instead of 21 s at their 64 px, and the
+# recipe learns as well (0.312 after two epochs here, against 0.276 at 64 px). Chance is 0.10; the
+# floor is five standard errors (0.02 on 500 photos) under what was measured. The old SGD recipe
+# left the model at chance, with a first-epoch validation loss of 100,330.
 ACCURACY_FLOOR = 0.20
 
 
@@ -23,7 +24,7 @@ def test_food101_spec_learns_on_real_photos_without_a_loss_spike(ray_cluster, ra
     result = submit_spec(
         ray_cluster_home, "specs/food101.yaml",
         f"workload.data.root={FOOD101_64PX_DEV}", f"workload.data.classes=[{', '.join(classes)}]",
-        "workload.data.image_size=64", f"workload.data.output_dir={tmp_path / 'data'}",
+        "workload.data.image_size=48", f"workload.data.output_dir={tmp_path / 'data'}",
         f"workload.storage_path={tmp_path / 'results'}", f"workload.train.epochs={EPOCHS}",
         "workload.train.num_workers=2", "workload.train.cpus_per_worker=1", "workload.train.loader_workers=0",
         "workload.train.num_to_keep=1", "workload.stages=[preprocess, train]", timeout=900)
