@@ -18,7 +18,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlparse
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 # Short: an unreachable endpoint must fail within seconds, not after the SDK's default minutes.
 CONNECT_TIMEOUT_S = 3
@@ -53,6 +54,18 @@ def uri_scheme(text: str) -> str | None:
     """The scheme of a URI (``s3`` for ``s3://bucket/key``), or None for a local path."""
     match = URI_SCHEME.match(text)
     return match.group(1).lower() if match else None
+
+
+def file_uri_path(uri: str) -> Path:
+    """The local path a ``file://`` URI names (``file:///data/runs``, ``file://localhost/data``).
+
+    Raises ValueError for a URI that names another host: it is a path on this machine or nothing.
+    """
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{uri!r} names the host {parsed.netloc!r}; a file:// URI is a path on this machine "
+                         "(file:///PATH)")
+    return Path(unquote(parsed.path))
 
 
 @dataclass(frozen=True)

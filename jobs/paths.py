@@ -7,7 +7,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
-from jobs.object_store import S3Location, uri_scheme
+from jobs.object_store import S3Location, file_uri_path, uri_scheme
 
 SPEC_DIR_CONTEXT_KEY = "spec_dir"
 
@@ -44,6 +44,9 @@ def refuse_uri(value: Any) -> Any:
 
 
 def _storage_path(value: Any, info: ValidationInfo) -> Any:
+    if isinstance(value, str) and uri_scheme(value.strip()) == "file":
+        # file:///data/runs is the local folder /data/runs, as workloads.storage reads it on the cluster.
+        value = file_uri_path(value.strip())
     if isinstance(value, str) and (scheme := uri_scheme(value.strip())):
         uri = value.strip()
         if scheme != "s3":
@@ -59,4 +62,4 @@ SpecPath = Annotated[Path, BeforeValidator(refuse_uri), AfterValidator(_resolve_
 """A filesystem path that, in a spec, is relative to the spec file's directory. A URI is refused."""
 
 SpecStoragePath = Annotated[Union[Path, str], BeforeValidator(_storage_path)]
-"""A local folder (as :data:`SpecPath`) or an ``s3://bucket/prefix`` URI, which is kept as written (as ``str``)."""
+"""A local folder (as :data:`SpecPath`; ``file://`` names one too) or an ``s3://bucket/prefix`` URI, kept as written."""

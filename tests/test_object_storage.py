@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.object_store import ObjectStoreAuthFailed, ObjectStoreMissing, ObjectStoreUnreachable
 from jobs.secrets import looks_secret
@@ -258,3 +259,11 @@ def test_ray_data_reads_the_training_splits_from_s3(workload_ray, bucket, tmp_pa
     assert datasets["val"].count() == 20
     batch = datasets["train"].take_batch(4)
     assert batch["image"].shape == (4, 1, 28, 28)
+
+
+def test_a_file_uri_in_a_spec_is_the_local_folder_it_names(tmp_path):
+    # The client and the workload agree: file:// is a path on this machine, in the spec as on the cluster.
+    loaded = load_spec(QUICKSTART, [f"workload.storage_path=file://localhost{tmp_path}/two%20words"])
+    assert loaded.workload.storage_path == tmp_path / "two words"
+    with pytest.raises(SpecError, match="names the host"):
+        load_spec(QUICKSTART, ["workload.storage_path=file://elsewhere/data"])

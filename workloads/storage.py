@@ -24,11 +24,10 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar, Union
-from urllib.parse import unquote, urlparse
 
 from jobs import atomic
 from jobs.object_store import (ObjectStoreError, S3Location, S3Settings, call_object_store, check_bucket,
-                               s3_filesystem, uri_scheme)
+                               file_uri_path, s3_filesystem, uri_scheme)
 
 T = TypeVar("T")
 
@@ -99,18 +98,10 @@ def storage_path(value: str | os.PathLike | ObjectPath) -> StoragePath:
     if scheme == "s3":
         return ObjectPath(text)
     if scheme == "file":
-        return _file_uri_path(text)
+        return file_uri_path(text)
     if scheme is not None:
         raise ValueError(f"{text!r}: {scheme}:// is not supported; give s3://BUCKET/PREFIX or a local path")
     return Path(text).expanduser()
-
-
-def _file_uri_path(uri: str) -> Path:
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost"):
-        raise ValueError(f"{uri!r} names the host {parsed.netloc!r}; a file:// URI is a path on this machine "
-                         "(file:///PATH)")
-    return Path(unquote(parsed.path))
 
 
 def resolved(value: str | os.PathLike | ObjectPath) -> StoragePath:
