@@ -238,6 +238,9 @@ class JobSpec(StrictModel):
     address: str | None = Field(None, description="Dashboard address, e.g. http://head:8265.")
     timeout_s: float | None = Field(None, gt=0, description="Stop the job when it has run longer than this.")
     start_timeout_s: float | None = Field(None, gt=0, description="Stop the job when still PENDING after this.")
+    progress: bool = Field(
+        True, description="Ship rayjobs' progress channel with the job (when it uploads code), so that every "
+        "ray.train.report and training restart shows while following it. false: the job runs exactly as written.")
     max_retries: int = Field(0, ge=0, le=100, description="Submit again when an attempt fails (see retry_on).")
     retry_on: list[str] = Field(
         default_factory=lambda: list(INFRASTRUCTURE_FAILURES),

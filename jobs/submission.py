@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.keys import METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
@@ -19,6 +20,16 @@ DEFAULT_EXCLUDES = [
     ".git", ".hg", ".venv", "venv", "env/", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
     ".ruff_cache", ".hypothesis", "*.egg-info", "node_modules", ".ipynb_checkpoints", ".tox", ".DS_Store",
 ]
+
+
+# The progress channel (workloads/rayjobs_observe): shipped as a py_modules entry, so that any job's
+# processes can import it by this name whatever its working_dir holds.
+OBSERVE_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "workloads" / "rayjobs_observe"
+OBSERVE_CALLBACK = "rayjobs_observe.train_callback.ProgressCallback"
+TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
+# Ray folds alike lines from different processes of a job into one; an event must never be folded.
+DEDUP_ALLOW_ENV_VAR = "RAY_DEDUP_LOGS_ALLOW_REGEX"
+EVENT_PATTERN = "rayjobs-event"
 
 
 def local_runtime_paths(runtime_env: dict[str, Any]) -> list[tuple[str, str]]:
@@ -51,6 +62,8 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
         env_vars[WORKLOAD_ENV_VAR] = json.dumps(
             {"kind": loaded.workload_kind, **loaded.workload.model_dump(mode="json")}, sort_keys=True
         )
+    if local_runtime_paths(runtime_env) and spec.progress:
+        add_progress_channel(runtime_env)
     if dict(local_runtime_paths(runtime_env)).get("working_dir"):
         excludes = list(runtime_env.get("excludes", []))
         runtime_env["excludes"] = excludes + [pattern for pattern in DEFAULT_EXCLUDES if pattern not in excludes]
@@ -72,6 +85,26 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
         metadata[METADATA_SECRETS] = ",".join(spec.secret_env_vars)
     submission["metadata"] = metadata
     return submission
+
+
+def add_progress_channel(runtime_env: dict[str, Any]) -> None:
+    """Ship the progress channel with a job and have Ray Train build its callback in every ``TorchTrainer``.
+
+    Only jobs that already upload code get it (a working_dir or py_modules): a job without code of
+    its own has no training script to follow, and stays a request that needs no upload at all.
+    Callbacks and a dedup pattern the spec sets are kept beside rayjobs' own.
+    """
+    modules = list(runtime_env.get("py_modules") or [])
+    if str(OBSERVE_PACKAGE_DIR) not in modules:
+        runtime_env["py_modules"] = modules + [str(OBSERVE_PACKAGE_DIR)]
+    env_vars = runtime_env.setdefault("env_vars", {})
+    callbacks = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
+    env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [OBSERVE_CALLBACK] * (OBSERVE_CALLBACK not in callbacks))
+    allowed = env_vars.get(DEDUP_ALLOW_ENV_VAR)
+    if not allowed:
+        env_vars[DEDUP_ALLOW_ENV_VAR] = EVENT_PATTERN
+    elif EVENT_PATTERN not in allowed:
+        env_vars[DEDUP_ALLOW_ENV_VAR] = f"(?:{allowed})|{EVENT_PATTERN}"
 
 
 def spec_hash(submission: dict[str, Any]) -> str:

@@ -50,7 +50,11 @@ def test_dry_run_masks_secrets_and_contacts_nothing(tmp_path):
     result = run_rayjobs("submit", str(spec), "--dry-run", "--output", "json", home=tmp_path)
     assert result.returncode == 0, result.stderr
     submission = json.loads(result.stdout)
-    assert submission["runtime_env"]["env_vars"] == {"API_TOKEN": "****", "PLAIN": "visible"}
+    env_vars = submission["runtime_env"]["env_vars"]
+    assert {name: env_vars[name] for name in ("API_TOKEN", "PLAIN")} == {"API_TOKEN": "****", "PLAIN": "visible"}
+    # The job uploads code (write_spec gives it a working_dir), so the progress channel rides along.
+    assert env_vars["RAY_TRAIN_CALLBACKS"] == "rayjobs_observe.train_callback.ProgressCallback"
+    assert submission["runtime_env"]["py_modules"][-1].endswith("workloads/rayjobs_observe")
     assert "hunter2" not in result.stdout + result.stderr
 
 

@@ -276,6 +276,13 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
     # Restored from a checkpoint on the nodes left, not restarted: every epoch once.
     assert re.search(r"Resuming run 'node-death' after epoch [1-3] from ", stdout), stdout[-3000:]
     assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4]
+    # Seen while following: the failed attempt with its reason, the next one, and the end in two attempts.
+    progress = [line for line in stderr.splitlines() if line.startswith("rayjobs: training")]
+    failed = next((line for line in progress if line.startswith("rayjobs: training attempt 1 failed; Ray Train "
+                                                                 "restarts it from the last checkpoint: ")), None)
+    assert failed and not failed.endswith(": no reason given"), progress
+    assert re.match(r"rayjobs: training attempt 2: 2 workers on [12] nodes?$", progress[progress.index(failed) + 1])
+    assert progress[-1].endswith("in 2 attempts"), progress
 
     def victim_dead() -> dict | None:
         nodes = {node["role"]: node for node in _status(multi_home)["nodes"]}

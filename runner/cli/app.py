@@ -21,7 +21,7 @@ from jobs.status import JobStatus, is_terminal
 from runner.cli.cluster import cluster_app
 from runner.cli.export import export_app
 from runner.cli.options import (ConnectionOptions, DryRunOption, GiveUpOption, JobIdArgument, LocalOption,
-                                NoPreflightOption, NoWaitOption, OutputOption, QuietOption, SetOption,
+                                NoPreflightOption, NoWaitOption, OutputOption, QuietOption, RawOption, SetOption,
                                 StopOnInterruptOption, ValidateSetOption, check_output, handles_errors,
                                 with_connection_options)
 from runner.cli.options import fail as _fail, say as _say
@@ -75,6 +75,7 @@ def submit(
     quiet: QuietOption = False,
     no_preflight: NoPreflightOption = False,
     give_up_after: GiveUpOption = 60.0,
+    raw: RawOption = False,
 ) -> None:
     """Validate SPEC, submit it, and follow the job to its end (exit code = outcome)."""
     from pathlib import Path
@@ -111,7 +112,7 @@ def submit(
         _say(f"note: {note}")
     options = RunOptions(wait=not no_wait, stream_logs=not quiet, give_up_after_s=give_up_after,
                          stop_on_interrupt=stop_on_interrupt, preflight=not no_preflight,
-                         summaries=output != "json")
+                         summaries=output != "json", raw=raw, live=False if output == "json" or raw else None)
     result = run_with_retries(client, loaded, options=options,
                               logs_out=sys.stderr if output == "json" else sys.stdout)
     if result.outcome == RunOutcome.SUBMITTED:
@@ -122,7 +123,7 @@ def submit(
         return
     if output == "json" and result.followed is not None:
         typer.echo(json.dumps(run_summary(result.job_id, result.exit_code, result.followed, result.summary,
-                                          client.address, result.attempts)))
+                                          client.address, result.attempts, result.progress.as_dict())))
     raise typer.Exit(int(result.exit_code))
 
 
@@ -174,8 +175,9 @@ def logs(
                     "(without --follow).", show_default=False)] = None,
     connection: ConnectionOptions = ConnectionOptions(),
     give_up_after: GiveUpOption = 60.0,
+    raw: RawOption = False,
 ) -> None:
-    """Print a job's log (--follow: stream it until the job ends)."""
+    """Print a job's log (--follow: stream it until the job ends, with its progress)."""
 
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     if follow:
@@ -184,8 +186,8 @@ def logs(
         if tail is not None:
             raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
         client.get_job(job_id)  # unknown id: clear error before streaming
-        result = follow_job(make_client(client.connection), job_id, options=RunOptions(give_up_after_s=give_up_after),
-                            log_tail_on_failure=False)
+        options = RunOptions(give_up_after_s=give_up_after, raw=raw, live=False if raw else None)
+        result = follow_job(make_client(client.connection), job_id, options=options, log_tail_on_failure=False)
         raise typer.Exit(int(result.exit_code))
     text = client.job_log(job_id, tail)
     sys.stdout.write(text)

@@ -35,6 +35,8 @@ LocalOption = Annotated[bool, typer.Option("--local", help="Start the local clus
 StopOnInterruptOption = Annotated[bool, typer.Option("--stop-on-interrupt", help="Stop the job on Ctrl-C "
                                                      "(default: detach and leave it running).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream the job's log.")]
+RawOption = Annotated[bool, typer.Option("--raw", help="Show the log exactly as the job wrote it: Ray's own "
+                                        "lines and the progress events too, and no live status block.")]
 NoPreflightOption = Annotated[bool, typer.Option("--no-preflight", help="Submit even if no node offers the "
                                                  "entrypoint's resources (e.g. nodes that will join later).")]
 

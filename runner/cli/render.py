@@ -79,13 +79,13 @@ def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:
 
 
 def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, address: str,
-                attempts: list[str]) -> dict[str, Any]:
+                attempts: list[str], progress: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one JSON document ``rayjobs submit --output json`` prints when it has followed a job to its end."""
     info = followed.info or {}
     return {
         "submission_id": job_id, "status": followed.status, "exit_code": int(exit_code), "summary": summary,
         "error_type": info.get("error_type"), "message": info.get("message"), "start_time": info.get("start_time"),
-        "end_time": info.get("end_time"), "address": address, "attempts": attempts,
+        "end_time": info.get("end_time"), "address": address, "attempts": attempts, "progress": progress,
     }
 
 

@@ -20,7 +20,10 @@ from jobs.status import JobStatus, is_terminal
 from jobs.submission import build_submission, should_retry
 from runner.client.backoff import Deadline, retrying
 from runner.errors import BadInput, ClusterRequestFailed, ExitCode, JobNotFound, RayJobsError
+from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.follower import DEFAULT_GIVE_UP_S, Follower, Outcome
+from runner.follow.log_view import ANSI_ESCAPE, LogView
+from runner.follow.progress import RunProgress
 from runner.client.preflight import check_entrypoint_fits, entrypoint_demand
 from runner.follow.messages import address_hint, follow_up_lines, summary_line, where_from
 from runner.client.submission import SubmitInterrupted
@@ -64,6 +67,8 @@ class RunResult:
     # The follower's account of the last attempt; None when it was not followed to an end.
     followed: Outcome | None = None
     summary: str = ""
+    # What the job's progress events said (last metrics, iterations, attempts, restarts with reasons).
+    progress: RunProgress = field(default_factory=RunProgress)
 
     @property
     def job_id(self) -> str | None:
@@ -86,6 +91,8 @@ class RunOptions:
     stop_on_interrupt: bool = False  # on Ctrl-C, stop the job instead of detaching from it
     preflight: bool = True  # refuse an entrypoint that no node can host
     summaries: bool = True  # print each attempt's summary line (and a failed one's log tail) to ``notes``
+    raw: bool = False  # the log exactly as written: Ray's own lines and the progress events too
+    live: bool | None = None  # a live status block (None: when stdout and stderr are both terminals)
 
 
 class _Notes:
@@ -244,23 +251,45 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         JobNotFound, AuthFailed: on the first status call.
     """
     options = options or RunOptions()
+    logs_out, notes = logs_out or sys.stdout, notes or sys.stderr
+    progress = RunProgress()
+    live = options.live if options.live is not None else wants_live_view(logs_out, notes)
+    display: LiveProgress | PlainProgress
+    if live and options.stream_logs:
+        display = LiveProgress(progress, job_id, stream=logs_out)
+        logs_out, notes = display.out, display.notes
+    else:
+        display = PlainProgress(progress, notes)
+    view = LogView(logs_out, display.event, raw=options.raw, strip_ansi=not live and not _is_terminal(logs_out))
     out = _Notes(notes)
-    follower = Follower(client, job_id, logs_out=logs_out or sys.stdout, notes=notes or sys.stderr,
-                        stream_logs=options.stream_logs, give_up_after_s=options.give_up_after_s,
-                        timeout_s=timeout_s, start_timeout_s=start_timeout_s, demand=demand)
+    follower = Follower(client, job_id, logs_out=view, notes=notes, stream_logs=options.stream_logs,
+                        give_up_after_s=options.give_up_after_s, timeout_s=timeout_s,
+                        start_timeout_s=start_timeout_s, demand=demand)
     try:
         followed = follower.run()
     except KeyboardInterrupt:
+        _close_view(view, display)
         detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
-        return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id])
+        return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id], progress=progress)
+    _close_view(view, display)
     summary = summary_line(job_id, followed.exit_code, followed.info, followed.reason)
     if options.summaries:
         out.say(summary)
         if log_tail_on_failure and followed.status == JobStatus.FAILED and followed.log_tail:
             out.say("last lines of its log:")
             for line in followed.log_tail[-LOG_TAIL_LINES:]:
-                out.write(f"  | {line}")
-    return RunResult(followed.exit_code, _OUTCOME_OF_CODE[followed.exit_code], [job_id], followed, summary)
+                out.write(f"  | {ANSI_ESCAPE.sub('', line)}")
+    return RunResult(followed.exit_code, _OUTCOME_OF_CODE[followed.exit_code], [job_id], followed, summary,
+                     progress)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def _close_view(view: LogView, display: LiveProgress | PlainProgress) -> None:
+    view.close()
+    display.close()
 
 
 def detach_or_stop(client: JobsApi, job_id: str, *, stop_it: bool, notes: TextIO | None = None) -> ExitCode:

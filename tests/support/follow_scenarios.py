@@ -1,5 +1,5 @@
 """The follower's fault scenarios: each runs the real ``rayjobs submit`` through a ``FaultProxy`` that
-cuts, refuses or stalls connections or answers 502 while a job prints numbered lines, plus twenty
+cuts, refuses or stalls connections or answers 502 while a job prints numbered lines, plus ten
 submits at once. They mostly wait on jobs that sleep, so the session starts them in the background
 as soon as its cluster tier begins (``follow_fault_scenarios`` in tests/conftest.py), and
 tests/test_follow_faults.py, which runs last in that tier, checks what each one saw. Meanwhile the
@@ -29,7 +29,7 @@ COUNTING_JOB = (f"entrypoint: python -c \"import time; [(print('line', i, flush=
                 f"for i in range({LINE_COUNT})]\"\n")
 MAX_REQUESTS_PER_S = 2.0
 CLI_TIMEOUT_S = 180
-MANY_JOBS = 20
+MANY_JOBS = 10
 MANY_TIMEOUT_S = 300
 
 _figures: dict[str, Any] = {}

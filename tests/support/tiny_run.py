@@ -54,7 +54,8 @@ class TinyRun:
     params: Any  # VisionParams
     outcome: Any  # the training stage's outcome
     rows: list[dict[str, float]]  # metrics.csv
-    inference: dict[str, Any]  # run_batch_inference's metrics
+    inference: dict[str, Any]  # the infer stage's metrics
+    infer_printed: str  # what the infer stage, run alone on the finished run, printed
 
 
 def write_tiny_data(directory: Path) -> Path:
@@ -64,9 +65,16 @@ def write_tiny_data(directory: Path) -> Path:
 
 
 def train_tiny_run(directory: Path) -> TinyRun:
-    """Train the shared run under ``directory`` (losing rank 1 once), then run batch inference on it."""
+    """Train the shared run under ``directory`` (losing rank 1 once), then run the infer stage alone on it.
+
+    The infer stage runs as the entry point runs a spec with ``stages: [infer]``, so the same run also
+    proves that a stage runs alone on an existing run.
+    """
+    import contextlib
+    import io
+
     from workloads.training.metrics import read_metrics_csv
-    from workloads.vision.inference.stage import run_batch_inference
+    from workloads.vision.__main__ import run_stages
     from workloads.vision.training.stage import run_training
 
     dataset = write_tiny_data(directory / "data")
@@ -75,8 +83,11 @@ def train_tiny_run(directory: Path) -> TinyRun:
         fail_workers_at_epoch(patch, FAILING_EPOCH_INDEX)
         outcome = run_training(params, dataset_info(dataset))
     rows = read_metrics_csv(outcome.run_dir / "metrics.csv")
-    inference = run_batch_inference(params)
-    return TinyRun(dataset=dataset, params=params, outcome=outcome, rows=rows, inference=inference)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        produced = run_stages(params.model_copy(update={"stages": ["infer"]}))
+    return TinyRun(dataset=dataset, params=params, outcome=outcome, rows=rows, inference=produced["infer"],
+                   infer_printed=printed.getvalue())
 
 
 def copy_run(run: TinyRun, storage: Path):

@@ -16,6 +16,7 @@ import time
 
 from workloads.entry import on_cluster, workload_main
 from workloads.params import parse_command_line
+from workloads.rayjobs_observe import emit
 from workloads.storage import check_storage, storage_path
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import VisionParams
@@ -51,12 +52,15 @@ def run_stages(params: VisionParams) -> dict:
     training = None
     for index, stage in enumerate(params.stages, start=1):
         _header(index, len(params.stages), stage)
+        emit("stage", name=stage, state="start", index=index, count=len(params.stages))
         started = time.perf_counter()
         if stage == "preprocess":
             from workloads.vision.preprocess.stage import run_preprocess
 
             info = run_preprocess(params.data)
             produced["preprocess"] = info
+            emit("count", name="images in the dataset", done=sum(info.counts.values()), final=True,
+                 reused=info.reused)
         elif stage == "train":
             from workloads.vision.training.stage import run_training
 
@@ -68,7 +72,10 @@ def run_stages(params: VisionParams) -> dict:
 
             dataset_root = info.root if info else storage_path(params.data.output_dir)
             produced["infer"] = run_batch_inference(params, dataset_root=dataset_root)
-        print(f"Stage {stage} finished in {time.perf_counter() - started:.1f}s", flush=True)
+            emit("count", name="predicted", done=produced["infer"]["rows"], final=True)
+        seconds = time.perf_counter() - started
+        print(f"Stage {stage} finished in {seconds:.1f}s", flush=True)
+        emit("stage", name=stage, state="end", index=index, count=len(params.stages), seconds=round(seconds, 2))
 
     print("\n== Summary ==", flush=True)
     if training is None and "infer" in produced:

@@ -1,0 +1,260 @@
+"""A job's progress, read from the events in its log (``workloads/rayjobs_observe``): what it is doing,
+how far it got, how long the rest should take, and what went wrong on the way.
+
+The job writes events as ``rayjobs-event {json}`` lines; lines forwarded from other processes of the
+job carry a ``(Name pid=…)`` prefix, possibly in colour, so an event is found anywhere in a line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+EVENT_MARKER = "rayjobs-event"
+_EVENT_LINE = re.compile(rf"{EVENT_MARKER} (\{{.*\}})\s*$")
+# How many of the last epochs the pace (and so the ETA) is taken over: recent enough to follow a
+# change of speed, long enough that one slow evaluation does not swing it.
+_PACE_EPOCHS = 5
+_METRICS_SHOWN = 4
+_REASON_LINE_CHARS = 300
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The event a log line holds, or None for any other line (a malformed event too)."""
+    if EVENT_MARKER not in line:
+        return None
+    match = _EVENT_LINE.search(line)
+    if match is None:
+        return None
+    try:
+        event = json.loads(match[1])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
+
+
+_RANK_SNIPPET = re.compile(r"^\[Rank (\d+) Error Snippet\]:\s*$", re.MULTILINE)
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+# A rank that fails because another rank is gone says so through the collective it was in; the rank
+# that is gone is the cause worth naming.
+_CONSEQUENCE = re.compile(r"Connection reset by peer|Connection closed by peer|gloo|NCCL|ProcessGroup|"
+                          r"Broken pipe|collective operation timeout", re.IGNORECASE)
+_PROCESS_DIED = re.compile(r"worker process has died|health check failed|actor died unexpectedly", re.IGNORECASE)
+
+
+def short_reason(reason: str | None) -> str:
+    """One line that names a training failure.
+
+    Ray wraps every failed rank's traceback (``[Rank N Error Snippet]:``); the line chosen is the cause:
+    a rank whose process died, else a rank's own error, rather than another rank's broken collective.
+    """
+    if not reason:
+        return "no reason given"
+    snippets = _RANK_SNIPPET.split(reason.strip())
+    if len(snippets) > 1:
+        ranks = [(int(snippets[index]), snippets[index + 1]) for index in range(1, len(snippets) - 1, 2)]
+        for rank, text in ranks:
+            if _PROCESS_DIED.search(text):
+                detail = re.search(r"Worker exit detail: ([^.]*)", text)
+                return _clip(f"rank {rank}'s worker process died" + (f" ({detail[1].strip()})" if detail else ""))
+        own = [(rank, text) for rank, text in ranks if text.strip() and not _CONSEQUENCE.search(text)]
+        rank, text = (own or [(rank, text) for rank, text in ranks if text.strip()] or [(None, reason)])[0]
+        return _clip((f"rank {rank}: " if rank is not None else "") + _last_raised(text))
+    return _clip(_last_raised(reason))
+
+
+def _last_raised(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.match(line)]
+    return raised[-1] if raised else (lines[-1] if lines else "no reason given")
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= _REASON_LINE_CHARS else line[:_REASON_LINE_CHARS - 1] + "…"
+
+
+@dataclass
+class Restart:
+    """A training attempt that failed and was followed by another."""
+
+    attempt: int
+    reason: str
+    time: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "reason": self.reason, "time": self.time}
+
+
+@dataclass
+class RunProgress:
+    """Everything the events of one job said so far; fed one event at a time by :meth:`update`."""
+
+    stage: str | None = None
+    stage_index: int | None = None
+    stage_count: int | None = None
+    epochs: int | None = None
+    epoch: int | None = None
+    iterations: int = 0
+    attempts: int = 0
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    nodes: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    restarts: list[Restart] = field(default_factory=list)
+    training_state: str | None = None
+    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: int = 0
+    last_event_at: float | None = None
+    _epoch_times: list[tuple[int, float]] = field(default_factory=list)
+
+    def update(self, event: dict[str, Any]) -> None:
+        """Take in one event."""
+        self.events += 1
+        at = float(event.get("time") or time.time())
+        self.last_event_at = at
+        kind = event["event"]
+        if kind == "stage":
+            if event.get("state") == "start":
+                self.stage = event.get("name")
+                self.stage_index, self.stage_count = event.get("index"), event.get("count")
+        elif kind == "count":
+            self.counts[str(event.get("name"))] = {"done": event.get("done"), "total": event.get("total")}
+        elif kind == "train_start":
+            self.epochs = event.get("epochs") if isinstance(event.get("epochs"), int) else self.epochs
+            self.training_state = "RUNNING"
+        elif kind == "attempt":
+            self.attempts = int(event.get("attempt") or self.attempts + 1)
+            self.workers = list(event.get("workers") or [])
+            self.nodes = event.get("nodes")
+            self._epoch_times.clear()  # a new attempt starts (after a restart, from its checkpoint): a new pace
+        elif kind == "report":
+            self.iterations = int(event.get("iteration") or self.iterations + 1)
+            self.metrics = dict(event.get("metrics") or {})
+            epoch = self.metrics.get("epoch")
+            self.epoch = int(epoch) if isinstance(epoch, (int, float)) else self.iterations
+            self._epoch_times.append((self.epoch, at))
+            del self._epoch_times[:-(_PACE_EPOCHS + 1)]
+        elif kind == "restart":
+            self.restarts.append(Restart(int(event.get("attempt") or self.attempts), str(event.get("reason") or ""),
+                                         at))
+        elif kind == "train_end":
+            self.training_state = event.get("state")
+
+    def seconds_per_epoch(self) -> float | None:
+        """The recent pace, from the reports of the current attempt; None before two of them."""
+        if len(self._epoch_times) < 2:
+            return None
+        (first_epoch, first_at), (last_epoch, last_at) = self._epoch_times[0], self._epoch_times[-1]
+        if last_epoch <= first_epoch:
+            return None
+        return (last_at - first_at) / (last_epoch - first_epoch)
+
+    def eta_s(self) -> float | None:
+        """Seconds until the last epoch is reported, at the recent pace; None while unknown."""
+        pace = self.seconds_per_epoch()
+        if pace is None or self.epochs is None or self.epoch is None:
+            return None
+        return max(0.0, (self.epochs - self.epoch) * pace)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stable JSON form (``--output json``'s ``progress``, ``RunResult.progress``)."""
+        return {
+            "stage": self.stage, "epoch": self.epoch, "epochs": self.epochs, "iterations": self.iterations,
+            "metrics": self.metrics, "attempts": self.attempts, "nodes": self.nodes,
+            "restarts": [restart.as_dict() for restart in self.restarts], "training_state": self.training_state,
+            "seconds_per_epoch": self.seconds_per_epoch(), "counts": self.counts, "events": self.events,
+        }
+
+
+def shown_metrics(metrics: dict[str, Any], limit: int = _METRICS_SHOWN) -> list[tuple[str, Any]]:
+    """The few metrics worth a glance: losses and accuracies first, then throughput, in the job's order."""
+    def rank(name: str) -> int:
+        lowered = name.lower()
+        if "loss" in lowered:
+            return 0
+        if "acc" in lowered or lowered in ("f1", "auc", "top1", "top5"):
+            return 1
+        if lowered.endswith(("_per_s", "per_sec", "_per_second", "throughput")):
+            return 2
+        return 3
+
+    candidates = [(name, value) for name, value in metrics.items()
+                  if name not in ("epoch", "step", "iteration") and isinstance(value, (int, float))]
+    wanted = [item for item in candidates if rank(item[0]) < 3] or candidates
+    return sorted(wanted, key=lambda item: rank(item[0]))[:limit]
+
+
+def format_value(value: Any) -> str:
+    """A metric as a person reads it: four significant digits, integers whole."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_seconds(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def position_text(progress: RunProgress) -> str:
+    """``epoch 3/10`` (``iteration 7`` when the loop reports no epoch and names no length)."""
+    if progress.epoch is None:
+        return "waiting for the first report"
+    unit = "epoch" if "epoch" in progress.metrics or progress.epochs is not None else "iteration"
+    return f"{unit} {progress.epoch}" + (f"/{progress.epochs}" if progress.epochs is not None else "")
+
+
+def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
+    """The one plain line an event becomes where no live view is drawn (a pipe, a CI log); None: no line."""
+    kind = event["event"]
+    if kind == "stage":
+        where = f" ({event['index']}/{event['count']})" if event.get("index") and event.get("count") else ""
+        if event.get("state") == "start":
+            return f"stage {event.get('name')}{where} started"
+        took = f" in {format_seconds(float(event['seconds']))}" if event.get("seconds") is not None else ""
+        return f"stage {event.get('name')}{where} finished{took}"
+    if kind == "count" and event.get("final"):
+        return f"{event.get('name')}: {event.get('done')}" + (f"/{event['total']}" if event.get("total") else "")
+    if kind == "train_start":
+        parts = [f"{event.get('workers')} workers" if event.get("workers") else None,
+                 f"{event['epochs']} epochs" if event.get("epochs") else None,
+                 f"max_failures {event['max_failures']}" if event.get("max_failures") is not None else None]
+        return "training started: " + ", ".join(part for part in parts if part)
+    if kind == "attempt":
+        nodes = event.get("nodes")
+        workers = event.get("workers") or []
+        return (f"training attempt {event.get('attempt')}: {len(workers)} workers on {nodes} "
+                f"node{'s' if nodes != 1 else ''}")
+    if kind == "report":
+        parts = [position_text(progress)]
+        parts += [f"{name} {format_value(value)}" for name, value in shown_metrics(progress.metrics)]
+        pace = progress.seconds_per_epoch()
+        if pace is not None:
+            parts.append(f"{pace:.1f}s/epoch")
+        eta = progress.eta_s()
+        if eta is not None:
+            parts.append(f"ETA {format_seconds(eta)}")
+        if event.get("checkpoint"):
+            parts.append("checkpoint saved")
+        return " · ".join(parts)
+    if kind == "restart":
+        return (f"training attempt {event.get('attempt')} failed; Ray Train restarts it from the last checkpoint: "
+                f"{short_reason(event.get('reason'))}")
+    if kind == "train_end":
+        state = event.get("state")
+        attempts = event.get("attempts") or progress.attempts
+        line = f"training {str(state).lower()} after {progress.iterations} reports"
+        line += f" in {attempts} attempts" if attempts and attempts > 1 else ""
+        if state == "ERRORED" and event.get("reason"):
+            line += f": {short_reason(event.get('reason'))}"
+        return line
+    return None

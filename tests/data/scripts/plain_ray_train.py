@@ -1,0 +1,63 @@
+"""A Ray Train script written the way Ray's own examples are, knowing nothing of rayjobs.
+
+Two workers fit a line for a few epochs, report loss each epoch and checkpoint from rank 0; a run
+restarted by Ray Train continues after its last checkpoint.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import torch
+
+import ray.train
+import ray.train.torch
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+
+def train_func(config):
+    torch.manual_seed(0)
+    model = ray.train.torch.prepare_model(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            state = torch.load(os.path.join(directory, "state.pt"))
+            model.module.load_state_dict(state["model"]) if hasattr(model, "module") else model.load_state_dict(
+                state["model"])
+            start = state["epoch"] + 1
+    inputs = torch.randn(256, 4)
+    targets = inputs.sum(dim=1, keepdim=True)
+    for epoch in range(start, config["epochs"]):
+        time.sleep(config["epoch_s"])
+        loss = ((model(inputs) - targets) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with tempfile.TemporaryDirectory() as directory:
+            if ray.train.get_context().get_world_rank() == 0:
+                unwrapped = model.module if hasattr(model, "module") else model
+                torch.save({"model": unwrapped.state_dict(), "epoch": epoch}, os.path.join(directory, "state.pt"))
+                ray.train.report({"epoch": epoch + 1, "loss": loss.item()},
+                                 checkpoint=Checkpoint.from_directory(directory))
+            else:
+                ray.train.report({"epoch": epoch + 1, "loss": loss.item()})
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epoch-s", type=float, default=0.5, help="seconds each epoch takes at least")
+    args = parser.parse_args()
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config={"epochs": args.epochs, "epoch_s": args.epoch_s},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="plain", storage_path=args.storage, failure_config=FailureConfig(max_failures=1)),
+    )
+    result = trainer.fit()
+    print(f"final loss {result.metrics['loss']:.4f}")
