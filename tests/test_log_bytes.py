@@ -75,7 +75,9 @@ def follow_through_cuts(cluster, home: Path, directory: Path, name: str, script:
     spec = directory / f"{name}.yaml"
     spec.write_text(f"name: {name}\nentrypoint: python job.py\nruntime_env:\n  working_dir: {directory}\n")
     with FaultProxy(dashboard_port(cluster)) as proxy:
-        run = CliRun(["submit", str(spec), "--address", proxy.address, "--give-up-after", "30"],
+        # --raw: what is compared is every byte of the log, Ray's own lines included (the default view
+        # hides those; tests/test_progress_view.py and tests/test_progress_cluster.py check what it hides).
+        run = CliRun(["submit", str(spec), "--address", proxy.address, "--give-up-after", "30", "--raw"],
                      proxied_env(cluster, home), raw_stdout=True)
         try:
             # Cut only once the job prints: a cut during the working_dir upload fails the submission itself.

@@ -22,7 +22,7 @@ from tests.support.cli import REPO_ROOT, cli_env, rayjobs_command, run_rayjobs
 from tests.support.waiting import HANG_GUARD_S
 
 SCRIPT = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
-EPOCHS = 4
+EPOCHS = 3
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
     shutil.copy(SCRIPT, code / "train.py")
     spec = directory / "plain.yaml"
     spec.write_text(f"name: plain-train\nentrypoint: python train.py --storage {directory / 'runs'} "
-                    f"--epochs {EPOCHS}\nruntime_env:\n  working_dir: {code}\n")
+                    f"--epochs {EPOCHS} --epoch-s 0.2\nruntime_env:\n  working_dir: {code}\n")
     result = run_rayjobs("submit", str(spec), home=ray_cluster_home)
     submitted = re.search(r"submitted plain-train as (\S+)", result.stderr)
     assert submitted, result.stderr
@@ -66,6 +66,11 @@ def test_the_saved_log_is_printed_exactly_and_following_it_again_replays_the_pro
     raw = rj("logs", job_id)
     assert raw.returncode == 0
     assert raw.stdout.count("rayjobs-event ") >= EPOCHS + 3  # as written: the events are in the log itself
+
+    status = rj("status", job_id)
+    assert re.search(rf"^progress: +epoch {EPOCHS}/{EPOCHS} · loss \d", status.stdout, re.MULTILINE), status.stdout
+    assert re.search(r"^training attempts: +1, 0 restarts$", status.stdout, re.MULTILINE), status.stdout
+    assert "ETA" not in status.stdout  # training has finished
 
     again = rj("logs", "--follow", job_id, "--raw")
     assert again.returncode == 0
@@ -102,3 +107,21 @@ def test_a_terminal_gets_a_live_block_and_keeps_the_jobs_output(followed, ray_cl
     assert "rayjobs-event" not in plain
     assert f"rayjobs: last progress: epoch {EPOCHS}/{EPOCHS} · loss " in plain
 
+
+
+def test_a_failure_with_a_known_cause_is_named_with_what_to_do(rj, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import rayjobs_no_such_module\n")
+    spec = tmp_path / "missing.yaml"
+    spec.write_text(f"name: missing-module\nentrypoint: python train.py\nruntime_env:\n  working_dir: {code}\n")
+    result = rj("submit", str(spec))
+    assert result.returncode == 1, result.stderr
+    why = [line for line in result.stderr.splitlines() if line.startswith("rayjobs: why: ")]
+    assert why == ["rayjobs: why: A module is missing on the cluster: no module named 'rayjobs_no_such_module'. "
+                   "Install it in the job's environment (runtime_env.pip, or the cluster's image); if it is your "
+                   "own code, it must be inside runtime_env.working_dir or listed in runtime_env.py_modules"]
+    job_id = re.search(r"submitted missing-module as (\S+)", result.stderr)[1]
+    status = rj("status", job_id)
+    assert status.returncode == 1
+    assert "why:" in status.stdout and "no module named 'rayjobs_no_such_module'" in status.stdout

@@ -46,6 +46,8 @@ app.add_typer(export_app, name="export")
 STOP_WAIT_S = 60.0
 # A dashboard restarting or a proxy hiccup should not fail `rayjobs status`; a dead cluster should, soon.
 ONE_SHOT_RETRY_S = 5.0
+# How much of a job's log `status` reads for its progress and a failure's cause.
+STATUS_LOG_LINES = 5000
 
 
 
@@ -123,7 +125,8 @@ def submit(
         return
     if output == "json" and result.followed is not None:
         typer.echo(json.dumps(run_summary(result.job_id, result.exit_code, result.followed, result.summary,
-                                          client.address, result.attempts, result.progress.as_dict())))
+                                          client.address, result.attempts, result.progress.as_dict(),
+                                          result.diagnosis.as_dict() if result.diagnosis else None)))
     raise typer.Exit(int(result.exit_code))
 
 
@@ -150,15 +153,23 @@ def status(
     """Show a job's status. Exit code: 0 succeeded or still running, 1 failed, 3 stopped."""
     from jobs.secrets import masked
     from runner.errors import exit_code_for_status
-    from runner.cli.render import attempts_report, status_report
+    from runner.cli.render import attempts_report, progress_report, status_report
 
     check_output(output)
+    from runner.follow.log_view import read_log
+
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     info = client.get_job(job_id)
+    # The end of the log holds the latest progress: every report names the run's planned length.
+    progress, failure = read_log(client.job_log(job_id, STATUS_LOG_LINES) if info.get("driver_node_id") else "")
+    diagnosis = failure.diagnose(progress) if info.get("status") == JobStatus.FAILED else None
     if output == "json":
-        typer.echo(json.dumps(masked(info), indent=2))
+        typer.echo(json.dumps({**masked(info), "progress": progress.as_dict(),
+                               "diagnosis": diagnosis.as_dict() if diagnosis else None}, indent=2))
     else:
         typer.echo(status_report(info))
+        if progress.events or diagnosis is not None:
+            typer.echo(progress_report(progress, diagnosis))
         if METADATA_ATTEMPT in (info.get("metadata") or {}):
             typer.echo(attempts_report(info, client.list_jobs()))
     raise typer.Exit(int(exit_code_for_status(info.get("status", ""))))

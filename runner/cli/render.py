@@ -9,7 +9,9 @@ from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
 from runner.follow.messages import duration_s, format_duration, job_id_of
 
 if TYPE_CHECKING:
+    from runner.follow.diagnosis import Diagnosis
     from runner.follow.follower import Outcome
+    from runner.follow.progress import RunProgress
 
 
 def job_name_of(info: dict[str, Any]) -> str:
@@ -79,13 +81,15 @@ def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:
 
 
 def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, address: str,
-                attempts: list[str], progress: dict[str, Any] | None = None) -> dict[str, Any]:
+                attempts: list[str], progress: dict[str, Any] | None = None,
+                diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one JSON document ``rayjobs submit --output json`` prints when it has followed a job to its end."""
     info = followed.info or {}
     return {
         "submission_id": job_id, "status": followed.status, "exit_code": int(exit_code), "summary": summary,
         "error_type": info.get("error_type"), "message": info.get("message"), "start_time": info.get("start_time"),
         "end_time": info.get("end_time"), "address": address, "attempts": attempts, "progress": progress,
+        "diagnosis": diagnosis,
     }
 
 
@@ -109,3 +113,34 @@ def nodes_text(nodes: list[Any] | None, error: str | None) -> str:
     lines = [f"nodes:     {len(nodes)} ({alive} alive)"]
     lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3] for row in rows]
     return "\n".join(lines)
+
+
+def progress_report(progress: RunProgress, diagnosis: Diagnosis | None) -> str:
+    """The lines ``rayjobs status`` adds for a job that reported progress, and for a failure with a known cause."""
+    from runner.follow.progress import format_seconds, format_value, position_text, short_reason, shown_metrics
+
+    rows = []
+    if progress.events:
+        parts = [f"stage {progress.stage}" + (f" ({progress.stage_index}/{progress.stage_count})"
+                                              if progress.stage_index else "")] if progress.stage else []
+        if progress.epoch is not None:
+            parts.append(position_text(progress))
+        parts += [f"{name} {format_value(value)}" for name, value in shown_metrics(progress.metrics)]
+        if progress.seconds_per_epoch() is not None:
+            parts.append(f"{progress.seconds_per_epoch():.1f}s/epoch")
+        if progress.eta_s() is not None and progress.training_state in (None, "RUNNING"):
+            parts.append(f"ETA {format_seconds(progress.eta_s())}")
+        rows.append(("progress", " · ".join(parts) or "started, nothing reported yet"))
+        if progress.attempts:
+            restarts = len(progress.restarts)
+            text = f"{progress.attempts}, {restarts} restart{'s' if restarts != 1 else ''}"
+            if progress.restarts:
+                text += f" (last: {short_reason(progress.restarts[-1].reason)})"
+            rows.append(("training attempts", text))
+            if progress.workers:
+                nodes = progress.nodes
+                rows.append(("workers", f"{len(progress.workers)} on {nodes} node{'s' if nodes != 1 else ''}"))
+    if diagnosis is not None:
+        rows.append(("why", diagnosis.paragraph()))
+    width = max((len(label) for label, _ in rows), default=0) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)

@@ -8,10 +8,12 @@ JOB`` without ``--follow`` does not come through here: it prints the log exactly
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Callable, TextIO
 
-from runner.follow.progress import EVENT_MARKER, parse_event
+from runner.follow.diagnosis import FailureReader
+from runner.follow.progress import EVENT_MARKER, RunProgress, parse_event
 
 # A colour or cursor sequence; Ray colours the prefix of lines it forwards from other processes,
 # even into a log file.
@@ -72,14 +74,16 @@ class LogView:
     Args:
         out: where the shown lines go.
         on_event: called with each progress event found in the log.
+        on_line: called with every complete line, colour removed, shown or not (to read a failure's cause).
         raw: show everything, Ray's chatter and the event lines too, as the log has it.
         strip_ansi: remove colour codes (for output that is not a terminal).
     """
 
     def __init__(self, out: TextIO, on_event: Callable[[dict], None] | None = None, *, raw: bool = False,
-                 strip_ansi: bool = False) -> None:
+                 strip_ansi: bool = False, on_line: Callable[[str], None] | None = None) -> None:
         self.out = out
         self.on_event = on_event or (lambda event: None)
+        self.on_line = on_line or (lambda line: None)
         self.raw = raw
         self.strip_ansi = strip_ansi
         self.hidden_lines = 0
@@ -97,6 +101,7 @@ class LogView:
         *complete, last = pending.split("\n")
         shown: list[str] = []
         for line in complete:
+            self.on_line(ANSI_ESCAPE.sub("", line))
             event = self._event_in(line)
             if event is not None:
                 # What came before the event goes out before anything it leads to is printed.
@@ -121,6 +126,7 @@ class LogView:
     def close(self) -> None:
         """The log is over: a last line without an end is shown (if it is not hidden)."""
         if self._held:
+            self.on_line(ANSI_ESCAPE.sub("", self._held))
             event = self._event_in(self._held)
             if event is not None:
                 self.on_event(event)
@@ -160,3 +166,12 @@ class LogView:
         except UnicodeEncodeError:  # a terminal that cannot show U+FFFD (or the job's own characters)
             encoding = self.encoding or "ascii"
             self.out.write(text.encode(encoding, "replace").decode(encoding))
+
+
+def read_log(text: str) -> tuple[RunProgress, FailureReader]:
+    """What a whole log says: its progress, and the lines that may name why it failed."""
+    progress, reader = RunProgress(), FailureReader()
+    view = LogView(io.StringIO(), progress.update, on_line=reader.line)
+    view.write(text)
+    view.close()
+    return progress, reader

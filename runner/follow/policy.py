@@ -22,6 +22,7 @@ from runner.client.backoff import Deadline, retrying
 from runner.errors import BadInput, ClusterRequestFailed, ExitCode, JobNotFound, RayJobsError
 from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.follower import DEFAULT_GIVE_UP_S, Follower, Outcome
+from runner.follow.diagnosis import Diagnosis, FailureReader
 from runner.follow.log_view import ANSI_ESCAPE, LogView
 from runner.follow.progress import RunProgress
 from runner.client.preflight import check_entrypoint_fits, entrypoint_demand
@@ -69,6 +70,8 @@ class RunResult:
     summary: str = ""
     # What the job's progress events said (last metrics, iterations, attempts, restarts with reasons).
     progress: RunProgress = field(default_factory=RunProgress)
+    # Why the last attempt failed, when its log shows a known cause (runner.follow.diagnosis).
+    diagnosis: Diagnosis | None = None
 
     @property
     def job_id(self) -> str | None:
@@ -260,7 +263,9 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         logs_out, notes = display.out, display.notes
     else:
         display = PlainProgress(progress, notes)
-    view = LogView(logs_out, display.event, raw=options.raw, strip_ansi=not live and not _is_terminal(logs_out))
+    failure = FailureReader()
+    view = LogView(logs_out, display.event, raw=options.raw, strip_ansi=not live and not _is_terminal(logs_out),
+                   on_line=failure.line)
     out = _Notes(notes)
     follower = Follower(client, job_id, logs_out=view, notes=notes, stream_logs=options.stream_logs,
                         give_up_after_s=options.give_up_after_s, timeout_s=timeout_s,
@@ -273,14 +278,17 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id], progress=progress)
     _close_view(view, display)
     summary = summary_line(job_id, followed.exit_code, followed.info, followed.reason)
+    diagnosis = failure.diagnose(progress) if followed.status == JobStatus.FAILED else None
     if options.summaries:
         out.say(summary)
+        if diagnosis is not None:
+            out.say(f"why: {diagnosis.paragraph()}")
         if log_tail_on_failure and followed.status == JobStatus.FAILED and followed.log_tail:
             out.say("last lines of its log:")
             for line in followed.log_tail[-LOG_TAIL_LINES:]:
                 out.write(f"  | {ANSI_ESCAPE.sub('', line)}")
     return RunResult(followed.exit_code, _OUTCOME_OF_CODE[followed.exit_code], [job_id], followed, summary,
-                     progress)
+                     progress, diagnosis)
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -131,6 +131,9 @@ class RunProgress:
             self._epoch_times.clear()  # a new attempt starts (after a restart, from its checkpoint): a new pace
         elif kind == "report":
             self.iterations = int(event.get("iteration") or self.iterations + 1)
+            self.attempts = max(self.attempts, int(event.get("attempt") or 0))
+            if isinstance(event.get("epochs"), int):
+                self.epochs = event["epochs"]
             self.metrics = dict(event.get("metrics") or {})
             epoch = self.metrics.get("epoch")
             self.epoch = int(epoch) if isinstance(epoch, (int, float)) else self.iterations

@@ -26,11 +26,12 @@ class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
 
     def __init__(self) -> None:
         self.run_name: str | None = None
+        self.epochs: int | None = None
         self.attempt = 0
         self.iteration = 0
 
     def after_controller_start(self, train_run_context: Any) -> None:
-        epochs = planned_epochs(train_run_context.train_loop_config or {})
+        self.epochs = epochs = planned_epochs(train_run_context.train_loop_config or {})
         run_config = train_run_context.run_config
         failure_config = getattr(run_config, "failure_config", None)
         scaling = train_run_context.scaling_config
@@ -53,7 +54,8 @@ class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
 
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         self.iteration += 1
-        emit("report", run=self.run_name, attempt=self.attempt, iteration=self.iteration,
+        # The planned length rides on every report, so that the end of a long log alone tells the ETA.
+        emit("report", run=self.run_name, attempt=self.attempt, iteration=self.iteration, epochs=self.epochs,
              metrics=plain_metrics(metrics[0] if metrics else {}), checkpoint=training_report.checkpoint is not None)
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
