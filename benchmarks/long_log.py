@@ -76,7 +76,9 @@ class Follower:
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "runner.cli.app", "logs", "--follow", job_id, "--address", self.proxy.address,
-             "--give-up-after", "120"],
+             "--give-up-after", "120",
+             # The log exactly as written, to compare byte for byte (followers that filter Ray's lines have --raw).
+             *(["--raw"] if (code_dir / "runner" / "follow" / "log_view.py").exists() else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=code_dir, stdin=subprocess.DEVNULL,
             env=dict(env, PYTHONPATH=str(code_dir)))
         self.digest = hashlib.sha256()

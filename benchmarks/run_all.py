@@ -93,6 +93,14 @@ BENCHMARKS = [
         Run("quickstart_s3.py", ["--rounds", "3"],
             ["--rounds", "1", "--set", "workload.train.epochs=1", "--set", "workload.data.synthetic_per_class=20"]),
     ], 8),
+    Benchmark("progress_overhead", [
+        Run("progress_overhead.py", ["--rounds", "3", "--epochs", "4"],
+            ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
+    ], 9),
+    Benchmark("follower_events", [
+        Run("follower_events.py", ["--events", "2000", "--seconds", "1800"],
+            ["--events", "50", "--seconds", "5"], timeout_s=3 * 3600),
+    ], 62),
     Benchmark("long_log", [
         Run("long_log.py", ["--rounds", "2"],
             ["--rounds", "1", "--megabytes", "4", "--seconds", "8", "--warmup-megabytes", "0.5"]),

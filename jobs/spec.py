@@ -238,6 +238,10 @@ class JobSpec(StrictModel):
     address: str | None = Field(None, description="Dashboard address, e.g. http://head:8265.")
     timeout_s: float | None = Field(None, gt=0, description="Stop the job when it has run longer than this.")
     start_timeout_s: float | None = Field(None, gt=0, description="Stop the job when still PENDING after this.")
+    stall_after_s: float | None = Field(
+        None, gt=0, description="While following: warn, with the Python stacks of the driver and the training "
+        "workers, when a RUNNING job has printed nothing and reported no progress for this long. Default: three "
+        "times the longest wait between two reports so far, and at least 300. The job is left running.")
     progress: bool = Field(
         True, description="Ship rayjobs' progress channel with the job (when it uploads code), so that every "
         "ray.train.report and training restart shows while following it. false: the job runs exactly as written.")

@@ -68,6 +68,10 @@ class ClusterRequestFailed(RayJobsError):
     exit_code = ExitCode.CLUSTER_UNREACHABLE
 
 
+class ProfilingDisabled(ClusterRequestFailed):
+    """The cluster's dashboard does not read process stacks: profiling is off on its head node."""
+
+
 class AuthFailed(RayJobsError):
     """The cluster refused the credentials, or wanted some."""
 

@@ -2,8 +2,10 @@
 
 The script (tests/data/scripts/plain_ray_train.py) is written like Ray's own examples: two workers,
 ``ray.train.report`` each epoch, a checkpoint from rank 0 (how a restart is shown is checked where a
-node dies, tests/test_multinode.py). One job is followed as a pipe shows it, then
-its finished log is read again, exactly as written, through a pseudo-terminal, and as JSON.
+node dies, tests/test_multinode.py). Rank 1 hangs in the last epoch without reporting it, so rank 0
+waits in ``ray.train.report`` forever: the follower must call it a stall and show both ranks' stacks,
+and leave the job running until the test stops it. One job is followed as a pipe shows it, then its
+log is read again, exactly as written, through a pseudo-terminal, and by ``status``.
 """
 
 from __future__ import annotations
@@ -18,64 +20,102 @@ import time
 
 import pytest
 
-from tests.support.cli import REPO_ROOT, cli_env, rayjobs_command, run_rayjobs
-from tests.support.waiting import HANG_GUARD_S
+from tests.support.cli import REPO_ROOT, CliRun, cli_env, rayjobs_command, run_rayjobs
+from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
 SCRIPT = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
-EPOCHS = 3
+EPOCHS = 4
+
+
+STALL_AFTER_S = 8
+STALL = "is RUNNING but has printed nothing"
 
 
 @pytest.fixture(scope="module")
 def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
-    """The script's job, submitted and followed to its end by `rayjobs submit` writing to pipes."""
+    """The script's job, followed by `rayjobs submit` writing to pipes until it stalls; then stopped."""
     directory = tmp_path_factory.mktemp("plain-train")
     code = directory / "code"
     code.mkdir()
     shutil.copy(SCRIPT, code / "train.py")
     spec = directory / "plain.yaml"
     spec.write_text(f"name: plain-train\nentrypoint: python train.py --storage {directory / 'runs'} "
-                    f"--epochs {EPOCHS} --epoch-s 0.2\nruntime_env:\n  working_dir: {code}\n")
-    result = run_rayjobs("submit", str(spec), home=ray_cluster_home)
-    submitted = re.search(r"submitted plain-train as (\S+)", result.stderr)
-    assert submitted, result.stderr
-    return {"result": result, "job_id": submitted[1]}
+                    f"--epochs {EPOCHS} --epoch-s 0.2 --hang-at-epoch {EPOCHS}\nstall_after_s: {STALL_AFTER_S}\n"
+                    f"runtime_env:\n  working_dir: {code}\n")
+    run = CliRun(["submit", str(spec)], cli_env(ray_cluster_home))
+    try:
+        # A slow start may be called a stall too; the one this test is about comes after the last report.
+        run.wait_for_stderr(f"rayjobs: epoch {EPOCHS - 1}/{EPOCHS}", timeout_s=HANG_GUARD_S * 3)
+        wait_for_condition(lambda: STALL in run.stderr.split(f"rayjobs: epoch {EPOCHS - 1}/{EPOCHS}", 1)[1],
+                           timeout_s=HANG_GUARD_S)
+        job_id = run.job_id()
+        stacks = run_rayjobs("stack", job_id, home=ray_cluster_home)
+        stopped = run_rayjobs("stop", job_id, "--wait", home=ray_cluster_home)
+        assert stopped.returncode == 0, stopped.stderr
+        code = run.finish()
+    finally:
+        if run.process.poll() is None:
+            run.process.kill()
+    return {"code": code, "stdout": run.stdout, "stderr": run.stderr, "job_id": job_id, "stacks": stacks}
 
 
 def test_a_plain_ray_train_script_shows_epochs_metrics_and_eta_line_by_line(followed):
-    result = followed["result"]
-    assert result.returncode == 0, result.stderr[-3000:]
-    progress = [line.removeprefix("rayjobs: ") for line in result.stderr.splitlines()
+    assert followed["code"] == 3, followed["stderr"][-3000:]  # STOPPED, by the test, after the stall
+    progress = [line.removeprefix("rayjobs: ") for line in followed["stderr"].splitlines()
                 if line.startswith("rayjobs: ") and ("training" in line or re.match(r"rayjobs: epoch \d", line))]
     assert progress[0] == f"training started: 2 workers, {EPOCHS} epochs, max_failures 1"
     assert progress[1] == "training attempt 1: 2 workers on 1 node"
     epochs = [line for line in progress if line.startswith("epoch ")]
-    assert epochs[-1].startswith(f"epoch {EPOCHS}/{EPOCHS} · loss ")
+    assert [int(re.match(r"epoch (\d+)", line)[1]) for line in epochs] == list(range(1, EPOCHS))
+    assert epochs[-1].startswith(f"epoch {EPOCHS - 1}/{EPOCHS} · loss ")
     assert "ETA" in epochs[-1] and "checkpoint saved" in epochs[-1]
-    assert [int(re.match(r"epoch (\d+)", line)[1]) for line in epochs] == list(range(1, EPOCHS + 1))
-    assert progress[-1] == f"training finished after {EPOCHS} reports"
 
     # The job's own output stays on stdout, without the events, Ray's chatter or colour codes.
-    assert re.search(r"^final loss \d", result.stdout, re.MULTILINE)
-    assert "rayjobs-event" not in result.stdout + result.stderr
-    assert "Reporting training result" not in result.stdout
-    assert "\x1b[" not in result.stdout + result.stderr
+    assert "rayjobs-event" not in followed["stdout"] + followed["stderr"]
+    assert "Reporting training result" not in followed["stdout"]
+    assert "\x1b[" not in followed["stdout"] + followed["stderr"]
+
+
+def test_a_hang_is_called_a_stall_with_every_ranks_stack_and_the_job_is_left_running(followed):
+    stderr = followed["stderr"].split(f"rayjobs: epoch {EPOCHS - 1}/{EPOCHS}", 1)[1]
+    warning = next(line for line in stderr.splitlines() if STALL in line)
+    assert f"(stall_after_s {STALL_AFTER_S})" in warning and "it is left running" in warning
+    shown = stderr.split(warning, 1)[1]
+    # Both ranks' training threads, in the script's own function: rank 1 asleep where it hangs, rank 0
+    # further on, waiting for rank 1 in a collective (DDP's gradient all-reduce, or the report).
+    rank0 = shown.split("--- rank 0 ", 1)[1].split("--- rank 1 ", 1)[0]
+    rank1 = shown.split("--- rank 1 ", 1)[1]
+    assert "train_func (train.py:" in rank0, rank0[-3000:]
+    assert "train_func (train.py:" in rank1, rank1[-3000:]
+    hang_line = next(number for number, line in enumerate(SCRIPT.read_text().splitlines(), start=1)
+                     if "time.sleep(3600)" in line)
+    assert f"train_func (train.py:{hang_line})" in rank1, rank1[-3000:]
+    assert stderr.count(STALL) == 1  # one warning per silence
+    # The job was still running when the user (the test) stopped it.
+    assert "STOPPED" in stderr
+
+    stacks = followed["stacks"]
+    assert stacks.returncode == 0, stacks.stderr
+    assert "--- driver (pid" in stacks.stdout and "--- rank 0 (pid" in stacks.stdout
+    assert "train_func" in stacks.stdout
 
 
 def test_the_saved_log_is_printed_exactly_and_following_it_again_replays_the_progress(followed, rj):
     job_id = followed["job_id"]
     raw = rj("logs", job_id)
     assert raw.returncode == 0
-    assert raw.stdout.count("rayjobs-event ") >= EPOCHS + 3  # as written: the events are in the log itself
+    # As written: the events are in the log itself (start, attempt, and the reports of epochs before the hang).
+    assert raw.stdout.count("rayjobs-event ") >= (EPOCHS - 1) + 2
 
     status = rj("status", job_id)
-    assert re.search(rf"^progress: +epoch {EPOCHS}/{EPOCHS} · loss \d", status.stdout, re.MULTILINE), status.stdout
+    assert re.search(rf"^progress: +epoch {EPOCHS - 1}/{EPOCHS} · loss \d", status.stdout, re.MULTILINE), \
+        status.stdout
     assert re.search(r"^training attempts: +1, 0 restarts$", status.stdout, re.MULTILINE), status.stdout
-    assert "ETA" not in status.stdout  # training has finished
 
     again = rj("logs", "--follow", job_id, "--raw")
-    assert again.returncode == 0
+    assert again.returncode == 3  # the job's outcome: STOPPED
     assert "rayjobs-event " in again.stdout  # --raw: the log as written
-    assert f"rayjobs: epoch {EPOCHS}/{EPOCHS}" in again.stderr  # and still read for progress
+    assert f"rayjobs: epoch {EPOCHS - 1}/{EPOCHS}" in again.stderr  # and still read for progress
 
 
 def test_a_terminal_gets_a_live_block_and_keeps_the_jobs_output(followed, ray_cluster_home):
@@ -100,12 +140,12 @@ def test_a_terminal_gets_a_live_block_and_keeps_the_jobs_output(followed, ray_cl
         elif process.poll() is not None:
             break
     os.close(controller)
-    assert process.wait(timeout=HANG_GUARD_S) == 0
+    assert process.wait(timeout=HANG_GUARD_S) == 3  # the job's outcome: STOPPED
     text = screen.decode("utf-8", "replace")
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
-    assert "final loss" in plain
+    assert f"Running entrypoint for job {followed['job_id']}" in plain  # the log's own lines scroll above the block
     assert "rayjobs-event" not in plain
-    assert f"rayjobs: last progress: epoch {EPOCHS}/{EPOCHS} · loss " in plain
+    assert f"rayjobs: last progress: epoch {EPOCHS - 1}/{EPOCHS} · loss " in plain
 
 
 

@@ -208,6 +208,35 @@ def logs(
 @app.command()
 @handles_errors
 @with_connection_options
+def stack(
+    job_id: JobIdArgument,
+    connection: ConnectionOptions = ConnectionOptions(),
+    output: OutputOption = "text",
+) -> None:
+    """Print the Python stacks of a running job's driver and training workers (py-spy, run by the dashboard)."""
+    from runner.follow.log_view import read_log
+    from runner.follow.stacks import job_stacks
+
+    check_output(output)
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    info = client.get_job(job_id)
+    if is_terminal(info.get("status")):
+        raise BadInput(f"job {job_id} is {info.get('status')}: only a running job has stacks to show")
+    progress, _ = read_log(client.job_log(job_id, STATUS_LOG_LINES) if info.get("driver_node_id") else "")
+    stacks = job_stacks(client, info, progress)
+    if output == "json":
+        typer.echo(json.dumps([stack.as_dict() for stack in stacks], indent=2))
+    else:
+        for stack in stacks:
+            typer.echo(stack.render())
+    if not stacks or all(stack.error for stack in stacks):
+        _fail(f"no stack of job {job_id} could be read" + ("" if stacks else ": its driver has not started"),
+              ExitCode.FAILED)
+
+
+@app.command()
+@handles_errors
+@with_connection_options
 def stop(
     job_id: JobIdArgument,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,

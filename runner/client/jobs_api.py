@@ -33,6 +33,7 @@ from runner.errors import (
     JobNotFound,
     NoLogApi,
     NotADashboard,
+    ProfilingDisabled,
 )
 from runner.client.log_resume import LogChunk, ResumePlan, resumed_chunks
 
@@ -162,6 +163,12 @@ class JobsApi:
                 pass  # no state API on this cluster
         text = self.get_logs(job_id)
         return "".join(text.splitlines(keepends=True)[-tail:]) if tail else text
+
+    def process_traceback(self, pid: str, node_id: str | None = None, ip: str | None = None) -> str:
+        """The Python stack of process ``pid`` on a node of the cluster (py-spy, run by Ray's dashboard there)."""
+        where = f"node_id={_quote(node_id)}" if node_id else f"ip={_quote(ip or '')}"
+        return self._request("GET", f"/worker/traceback?pid={_quote(str(pid))}&{where}&native=0",
+                             raw=True).decode("utf-8", "replace")
 
     def stop_job(self, job_id: str) -> bool:
         """Ask the cluster to stop a job. Returns False if it had already ended."""
@@ -330,6 +337,10 @@ class JobsApi:
     def _http_error(self, answer: Answer, path: str, job_id: str | None, where: str) -> Exception:
         text = answer.body.decode("utf-8", "replace").strip()
         code = answer.status
+        if code == 403 and "Profiling is disabled" in text:
+            return ProfilingDisabled(f"{where} does not read process stacks: profiling is off on its head node. "
+                                     "Set RAY_DASHBOARD_ENABLE_PROFILING=1 in the head node's environment "
+                                     "(clusters started by `rayjobs cluster up` have it)")
         if code in (401, 403):
             had_token = any(name.lower() == "authorization" for name in self.connection.headers)
             hint = ("the token was refused; check RAY_AUTH_TOKEN / --header" if had_token else

@@ -21,7 +21,7 @@ import sys
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from jobs.status import JobStatus, is_terminal
 from runner.client.jobs_api import JobsApi
@@ -88,6 +88,8 @@ class Follower:
         timeout_s: float | None = None,
         start_timeout_s: float | None = None,
         demand: dict[str, float] | None = None,
+        stall_after: Callable[[], float] | None = None,
+        on_stall: Callable[[float, dict[str, Any]], None] | None = None,
     ) -> None:
         self.api = api
         self.job_id = job_id
@@ -98,6 +100,11 @@ class Follower:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.demand = demand or {}  # the entrypoint's resources, named in the start-timeout message
+        # A RUNNING job silent (no output, no event) for stall_after() seconds is reported once to on_stall.
+        self.stall_after = stall_after
+        self.on_stall = on_stall
+        self._running_since: float | None = None
+        self._stall_reported_at: float | None = None
         # Made in _run, inside the event loop that waits on them (each run() has a loop of its own).
         self._wake: asyncio.Event
         self._driver_known: asyncio.Event
@@ -204,6 +211,8 @@ class Follower:
                 if stop_reason is not None:
                     return Outcome(ExitCode.TIMEOUT, status, info, stop_reason)
                 return Outcome(exit_code_for_status(status), status, info)
+            if status == JobStatus.RUNNING:
+                await self._watch_for_a_stall(info)
             if stop_reason is None:
                 stop_reason = self._deadline_passed(info)
                 if stop_reason is not None:
@@ -223,6 +232,19 @@ class Follower:
                 return Outcome(ExitCode.TIMEOUT, status, info,
                                f"{stop_reason}; a stop was requested but the job is still {status}")
             await self._sleep(poll.next_delay())
+
+    async def _watch_for_a_stall(self, info: dict[str, Any]) -> None:
+        if self.stall_after is None or self.on_stall is None:
+            return
+        now = time.monotonic()
+        self._running_since = self._running_since or now
+        last_sign = max(self._running_since, self.cursor.last_byte_at or 0.0)
+        if self._stall_reported_at is not None and last_sign > self._stall_reported_at:
+            self._stall_reported_at = None  # it moved again: a later silence is a new stall
+        silent_s = now - last_sign
+        if self._stall_reported_at is None and silent_s >= self.stall_after():
+            self._stall_reported_at = now
+            await asyncio.to_thread(self.on_stall, silent_s, info)
 
     def _deadline_passed(self, info: dict[str, Any]) -> str | None:
         started_ms = info.get("start_time")

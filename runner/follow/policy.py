@@ -20,11 +20,11 @@ from jobs.status import JobStatus, is_terminal
 from jobs.submission import build_submission, should_retry
 from runner.client.backoff import Deadline, retrying
 from runner.errors import BadInput, ClusterRequestFailed, ExitCode, JobNotFound, RayJobsError
-from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.follower import DEFAULT_GIVE_UP_S, Follower, Outcome
-from runner.follow.diagnosis import Diagnosis, FailureReader
-from runner.follow.log_view import ANSI_ESCAPE, LogView
+from runner.follow.diagnosis import Diagnosis
+from runner.follow.log_view import ANSI_ESCAPE
 from runner.follow.progress import RunProgress
+from runner.follow.watching import Watch
 from runner.client.preflight import check_entrypoint_fits, entrypoint_demand
 from runner.follow.messages import address_hint, follow_up_lines, summary_line, where_from
 from runner.client.submission import SubmitInterrupted
@@ -213,6 +213,7 @@ def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions
     while True:
         result = follow_job(client, job_id, options=options, timeout_s=spec.timeout_s,
                             start_timeout_s=spec.start_timeout_s, demand=entrypoint_demand(submission),
+                            stall_after_s=spec.stall_after_s,
                             notes=notes, logs_out=logs_out)
         result.attempts = attempts
         info = result.info or {}
@@ -232,6 +233,7 @@ def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions
 
 def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = None, timeout_s: float | None = None,
                start_timeout_s: float | None = None, demand: dict[str, float] | None = None,
+               stall_after_s: float | None = None,
                log_tail_on_failure: bool = True, notes: TextIO | None = None,
                logs_out: TextIO | None = None) -> RunResult:
     """Follow one job to its end, stopping it when a timeout passes; Ctrl-C detaches (or stops it).
@@ -243,6 +245,7 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         timeout_s: stop the job once it has run this long (exit code TIMEOUT).
         start_timeout_s: stop the job if it is still PENDING after this long (exit code TIMEOUT).
         demand: the entrypoint's resources, named when the start timeout passes.
+        stall_after_s: warn (with stacks) when the RUNNING job is silent this long; None: from its pace.
         log_tail_on_failure: with ``options.summaries``, print the last lines of a FAILED job's log.
         notes: where rayjobs' own lines go (default: stderr).
         logs_out: where the job's log goes (default: stdout).
@@ -254,31 +257,23 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         JobNotFound, AuthFailed: on the first status call.
     """
     options = options or RunOptions()
-    logs_out, notes = logs_out or sys.stdout, notes or sys.stderr
-    progress = RunProgress()
-    live = options.live if options.live is not None else wants_live_view(logs_out, notes)
-    display: LiveProgress | PlainProgress
-    if live and options.stream_logs:
-        display = LiveProgress(progress, job_id, stream=logs_out)
-        logs_out, notes = display.out, display.notes
-    else:
-        display = PlainProgress(progress, notes)
-    failure = FailureReader()
-    view = LogView(logs_out, display.event, raw=options.raw, strip_ansi=not live and not _is_terminal(logs_out),
-                   on_line=failure.line)
+    watch = Watch(client, job_id, logs_out or sys.stdout, notes or sys.stderr, raw=options.raw, live=options.live,
+                  stream_logs=options.stream_logs, stall_after_s=stall_after_s)
+    notes, progress = watch.notes, watch.progress
     out = _Notes(notes)
-    follower = Follower(client, job_id, logs_out=view, notes=notes, stream_logs=options.stream_logs,
+    follower = Follower(client, job_id, logs_out=watch.view, notes=notes, stream_logs=options.stream_logs,
                         give_up_after_s=options.give_up_after_s, timeout_s=timeout_s,
-                        start_timeout_s=start_timeout_s, demand=demand)
+                        start_timeout_s=start_timeout_s, demand=demand,
+                        stall_after=watch.stall_after if options.stream_logs else None, on_stall=watch.on_stall)
     try:
         followed = follower.run()
     except KeyboardInterrupt:
-        _close_view(view, display)
+        watch.close()
         detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
         return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id], progress=progress)
-    _close_view(view, display)
+    watch.close()
     summary = summary_line(job_id, followed.exit_code, followed.info, followed.reason)
-    diagnosis = failure.diagnose(progress) if followed.status == JobStatus.FAILED else None
+    diagnosis = watch.failure.diagnose(progress) if followed.status == JobStatus.FAILED else None
     if options.summaries:
         out.say(summary)
         if diagnosis is not None:
@@ -289,15 +284,6 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
                 out.write(f"  | {ANSI_ESCAPE.sub('', line)}")
     return RunResult(followed.exit_code, _OUTCOME_OF_CODE[followed.exit_code], [job_id], followed, summary,
                      progress, diagnosis)
-
-
-def _is_terminal(stream: TextIO) -> bool:
-    return bool(getattr(stream, "isatty", lambda: False)())
-
-
-def _close_view(view: LogView, display: LiveProgress | PlainProgress) -> None:
-    view.close()
-    display.close()
 
 
 def detach_or_stop(client: JobsApi, job_id: str, *, stop_it: bool, notes: TextIO | None = None) -> ExitCode:

@@ -107,6 +107,7 @@ class RunProgress:
     counts: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: int = 0
     last_event_at: float | None = None
+    slowest_report_s: float | None = None  # the longest wait between two reports of one attempt
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
     def update(self, event: dict[str, Any]) -> None:
@@ -137,6 +138,9 @@ class RunProgress:
             self.metrics = dict(event.get("metrics") or {})
             epoch = self.metrics.get("epoch")
             self.epoch = int(epoch) if isinstance(epoch, (int, float)) else self.iterations
+            if self._epoch_times:
+                waited = at - self._epoch_times[-1][1]
+                self.slowest_report_s = max(self.slowest_report_s or 0.0, waited)
             self._epoch_times.append((self.epoch, at))
             del self._epoch_times[:-(_PACE_EPOCHS + 1)]
         elif kind == "restart":

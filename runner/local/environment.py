@@ -100,6 +100,9 @@ def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None) -> dict
     # every job and actor to end (a grace meant for Serve replicas); stopping a local
     # cluster ends them anyway, so its daemons stop at once.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
+    # `rayjobs stack` and the follower's stall warning ask the dashboard for a process's stack (py-spy);
+    # Ray turns that off unless the head says otherwise. The dashboard listens on loopback only.
+    env["RAY_DASHBOARD_ENABLE_PROFILING"] = "1"
     # Job entrypoints say `python ...`; it must be the interpreter that has
     # this Ray installed, even when the caller's virtualenv is not activated.
     ray_bin_dir = str(Path(ray_path).parent)

@@ -146,6 +146,13 @@ class CliRun:
         assert any(line.rstrip("\n") == text for line in self.stdout_lines), \
             f"never printed {text!r}; exit code {self.process.poll()}, stderr:\n{self.stderr}"
 
+    def wait_for_stderr(self, text: str, timeout_s: float = 120) -> None:
+        """Block until a stderr line holds ``text`` (a hang guard, not a measurement)."""
+        wait_for_condition(lambda: any(text in line for line in self.stderr_lines) or self.process.poll() is not None,
+                           timeout_s=timeout_s, interval_s=0.1)
+        assert any(text in line for line in self.stderr_lines), \
+            f"never printed {text!r}; exit code {self.process.poll()}, stderr:\n{self.stderr}"
+
     def finish(self, timeout_s: float = 180) -> int:
         """Wait for the command to end (killing it after the hang guard ``timeout_s``); its exit code."""
         try:

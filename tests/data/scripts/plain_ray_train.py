@@ -1,7 +1,8 @@
 """A Ray Train script written the way Ray's own examples are, knowing nothing of rayjobs.
 
 Two workers fit a line for a few epochs, report loss each epoch and checkpoint from rank 0; a run
-restarted by Ray Train continues after its last checkpoint.
+restarted by Ray Train continues after its last checkpoint. With ``--hang-at-epoch N`` rank 1 stops
+in epoch N without reporting it, the hang the Ray Train guide lists first under troubleshooting.
 """
 
 import argparse
@@ -32,6 +33,8 @@ def train_func(config):
     inputs = torch.randn(256, 4)
     targets = inputs.sum(dim=1, keepdim=True)
     for epoch in range(start, config["epochs"]):
+        if epoch + 1 == config["hang_at_epoch"] and ray.train.get_context().get_world_rank() == 1:
+            time.sleep(3600)  # rank 1 never reports this epoch: rank 0 waits for it in ray.train.report
         time.sleep(config["epoch_s"])
         loss = ((model(inputs) - targets) ** 2).mean()
         optimizer.zero_grad()
@@ -52,10 +55,12 @@ if __name__ == "__main__":
     parser.add_argument("--storage", required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--epoch-s", type=float, default=0.5, help="seconds each epoch takes at least")
+    parser.add_argument("--hang-at-epoch", type=int, default=0, help="rank 1 hangs in this epoch (0: never)")
     args = parser.parse_args()
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"epochs": args.epochs, "epoch_s": args.epoch_s},
+        train_loop_config={"epochs": args.epochs, "epoch_s": args.epoch_s,
+                           "hang_at_epoch": args.hang_at_epoch},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="plain", storage_path=args.storage, failure_config=FailureConfig(max_failures=1)),
     )
