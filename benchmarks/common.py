@@ -12,12 +12,49 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
+
+
+def add_training_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """``--epochs``, ``--rounds``, ``--set`` and ``--json``: the options of a benchmark that times quickstart training."""
+    parser.add_argument("--epochs", type=int, default=4, help="Epochs per run (the first is not timed).")
+    parser.add_argument("--rounds", type=int, default=rounds, help="Runs of each side, alternating.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a further spec override for both sides (e.g. workload.data.synthetic_per_class=40)")
+    add_json_option(parser)
+
+
+def timed_training(tag: str, scratch: Path, epochs: int) -> list[str]:
+    """The quickstart's settings for a run long enough to time: preprocess and train only, 64 px, 2 workers × 1 CPU."""
+    return ["workload.stages=[preprocess, train]", f"workload.run_name={tag}",
+            f"workload.storage_path={scratch / 'results'}", f"workload.data.output_dir={scratch / 'data'}",
+            "workload.data.image_size=64", f"workload.train.epochs={epochs}", "workload.train.num_workers=2",
+            "workload.train.cpus_per_worker=1"]
+
+
+def submit_spec(spec: str, cluster: str, settings: list[str], tag: str,
+                timeout_s: float = 1800) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``rayjobs submit SPEC --cluster CLUSTER --set …`` from the project, followed to its end.
+
+    Returns the finished command and its wall time in seconds (what a user waits for); a run that
+    does not succeed ends the benchmark, naming ``tag`` and the end of its output.
+    """
+    command = [sys.executable, "-m", "runner.cli.app", "submit", spec, "--cluster", cluster]
+    for setting in settings:
+        command += ["--set", setting]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{tag}: rayjobs submit exited {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done, seconds
 
 
 def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:

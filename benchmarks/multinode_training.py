@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +29,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate, plural  # noqa: E402
+from benchmarks.common import (Result, Spread, Stamp, add_training_options, alternate, plural,  # noqa: E402
+                               submit_spec, timed_training)
 
 WORKERS_LINE = re.compile(r"^Training workers: .*$", re.MULTILINE)
 WHERE = re.compile(r"\(([^()]*nodes?)\)$")  # "... (2 nodes)" at the end of the workers line
@@ -45,24 +45,8 @@ def run_on(nodes: int, cpus_per_node: int, epochs: int, scratch: Path, tag: str,
     name = f"bench-{tag}"
     cluster = local.start(name=name, num_cpus=cpus_per_node, nodes=nodes)
     try:
-        command = [
-            sys.executable, "-m", "runner.cli.app", "submit", "specs/quickstart.yaml", "--cluster", cluster.name,
-            "--set", "workload.stages=[preprocess, train]",
-            "--set", f"workload.run_name={tag}",
-            "--set", f"workload.storage_path={scratch / 'results'}",
-            "--set", f"workload.data.output_dir={scratch / 'data'}",
-            "--set", "workload.data.image_size=64",
-            "--set", f"workload.train.epochs={epochs}",
-            "--set", "workload.train.num_workers=2",
-            "--set", "workload.train.cpus_per_worker=1",
-        ]
-        for override in overrides:
-            command += ["--set", override]
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
-                              stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise SystemExit(f"{tag}: rayjobs submit exited {done.returncode}\n"
-                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        done, _ = submit_spec("specs/quickstart.yaml", cluster.name,
+                              timed_training(tag, scratch, epochs) + overrides, tag)
     finally:
         local.stop(name)
     rows = read_metrics_csv(scratch / "results" / tag / "metrics.csv")
@@ -76,11 +60,7 @@ SIDES = {"one node x 2 CPUs": (1, 2), "three nodes x 1 CPU": (3, 1)}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4, help="Epochs per run (the first is not timed).")
-    parser.add_argument("--rounds", type=int, default=2, help="Runs of each side, alternating.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a further spec override for both sides (e.g. workload.data.synthetic_per_class=40)")
-    add_json_option(parser)
+    add_training_options(parser, rounds=2)
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate, plural  # noqa: E402
+from benchmarks.common import (Result, Spread, Stamp, add_training_options, alternate, plural,  # noqa: E402
+                               submit_spec, timed_training)
 
 
 def train(cluster: str, scratch: Path, tag: str, epochs: int, progress: bool,
@@ -37,26 +36,8 @@ def train(cluster: str, scratch: Path, tag: str, epochs: int, progress: bool,
     """Train the quickstart once; return mean images/s after epoch 1, the wall seconds and the progress lines."""
     from workloads.training.metrics import read_metrics_csv
 
-    command = [
-        sys.executable, "-m", "runner.cli.app", "submit", "specs/quickstart.yaml", "--cluster", cluster,
-        "--set", f"progress={'true' if progress else 'false'}",
-        "--set", "workload.stages=[preprocess, train]",
-        "--set", f"workload.run_name={tag}",
-        "--set", f"workload.storage_path={scratch / 'results'}",
-        "--set", f"workload.data.output_dir={scratch / 'data'}",
-        "--set", "workload.data.image_size=64",
-        "--set", f"workload.train.epochs={epochs}",
-        "--set", "workload.train.num_workers=2",
-        "--set", "workload.train.cpus_per_worker=1",
-    ]
-    for override in overrides:
-        command += ["--set", override]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
-                          stdin=subprocess.DEVNULL)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{tag}: rayjobs submit exited {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    settings = [f"progress={'true' if progress else 'false'}", *timed_training(tag, scratch, epochs), *overrides]
+    done, seconds = submit_spec("specs/quickstart.yaml", cluster, settings, tag)
     epoch_lines = sum(line.startswith("rayjobs: epoch ") for line in done.stderr.splitlines())
     if progress != (epoch_lines == epochs):
         raise SystemExit(f"{tag}: expected {'one progress line per epoch' if progress else 'no progress lines'}, "
@@ -71,11 +52,7 @@ SIDES = {"progress: false": False, "progress (as shipped)": True}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4, help="Epochs per run (the first is not timed).")
-    parser.add_argument("--rounds", type=int, default=3, help="Runs of each side, alternating.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a further spec override for both sides (e.g. workload.data.synthetic_per_class=40)")
-    add_json_option(parser)
+    add_training_options(parser, rounds=3)
     args = parser.parse_args()
 
     from runner import local

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate, plural  # noqa: E402
+from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate, plural, submit_spec  # noqa: E402
 
 BUCKET = "rayjobs-bench"
 
@@ -38,24 +36,9 @@ BUCKET = "rayjobs-bench"
 def submit_quickstart(cluster: str, tag: str, data: str, results: str, env_vars: dict[str, str],
                       overrides: list[str]) -> float:
     """``rayjobs submit specs/quickstart.yaml`` with its data and results at the given places; return seconds."""
-    command = [
-        sys.executable, "-m", "runner.cli.app", "submit", "specs/quickstart.yaml", "--cluster", cluster,
-        "--set", f"workload.run_name={tag}",
-        "--set", f"workload.storage_path={results}",
-        "--set", f"workload.data.output_dir={data}",
-    ]
-    for name, value in env_vars.items():
-        command += ["--set", f"runtime_env.env_vars.{name}={value}"]
-    for override in overrides:
-        command += ["--set", override]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
-                          stdin=subprocess.DEVNULL)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{tag}: rayjobs submit exited {done.returncode}\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return seconds
+    settings = [f"workload.run_name={tag}", f"workload.storage_path={results}", f"workload.data.output_dir={data}",
+                *(f"runtime_env.env_vars.{name}={value}" for name, value in env_vars.items()), *overrides]
+    return submit_spec("specs/quickstart.yaml", cluster, settings, tag)[1]
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ from runner.errors import BadInput, ExitCode
 if TYPE_CHECKING:
     from runner.client.connection import Connection
     from runner.client.jobs_api import JobsApi
+    from runner.follow.diagnosis import FailureReader
+    from runner.follow.progress import RunProgress
 
 app = typer.Typer(
     name="rayjobs",
@@ -142,6 +144,17 @@ def _ensure_local_cluster(name: str) -> None:
     _say(f"local cluster '{name}' is up at {started.dashboard_url}")
 
 
+def _job_and_its_log(connection: ConnectionOptions, job_id: str) -> tuple[JobsApi, dict, RunProgress, FailureReader]:
+    """The cluster client, the job's record, and what the end of its log says (progress, failure reader)."""
+    from runner.follow.log_view import read_log
+
+    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    info = client.get_job(job_id)
+    # The end of the log holds the latest progress: every report names the run's planned length.
+    progress, failure = read_log(client.job_log(job_id, STATUS_LOG_LINES) if info.get("driver_node_id") else "")
+    return client, info, progress, failure
+
+
 @app.command()
 @handles_errors
 @with_connection_options
@@ -156,12 +169,7 @@ def status(
     from runner.cli.render import attempts_report, progress_report, status_report
 
     check_output(output)
-    from runner.follow.log_view import read_log
-
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
-    info = client.get_job(job_id)
-    # The end of the log holds the latest progress: every report names the run's planned length.
-    progress, failure = read_log(client.job_log(job_id, STATUS_LOG_LINES) if info.get("driver_node_id") else "")
+    client, info, progress, failure = _job_and_its_log(connection, job_id)
     diagnosis = failure.diagnose(progress) if info.get("status") == JobStatus.FAILED else None
     if output == "json":
         typer.echo(json.dumps({**masked(info), "progress": progress.as_dict(),
@@ -214,15 +222,12 @@ def stack(
     output: OutputOption = "text",
 ) -> None:
     """Print the Python stacks of a running job's driver and training workers (py-spy, run by the dashboard)."""
-    from runner.follow.log_view import read_log
     from runner.follow.stacks import job_stacks
 
     check_output(output)
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
-    info = client.get_job(job_id)
+    client, info, progress, _ = _job_and_its_log(connection, job_id)
     if is_terminal(info.get("status")):
         raise BadInput(f"job {job_id} is {info.get('status')}: only a running job has stacks to show")
-    progress, _ = read_log(client.job_log(job_id, STATUS_LOG_LINES) if info.get("driver_node_id") else "")
     stacks = job_stacks(client, info, progress)
     if output == "json":
         typer.echo(json.dumps([stack.as_dict() for stack in stacks], indent=2))

@@ -117,7 +117,7 @@ def nodes_text(nodes: list[Any] | None, error: str | None) -> str:
 
 def progress_report(progress: RunProgress, diagnosis: Diagnosis | None) -> str:
     """The lines ``rayjobs status`` adds for a job that reported progress, and for a failure with a known cause."""
-    from runner.follow.progress import format_seconds, format_value, position_text, short_reason, shown_metrics
+    from runner.follow.progress import format_value, pace_parts, position_text, short_reason, shown_metrics
 
     rows = []
     if progress.events:
@@ -126,10 +126,7 @@ def progress_report(progress: RunProgress, diagnosis: Diagnosis | None) -> str:
         if progress.epoch is not None:
             parts.append(position_text(progress))
         parts += [f"{name} {format_value(value)}" for name, value in shown_metrics(progress.metrics)]
-        if progress.seconds_per_epoch() is not None:
-            parts.append(f"{progress.seconds_per_epoch():.1f}s/epoch")
-        if progress.eta_s() is not None and progress.training_state in (None, "RUNNING"):
-            parts.append(f"ETA {format_seconds(progress.eta_s())}")
+        parts += pace_parts(progress, with_eta=progress.training_state in (None, "RUNNING"))
         rows.append(("progress", " · ".join(parts) or "started, nothing reported yet"))
         if progress.attempts:
             restarts = len(progress.restarts)

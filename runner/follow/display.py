@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from runner.follow.progress import (RunProgress, event_line, format_seconds, format_value, position_text,
-                                    short_reason, shown_metrics)
+from runner.follow.progress import (RunProgress, event_line, format_seconds, format_value, pace_parts,
+                                    position_text, short_reason, shown_metrics)
 
 _REFRESH_PER_S = 4
 _BAR_WIDTH = 30
@@ -141,12 +141,8 @@ class LiveProgress:
             row.append("━" * filled, style="magenta")
             row.append("━" * (_BAR_WIDTH - filled), style="grey35")
             row.append(f" {done:4.0%}")
-        pace = progress.seconds_per_epoch()
-        if pace is not None:
-            row.append(f" · {pace:.1f}s/epoch")
-        eta = progress.eta_s()
-        if eta is not None:
-            row.append(f" · ETA {format_seconds(eta)}")
+        for part in pace_parts(progress):
+            row.append(f" · {part}")
         return row
 
     def _attempt_text(self) -> str:

@@ -212,6 +212,18 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def pace_parts(progress: RunProgress, with_eta: bool = True) -> list[str]:
+    """``["2.0s/epoch", "ETA 1m10s"]``, as far as they are known."""
+    parts = []
+    pace = progress.seconds_per_epoch()
+    if pace is not None:
+        parts.append(f"{pace:.1f}s/epoch")
+    eta = progress.eta_s()
+    if eta is not None and with_eta:
+        parts.append(f"ETA {format_seconds(eta)}")
+    return parts
+
+
 def position_text(progress: RunProgress) -> str:
     """``epoch 3/10`` (``iteration 7`` when the loop reports no epoch and names no length)."""
     if progress.epoch is None:
@@ -244,12 +256,7 @@ def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
     if kind == "report":
         parts = [position_text(progress)]
         parts += [f"{name} {format_value(value)}" for name, value in shown_metrics(progress.metrics)]
-        pace = progress.seconds_per_epoch()
-        if pace is not None:
-            parts.append(f"{pace:.1f}s/epoch")
-        eta = progress.eta_s()
-        if eta is not None:
-            parts.append(f"ETA {format_seconds(eta)}")
+        parts += pace_parts(progress)
         if event.get("checkpoint"):
             parts.append("checkpoint saved")
         return " · ".join(parts)
