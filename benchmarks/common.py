@@ -22,12 +22,11 @@ T = TypeVar("T")
 
 
 def add_training_options(parser: argparse.ArgumentParser, rounds: int) -> None:
-    """``--epochs``, ``--rounds``, ``--set`` and ``--json``: the options of a benchmark that times quickstart training."""
+    """``--epochs``, ``--rounds`` and ``--set``: the options of a benchmark that times quickstart training."""
     parser.add_argument("--epochs", type=int, default=4, help="Epochs per run (the first is not timed).")
     parser.add_argument("--rounds", type=int, default=rounds, help="Runs of each side, alternating.")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="a further spec override for both sides (e.g. workload.data.synthetic_per_class=40)")
-    add_json_option(parser)
 
 
 def timed_training(tag: str, scratch: Path, epochs: int) -> list[str]:

@@ -29,8 +29,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import (Result, Spread, Stamp, add_training_options, alternate, plural,  # noqa: E402
-                               submit_spec, timed_training)
+from benchmarks.common import (Result, Spread, Stamp, add_json_option, add_training_options,  # noqa: E402
+                               alternate, plural, submit_spec, timed_training)
 
 WORKERS_LINE = re.compile(r"^Training workers: .*$", re.MULTILINE)
 WHERE = re.compile(r"\(([^()]*nodes?)\)$")  # "... (2 nodes)" at the end of the workers line
@@ -61,6 +61,7 @@ SIDES = {"one node x 2 CPUs": (1, 2), "three nodes x 1 CPU": (3, 1)}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_training_options(parser, rounds=2)
+    add_json_option(parser)
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

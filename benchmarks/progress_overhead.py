@@ -27,8 +27,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.common import (Result, Spread, Stamp, add_training_options, alternate, plural,  # noqa: E402
-                               submit_spec, timed_training)
+from benchmarks.common import (Result, Spread, Stamp, add_json_option, add_training_options,  # noqa: E402
+                               alternate, plural, submit_spec, timed_training)
 
 
 def train(cluster: str, scratch: Path, tag: str, epochs: int, progress: bool,
@@ -53,6 +53,7 @@ SIDES = {"progress: false": False, "progress (as shipped)": True}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_training_options(parser, rounds=3)
+    add_json_option(parser)
     args = parser.parse_args()
 
     from runner import local
