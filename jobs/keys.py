@@ -9,3 +9,7 @@ METADATA_SPEC_HASH = "rayjobs.spec_hash"
 METADATA_SECRETS = "rayjobs.secret_env_vars"
 METADATA_ATTEMPT = "rayjobs.attempt"
 METADATA_PARENT = "rayjobs.parent"
+
+# What starts a progress event in a job's log. workloads/rayjobs_observe/events.py, which runs on the
+# cluster without this package, writes the same text (tests/test_progress_view.py holds them equal).
+EVENT_MARKER = "rayjobs-event"

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.keys import METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
+from jobs.keys import EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
 from jobs.object_store import uri_scheme
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ OBSERVE_CALLBACK = "rayjobs_observe.train_callback.ProgressCallback"
 TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
 # Ray folds alike lines from different processes of a job into one; an event must never be folded.
 DEDUP_ALLOW_ENV_VAR = "RAY_DEDUP_LOGS_ALLOW_REGEX"
-EVENT_PATTERN = "rayjobs-event"
 
 
 def local_runtime_paths(runtime_env: dict[str, Any]) -> list[tuple[str, str]]:
@@ -102,9 +101,9 @@ def add_progress_channel(runtime_env: dict[str, Any]) -> None:
     env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [OBSERVE_CALLBACK] * (OBSERVE_CALLBACK not in callbacks))
     allowed = env_vars.get(DEDUP_ALLOW_ENV_VAR)
     if not allowed:
-        env_vars[DEDUP_ALLOW_ENV_VAR] = EVENT_PATTERN
-    elif EVENT_PATTERN not in allowed:
-        env_vars[DEDUP_ALLOW_ENV_VAR] = f"(?:{allowed})|{EVENT_PATTERN}"
+        env_vars[DEDUP_ALLOW_ENV_VAR] = EVENT_MARKER
+    elif EVENT_MARKER not in allowed:
+        env_vars[DEDUP_ALLOW_ENV_VAR] = f"(?:{allowed})|{EVENT_MARKER}"
 
 
 def spec_hash(submission: dict[str, Any]) -> str:

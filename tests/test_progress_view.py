@@ -187,3 +187,10 @@ def test_an_event_is_told_after_the_lines_before_it_and_before_the_lines_after_i
     view.write("before\n" + event_text(event="stage", name="train", state="end") + "\nafter\n")
     view.close()
     assert order == [("line", "before"), ("event", "train"), ("line", "after")]
+
+
+def test_the_client_reads_the_marker_the_cluster_side_writes():
+    from jobs.keys import EVENT_MARKER
+    from workloads.rayjobs_observe.events import EVENT_MARKER as WRITTEN
+
+    assert WRITTEN == EVENT_MARKER

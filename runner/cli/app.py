@@ -151,7 +151,8 @@ def _job_and_its_log(connection: ConnectionOptions, job_id: str) -> tuple[JobsAp
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     info = client.get_job(job_id)
     # The end of the log holds the latest progress: every report names the run's planned length.
-    progress, failure = read_log(client.job_log(job_id, STATUS_LOG_LINES) if info.get("driver_node_id") else "")
+    node_id = info.get("driver_node_id")
+    progress, failure = read_log(client.job_log(job_id, STATUS_LOG_LINES, driver_node_id=node_id) if node_id else "")
     return client, info, progress, failure
 
 

@@ -145,16 +145,17 @@ class JobsApi:
         answer = self._request("POST", "/api/jobs/", json_body=request, patient=True)
         return (answer.get("submission_id") if isinstance(answer, dict) else None) or request["submission_id"]
 
-    def job_log(self, job_id: str, tail: int | None = None) -> str:
+    def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
         """The job's log (its last ``tail`` lines), invalid UTF-8 shown as U+FFFD.
 
         The job API's own log endpoint fails with 500 on a log that is not valid UTF-8 and
         turns carriage returns into line ends, so the raw bytes come from the state API;
-        clusters without it get the job API's text.
+        clusters without it get the job API's text. ``driver_node_id`` (from a record the caller
+        already has) saves looking the job up again.
         """
         if tail == 0:
             return ""
-        node_id = self.get_job(job_id).get("driver_node_id")
+        node_id = driver_node_id or self.get_job(job_id).get("driver_node_id")
         if node_id:
             try:
                 return self._request("GET", _driver_log_path(job_id, node_id, tail or -1, follow=False),

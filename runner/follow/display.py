@@ -14,7 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from runner.follow.progress import (RunProgress, event_line, format_seconds, format_value, pace_parts,
+from runner.follow.messages import format_duration
+from runner.follow.progress import (RunProgress, event_line, format_value, pace_parts,
                                     position_text, short_reason, shown_metrics)
 
 _REFRESH_PER_S = 4
@@ -116,7 +117,7 @@ class LiveProgress:
 
         progress = self.progress
         rows = [Text.assemble(("● ", "cyan"), (f"job {self.job_id}", "bold"),
-                              f" · {format_seconds(time.monotonic() - self.started)}",
+                              f" · {format_duration(time.monotonic() - self.started)}",
                               f" · stage {progress.stage}" + (f" ({progress.stage_index}/{progress.stage_count})"
                                                              if progress.stage_index else "")
                               if progress.stage else "")]

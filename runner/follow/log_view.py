@@ -13,7 +13,8 @@ import re
 from typing import Callable, TextIO
 
 from runner.follow.diagnosis import FailureReader
-from runner.follow.progress import EVENT_MARKER, RunProgress, parse_event
+from jobs.keys import EVENT_MARKER
+from runner.follow.progress import RunProgress, parse_event
 
 # A colour or cursor sequence; Ray colours the prefix of lines it forwards from other processes,
 # even into a log file.

@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-EVENT_MARKER = "rayjobs-event"
+from jobs.keys import EVENT_MARKER
+from runner.follow.messages import format_duration
+
 _EVENT_LINE = re.compile(rf"{EVENT_MARKER} (\{{.*\}})\s*$")
 # How many of the last epochs the pace (and so the ETA) is taken over: recent enough to follow a
 # change of speed, long enough that one slow evaluation does not swing it.
@@ -200,18 +202,6 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def format_seconds(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``1h02m``."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
 def pace_parts(progress: RunProgress, with_eta: bool = True) -> list[str]:
     """``["2.0s/epoch", "ETA 1m10s"]``, as far as they are known."""
     parts = []
@@ -220,7 +210,7 @@ def pace_parts(progress: RunProgress, with_eta: bool = True) -> list[str]:
         parts.append(f"{pace:.1f}s/epoch")
     eta = progress.eta_s()
     if eta is not None and with_eta:
-        parts.append(f"ETA {format_seconds(eta)}")
+        parts.append(f"ETA {format_duration(eta)}")
     return parts
 
 
@@ -239,7 +229,7 @@ def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
         where = f" ({event['index']}/{event['count']})" if event.get("index") and event.get("count") else ""
         if event.get("state") == "start":
             return f"stage {event.get('name')}{where} started"
-        took = f" in {format_seconds(float(event['seconds']))}" if event.get("seconds") is not None else ""
+        took = f" in {format_duration(float(event['seconds']))}" if event.get("seconds") is not None else ""
         return f"stage {event.get('name')}{where} finished{took}"
     if kind == "count" and event.get("final"):
         return f"{event.get('name')}: {event.get('done')}" + (f"/{event['total']}" if event.get("total") else "")

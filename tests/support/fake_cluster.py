@@ -122,7 +122,7 @@ class FakeClient:
     def has_autoscaler(self) -> bool:
         return self.autoscaler
 
-    def job_log(self, job_id: str, tail: int | None = None) -> str:
+    def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
         self.calls.append(("job_log", job_id, tail))
         self.get_job(job_id)
         text = self._plays[job_id][0].log.decode("utf-8", "replace")
