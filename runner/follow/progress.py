@@ -108,7 +108,6 @@ class RunProgress:
     training_state: str | None = None
     counts: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: int = 0
-    last_event_at: float | None = None
     slowest_report_s: float | None = None  # the longest wait between two reports of one attempt
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
@@ -116,7 +115,6 @@ class RunProgress:
         """Take in one event."""
         self.events += 1
         at = float(event.get("time") or time.time())
-        self.last_event_at = at
         kind = event["event"]
         if kind == "stage":
             if event.get("state") == "start":
