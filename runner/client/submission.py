@@ -176,8 +176,6 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
             warn(f"working_dir {working_dir} holds {size / 2**20:.0f} MiB to upload (before compression); the "
                  f"dashboard refuses uploads over {UPLOAD_LIMIT_BYTES // 2**20} MiB. Leave data out with "
                  "runtime_env.excludes or a .rayignore file")
-        if size >= UPLOAD_NOTE_BYTES:
-            progress(f"packaging and uploading working_dir {working_dir} ({size / 2**20:.0f} MiB)")
 
     from ray.exceptions import AuthenticationError
 
@@ -188,6 +186,10 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("ray.dashboard", ray_internals.PACKAGING_LOGGER.rpartition(".")[0])):
             logging.getLogger(name).setLevel(logging.ERROR)
+    # Said once Ray is loaded, when packaging really begins: Python drops a Ctrl-C that lands while a
+    # module is being imported, so an interrupt prompted by this line must not meet an import.
+    if working_dir and size >= UPLOAD_NOTE_BYTES:
+        progress(f"packaging and uploading working_dir {working_dir} ({size / 2**20:.0f} MiB)")
 
     try:
         client = _job_client(connection, watch)
