@@ -13,3 +13,9 @@ METADATA_PARENT = "rayjobs.parent"
 # What starts a progress event in a job's log. workloads/rayjobs_observe/events.py, which runs on the
 # cluster without this package, writes the same text (tests/test_progress_view.py holds them equal).
 EVENT_MARKER = "rayjobs-event"
+
+# The run record (workloads/rayjobs_observe/record.py writes it on the cluster; runner/runs reads it):
+# the variable that tells the job where and what to record, and the names in a run's folder.
+RECORD_ENV_VAR = "RAYJOBS_RECORD"
+RUN_FILE = "run.json"
+RECORD_DIR = "run-record"

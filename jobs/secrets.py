@@ -22,11 +22,17 @@ def looks_secret(name: str) -> bool:
 
 def masked(job: dict[str, Any]) -> dict[str, Any]:
     """A copy of a submission or job info that is safe to print: secret-looking env var values replaced."""
-    result = copy.deepcopy(job)
-    env_vars = (result.get("runtime_env") or {}).get("env_vars") or {}
     # The spec's own list travels in the job's metadata, so `status` and `list` honour it too.
-    marked = set(((result.get("metadata") or {}).get(METADATA_SECRETS) or "").split(","))
+    marked = ((job.get("metadata") or {}).get(METADATA_SECRETS) or "").split(",")
+    return masked_runtime_env(job, marked)
+
+
+def masked_runtime_env(document: dict[str, Any], secret_names: list[str]) -> dict[str, Any]:
+    """A copy of ``document`` (anything with a ``runtime_env``) with the values of secret env vars replaced:
+    those named in ``secret_names`` and those whose names look secret."""
+    result = copy.deepcopy(document)
+    env_vars = (result.get("runtime_env") or {}).get("env_vars") or {}
     for name in env_vars:
-        if name in marked or looks_secret(name):
+        if name in secret_names or looks_secret(name):
             env_vars[name] = MASK
     return result

@@ -245,6 +245,16 @@ class JobSpec(StrictModel):
     progress: bool = Field(
         True, description="Ship rayjobs' progress channel with the job (when it uploads code), so that every "
         "ray.train.report and training restart shows while following it. false: the job runs exactly as written.")
+    record: bool = Field(
+        True, description="Have the job keep its run record (run.json with spec, code and versions, its driver log "
+        "and progress events) in the run's folder, uploaded as it runs so that it outlives the cluster. Needs the "
+        "progress channel's package, so only jobs that upload code keep one.")
+    record_path: str | None = Field(
+        None, description="Where a job whose workload names no storage_path keeps its record: a folder on the "
+        "cluster or s3://BUCKET/PREFIX; each run gets <record_path>/<name>-<first submission id>. Default "
+        "~/rayjobs-results.")
+    record_every_s: float = Field(30.0, ge=1, description="Seconds between uploads of the run record while the "
+                                  "job runs (and once at its end).")
     max_retries: int = Field(0, ge=0, le=100, description="Submit again when an attempt fails (see retry_on).")
     retry_on: list[str] = Field(
         default_factory=lambda: list(INFRASTRUCTURE_FAILURES),

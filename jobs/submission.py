@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.keys import EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
+from jobs.keys import (EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, RECORD_ENV_VAR,
+                       WORKLOAD_ENV_VAR)
 from jobs.object_store import uri_scheme
+from jobs.provenance import code_provenance
+from jobs.secrets import masked_runtime_env
+from jobs.workload_contract import workload_needs
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
@@ -27,6 +32,10 @@ DEFAULT_EXCLUDES = [
 OBSERVE_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "workloads" / "rayjobs_observe"
 OBSERVE_CALLBACK = "rayjobs_observe.train_callback.ProgressCallback"
 TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
+# The run record's keeper, which runs the spec's entrypoint (see workloads/rayjobs_observe/record.py).
+RECORD_COMMAND = "python -m rayjobs_observe.record --"
+# Where a job keeps its record when its workload names no storage_path: the workloads' own default.
+DEFAULT_RECORD_PATH = "~/rayjobs-results"
 # Ray folds alike lines from different processes of a job into one; an event must never be folded.
 DEDUP_ALLOW_ENV_VAR = "RAY_DEDUP_LOGS_ALLOW_REGEX"
 
@@ -61,7 +70,8 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
         env_vars[WORKLOAD_ENV_VAR] = json.dumps(
             {"kind": loaded.workload_kind, **loaded.workload.model_dump(mode="json")}, sort_keys=True
         )
-    if local_runtime_paths(runtime_env) and spec.progress:
+    ships_code = bool(local_runtime_paths(runtime_env))
+    if ships_code and spec.progress:
         add_progress_channel(runtime_env)
     if dict(local_runtime_paths(runtime_env)).get("working_dir"):
         excludes = list(runtime_env.get("excludes", []))
@@ -83,7 +93,58 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
     if spec.secret_env_vars:
         metadata[METADATA_SECRETS] = ",".join(spec.secret_env_vars)
     submission["metadata"] = metadata
+    if ships_code and spec.record:
+        add_run_record(submission, loaded, metadata[METADATA_SPEC_HASH])
     return submission
+
+
+def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec: str) -> None:
+    """Have the job keep its run record: its entrypoint runs under ``rayjobs_observe.record``, told where and what.
+
+    The record's folder is the workload's run folder (``<storage_path>/<run_name>``) when it has one,
+    else a folder under ``record_path`` named after the job. Secrets are masked in the spec it holds.
+    """
+    spec = loaded.spec
+    runtime_env = submission["runtime_env"]
+    modules = list(runtime_env.get("py_modules") or [])
+    if str(OBSERVE_PACKAGE_DIR) not in modules:
+        runtime_env["py_modules"] = modules + [str(OBSERVE_PACKAGE_DIR)]
+    config: dict[str, Any] = {
+        "name": spec.name,
+        "every_s": spec.record_every_s,
+        "spec_hash": hash_of_spec,
+        "spec": masked_runtime_env(resolved_spec(loaded), spec.secret_env_vars),
+        "code": code_provenance(dict(local_runtime_paths(runtime_env)).get("working_dir")),
+    }
+    run_dir = workload_needs(loaded.workload).run_location
+    if run_dir is not None:
+        config["run_dir"] = run_dir
+    else:
+        config["base"] = spec.record_path or DEFAULT_RECORD_PATH
+    runtime_env.setdefault("env_vars", {})[RECORD_ENV_VAR] = json.dumps(config, sort_keys=True, default=str)
+    submission["entrypoint"] = f"{RECORD_COMMAND} {shlex.quote(submission['entrypoint'])}"
+
+
+def user_entrypoint(entrypoint: str) -> str:
+    """The spec's own entrypoint inside one that runs under the run record's keeper (any other as it is)."""
+    prefix = RECORD_COMMAND + " "
+    if not entrypoint.startswith(prefix):
+        return entrypoint
+    try:
+        words = shlex.split(entrypoint[len(prefix):])
+    except ValueError:
+        return entrypoint
+    return words[0] if len(words) == 1 else entrypoint
+
+
+def resolved_spec(loaded: LoadedSpec) -> dict[str, Any]:
+    """The spec as it ran: overrides applied, paths made absolute, defaults filled in (secrets not yet masked)."""
+    document = loaded.spec.model_dump(mode="json", exclude_none=True)
+    if loaded.workload is not None:
+        document["workload"] = {"kind": loaded.workload_kind, **loaded.workload.model_dump(mode="json")}
+    return document
+
+
 
 
 def add_progress_channel(runtime_env: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@
 A workload's parameter model (see :mod:`jobs.workload_kinds`) may define ``needs()`` returning
 :class:`WorkloadNeeds`: the program its job runs, the locations every node of the job reads or
 writes, and the resources each phase asks for. The client uses it to warn about local paths on a
-multi-node cluster, to size a KubeRay worker group, and to check a spec's entrypoint. A model
+multi-node cluster, to size a KubeRay worker group, to check a spec's entrypoint, and to keep the
+run's record in the run's own folder. A model
 without ``needs()`` declares nothing, and the client makes no guess about it.
 """
 
@@ -32,6 +33,7 @@ class WorkloadNeeds:
     entrypoint_module: str | None = None  # the module its job runs: ``python -m MODULE``
     shared_locations: dict[str, str] = field(default_factory=dict)  # parameter -> local path or URI, as given
     demands: tuple[Demand, ...] = ()  # in the order the phases run
+    run_location: str | None = None  # the run's own folder (local path or URI, as given): its record goes there
 
 
 @runtime_checkable

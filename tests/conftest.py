@@ -52,6 +52,14 @@ def tier_of(item: pytest.Item) -> str:
     return "unit"
 
 
+def uses_session_cluster(item: pytest.Item) -> bool:
+    """Whether a test runs on the session's cluster (and so must share a test process with the others that do)."""
+    used = set(getattr(item, "fixturenames", ()))
+    return bool(used & CLUSTER_FIXTURES) or item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)
+
+
+# tryfirst: the groups must be marked before pytest-xdist reads them (`--dist loadgroup`) in its own hook.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
@@ -62,6 +70,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         elif used & RAY_FIXTURES:
             item.add_marker(pytest.mark.ray)
+        # Under `-n 2`, the tests that share a session-scoped Ray (the cluster, or the in-process one with
+        # its trained tiny run) go to one test process each, so neither is started twice; the rest spread.
+        if uses_session_cluster(item):
+            item.add_marker(pytest.mark.xdist_group("session-cluster"))
+        elif used & RAY_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("in-process-ray"))
+        elif item.get_closest_marker("cluster"):
+            # A module that starts its own cluster shares it between its tests (module-scoped fixtures).
+            item.add_marker(pytest.mark.xdist_group(f"own-cluster:{item.module.__name__}"))
     # A stable sort keeps each module's tests of one tier together, so module fixtures are built once.
     # The follower's fault scenarios run in the background through the cluster tier; their checks go last.
     items.sort(key=lambda item: (_TIER_ORDER[tier_of(item)], item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)))
@@ -90,7 +107,7 @@ def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[Non
 @pytest.fixture(autouse=True)
 def _follow_fault_scenarios_start_with_the_cluster_tier(request: pytest.FixtureRequest) -> None:
     """The first cluster test starts the follower's fault scenarios, when tests/test_follow_faults.py will check them."""
-    if tier_of(request.node) == "cluster" and request.config.stash.get(_FOLLOW_FAULTS_SELECTED, False):
+    if uses_session_cluster(request.node) and request.config.stash.get(_FOLLOW_FAULTS_SELECTED, False):
         request.getfixturevalue("follow_fault_scenarios")
 
 

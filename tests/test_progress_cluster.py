@@ -10,6 +10,7 @@ log is read again, exactly as written, through a pseudo-terminal, and by ``statu
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -17,6 +18,7 @@ import select
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,7 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
     spec = directory / "plain.yaml"
     spec.write_text(f"name: plain-train\nentrypoint: python train.py --storage {directory / 'runs'} "
                     f"--epochs {EPOCHS} --epoch-s 0.2 --hang-at-epoch {EPOCHS}\nstall_after_s: {STALL_AFTER_S}\n"
+                    f"record_path: {directory / 'records'}\nrecord_every_s: 1\n"
                     f"runtime_env:\n  working_dir: {code}\n")
     run = CliRun(["submit", str(spec)], cli_env(ray_cluster_home))
     try:
@@ -56,7 +59,8 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
     finally:
         if run.process.poll() is None:
             run.process.kill()
-    return {"code": code, "stdout": run.stdout, "stderr": run.stderr, "job_id": job_id, "stacks": stacks}
+    return {"code": code, "stdout": run.stdout, "stderr": run.stderr, "job_id": job_id, "stacks": stacks,
+            "records": directory / "records"}
 
 
 def test_a_plain_ray_train_script_shows_epochs_metrics_and_eta_line_by_line(followed):
@@ -165,3 +169,28 @@ def test_a_failure_with_a_known_cause_is_named_with_what_to_do(rj, tmp_path):
     status = rj("status", job_id)
     assert status.returncode == 1
     assert "why:" in status.stdout and "no module named 'rayjobs_no_such_module'" in status.stdout
+
+
+def test_the_job_keeps_its_own_record_log_events_and_stacks(followed, rj):
+    """The script keeps its run record with nobody asking (it names no storage of its own: record_path)."""
+    job_id = followed["job_id"]
+    listed = rj("runs", str(followed["records"]), "--output", "json")
+    assert listed.returncode == 0, listed.stderr
+    (run,) = json.loads(listed.stdout)
+    assert (run["run"], run["status"], run["attempts"]) == (f"plain-train-{job_id}", "STOPPED", 1)
+    assert run["iterations"] == EPOCHS - 1 and "loss" in run["metrics"]
+
+    run_dir = run["location"]
+    saved, live = rj("logs", run_dir), rj("logs", job_id)
+    assert saved.returncode == 0 and saved.stdout == live.stdout, "the record holds the driver log as written"
+
+    shown = json.loads(rj("show", run_dir, "--output", "json").stdout)
+    assert shown["cluster"] == {"nodes": 1, "cpus": 2.0, "gpus": 0}
+    assert shown["spec"]["entrypoint"].startswith("python train.py --storage")
+    assert shown["code"]["working_dir_package"].startswith("_ray_pkg_") and shown["code"]["git"] is None
+    assert shown["versions"]["ray"] and shown["versions"]["torch"]
+    assert shown["attempts"][0]["submission_id"] == job_id
+
+    stacks = sorted((Path(run_dir) / "run-record" / "stacks").iterdir())
+    assert len(stacks) == 1 and "train_func (train.py:" in stacks[0].read_text()
+    assert f"rayjobs: stacks kept in the run record: {stacks[0]}" in followed["stderr"]

@@ -20,14 +20,18 @@ from jobs.ray_env import prepare_ray_env
 from jobs.status import JobStatus, is_terminal
 from runner.cli.cluster import cluster_app
 from runner.cli.export import export_app
+from runner.cli.runs import is_run_location, print_saved_log
+from runner.cli.runs import register as register_run_commands
+from runner.cli.specs import register as register_spec_commands
 from runner.cli.options import (ConnectionOptions, DryRunOption, GiveUpOption, JobIdArgument, LocalOption,
                                 NoPreflightOption, NoWaitOption, OutputOption, QuietOption, RawOption, SetOption,
-                                StopOnInterruptOption, ValidateSetOption, check_output, handles_errors,
+                                StopOnInterruptOption, check_output, handles_errors,
                                 with_connection_options)
 from runner.cli.options import fail as _fail, say as _say
 from runner.errors import BadInput, ExitCode
 
 if TYPE_CHECKING:
+    from jobs.loader import LoadedSpec
     from runner.client.connection import Connection
     from runner.client.jobs_api import JobsApi
     from runner.follow.diagnosis import FailureReader
@@ -85,16 +89,30 @@ def submit(
     from pathlib import Path
 
     from jobs.loader import load_spec
-    from jobs.secrets import masked
-    from jobs.submission import build_submission
-    from runner.cli.render import dry_run_text, run_summary
-    from runner.follow.messages import follow_up_lines
-    from runner.follow.policy import RunOptions, RunOutcome, run_with_retries
-    from runner.client.preflight import entrypoint_note, shared_storage_note
 
     check_output(output)
     try:
         loaded = load_spec(Path(spec_file), set_ or [])
+    except KeyboardInterrupt:
+        _say("interrupted: nothing was submitted")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    submit_loaded(loaded, connection, no_wait=no_wait, dry_run=dry_run, output=output, local=local,
+                   stop_on_interrupt=stop_on_interrupt, quiet=quiet, no_preflight=no_preflight,
+                   give_up_after=give_up_after, raw=raw)
+
+
+def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait: bool, dry_run: bool, output: str,
+                   local: bool, stop_on_interrupt: bool, quiet: bool, no_preflight: bool, give_up_after: float,
+                   raw: bool) -> None:
+    """Submit a validated spec and follow it, as ``submit`` (and ``rerun``) do; ends the command with its exit code."""
+    from jobs.secrets import masked
+    from jobs.submission import build_submission
+    from runner.cli.render import dry_run_text, run_summary
+    from runner.client.preflight import entrypoint_note, shared_storage_note
+    from runner.follow.messages import follow_up_lines
+    from runner.follow.policy import RunOptions, RunOutcome, run_with_retries
+
+    try:
         submission = build_submission(loaded)
         spec_address_source = loaded.source_of("address")
         if dry_run:
@@ -132,6 +150,8 @@ def submit(
     raise typer.Exit(int(result.exit_code))
 
 
+
+
 def _ensure_local_cluster(name: str) -> None:
     """Start the named local cluster unless it runs; a failed start ends the command like `cluster up` (exit 4)."""
     from runner import local
@@ -142,6 +162,35 @@ def _ensure_local_cluster(name: str) -> None:
     _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
     started = local.start(name=name)
     _say(f"local cluster '{name}' is up at {started.dashboard_url}")
+
+
+@app.command()
+@handles_errors
+@with_connection_options
+def rerun(
+    run: Annotated[str, typer.Argument(metavar="RUN", help="A recorded run's folder, local or s3://.",
+                                       show_default=False)],
+    set_: SetOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Submit even when the working_dir's code is no longer what "
+                                        "the run recorded (with a warning).")] = False,
+    connection: ConnectionOptions = ConnectionOptions(),
+    no_wait: NoWaitOption = False,
+    dry_run: DryRunOption = False,
+    output: OutputOption = "text",
+    local: LocalOption = False,
+    quiet: QuietOption = False,
+    give_up_after: GiveUpOption = 60.0,
+    raw: RawOption = False,
+) -> None:
+    """Submit the spec a run recorded again, refusing when its working_dir's code has changed since."""
+    from runner.runs.rerun import recorded_spec
+
+    check_output(output)
+    loaded, warning = recorded_spec(run, set_ or [], force=force)
+    if warning:
+        _say(f"warning: {warning}")
+    submit_loaded(loaded, connection, no_wait=no_wait, dry_run=dry_run, output=output, local=local,
+                   stop_on_interrupt=False, quiet=quiet, no_preflight=False, give_up_after=give_up_after, raw=raw)
 
 
 def _job_and_its_log(connection: ConnectionOptions, job_id: str) -> tuple[JobsApi, dict, RunProgress, FailureReader]:
@@ -188,7 +237,8 @@ def status(
 @handles_errors
 @with_connection_options
 def logs(
-    job_id: JobIdArgument,
+    job_id: Annotated[str, typer.Argument(metavar="ID|RUN", help="Submission id, or a run's folder (local or s3://) "
+                                          "to print the log its record saved.", show_default=False)],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends; exit code = "
                       "outcome.")] = False,
     tail: Annotated[Optional[int], typer.Option("--tail", "-n", min=0, metavar="N", help="Print only the last N lines "
@@ -197,8 +247,12 @@ def logs(
     give_up_after: GiveUpOption = 60.0,
     raw: RawOption = False,
 ) -> None:
-    """Print a job's log (--follow: stream it until the job ends, with its progress)."""
-
+    """Print a job's log (--follow: stream it until the job ends, with its progress), or the log a run's record saved."""
+    if is_run_location(job_id):
+        if follow:
+            raise BadInput("--follow needs a job id: a run's record holds the log as last uploaded")
+        print_saved_log(job_id, tail)
+        return
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     if follow:
         from runner.follow.policy import RunOptions, follow_job
@@ -307,50 +361,9 @@ def delete(
     _say(f"deleted job {job_id}")
 
 
-@app.command()
-def validate(
-    spec_files: Annotated[list[str], typer.Argument(metavar="SPEC...", help="Spec files to check.",
-                                                    show_default=False)],
-    set_: ValidateSetOption = None,
-) -> None:
-    """Check spec files without contacting a cluster (exit code 2 if any is invalid)."""
-    from jobs.errors import SpecError
-    from jobs.loader import load_spec
-    from runner.client.preflight import entrypoint_note
-
-    failed = 0
-    for spec_file in spec_files:
-        try:
-            loaded = load_spec(spec_file, set_ or [])
-        except SpecError as exc:
-            failed += 1
-            typer.echo(str(exc), err=True)
-            continue
-        kind = f", workload {loaded.workload_kind}" if loaded.workload_kind else ""
-        typer.echo(f"{spec_file}: ok ({loaded.spec.name}{kind})")
-        if (note := entrypoint_note(loaded)) is not None:
-            _say(f"warning: {spec_file}: {note}")
-    raise typer.Exit(int(ExitCode.BAD_INPUT) if failed else 0)
-
-
-@app.command()
-def schema(
-    workload: Annotated[Optional[str], typer.Option("--workload", metavar="KIND", help="Print the schema of this workload kind's "
-                        "parameters instead (e.g. vision).", show_default=False)] = None,
-) -> None:
-    """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml)."""
-    from jobs.spec import JobSpec
-    from jobs.workload_kinds import workload_model
-
-    if workload is None:
-        document = JobSpec.model_json_schema()
-        document["title"] = "rayjobs spec"
-    else:
-        try:
-            document = workload_model(workload).model_json_schema()
-        except ValueError as exc:
-            _fail(str(exc), ExitCode.BAD_INPUT)
-    typer.echo(json.dumps(document, indent=2))
+# After the cluster's commands in `rayjobs --help`: these need no cluster.
+register_run_commands(app)
+register_spec_commands(app)
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
-from runner.follow.messages import duration_s, format_duration, job_id_of
+from jobs.submission import user_entrypoint
+from runner.follow.messages import duration_s, format_duration, job_id_of, plain_table
 
 if TYPE_CHECKING:
     from runner.follow.diagnosis import Diagnosis
@@ -32,7 +33,7 @@ def status_report(info: dict[str, Any]) -> str:
         ("job", job_id_of(info)),
         ("status", info.get("status", "?")),
         ("name", job_name_of(info)),
-        ("entrypoint", info.get("entrypoint") or ""),
+        ("entrypoint", user_entrypoint(info.get("entrypoint") or "")),
         ("started", format_time(info.get("start_time"))),
         ("ended", format_time(info.get("end_time"))),
         ("duration", format_duration(duration_s(info))),
@@ -50,7 +51,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     header = ("ID", "STATUS", "NAME", "STARTED", "DURATION", "ENTRYPOINT")
     rows = [header]
     for info in sorted(jobs, key=lambda job: job.get("start_time") or 0, reverse=True):
-        entrypoint = (info.get("entrypoint") or "").replace("\n", " ")
+        entrypoint = user_entrypoint(info.get("entrypoint") or "").replace("\n", " ")
         rows.append((
             job_id_of(info),
             info.get("status") or "?",
@@ -59,10 +60,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
             format_duration(duration_s(info)),
             entrypoint if len(entrypoint) <= 60 else entrypoint[:57] + "...",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    return "\n".join(
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1] for row in rows
-    )
+    return plain_table(rows)
 
 
 def attempts_report(info: dict[str, Any], jobs: list[dict[str, Any]]) -> str:

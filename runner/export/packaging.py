@@ -22,15 +22,8 @@ from typing import Any
 from jobs import object_store, ray_internals
 from jobs.object_store import S3Settings, s3_filesystem
 from jobs.submission import local_runtime_paths
-from runner.errors import AuthFailed, BadInput, ClusterUnreachable, RayJobsError
-
-
-class StorageUnreachable(ClusterUnreachable):
-    """The object store did not answer, or answered with an error of its own."""
-
-
-class StorageAuthFailed(AuthFailed):
-    """The object store refused the credentials (or wanted some)."""
+from runner.errors import BadInput
+from runner.storage import calling_storage
 
 
 class S3Location(object_store.S3Location):
@@ -119,7 +112,7 @@ def package_directory(directory: Path, excludes: list[str], include_parent_dir: 
 
 def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings) -> None:
     """Raise unless the bucket exists and answers."""
-    _calling_storage(lambda: object_store.check_bucket(filesystem, location, settings,
+    calling_storage(lambda: object_store.check_bucket(filesystem, location, settings,
                                                        "create it, or name another with --upload-to"))
 
 
@@ -127,7 +120,7 @@ def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) 
     """Copy ``package`` to ``key`` unless an object of that name and size is there; return whether it copied."""
     from pyarrow.fs import FileType
 
-    existing = _calling_storage(lambda: object_store.call_object_store(lambda: filesystem.get_file_info(key),
+    existing = calling_storage(lambda: object_store.call_object_store(lambda: filesystem.get_file_info(key),
                                                                        settings, key))
     size = package.stat().st_size
     if existing.type == FileType.File and existing.size == size:
@@ -138,24 +131,8 @@ def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) 
             while chunk := source.read(8 * 1024 * 1024):
                 target.write(chunk)
 
-    _calling_storage(lambda: object_store.call_object_store(copy_it, settings, key))
+    calling_storage(lambda: object_store.call_object_store(copy_it, settings, key))
     return True
-
-
-def _calling_storage(call: Callable[[], Any]) -> Any:
-    """Run a call to the object store; its error becomes the client's error of the same kind."""
-    try:
-        return call()
-    except object_store.ObjectStoreError as exc:
-        raise _client_error(exc) from None
-
-
-def _client_error(error: object_store.ObjectStoreError) -> RayJobsError:
-    if isinstance(error, object_store.ObjectStoreAuthFailed):
-        return StorageAuthFailed(str(error))
-    if isinstance(error, object_store.ObjectStoreMissing):
-        return BadInput(str(error))
-    return StorageUnreachable(str(error))
 
 
 def _size(size_bytes: int) -> str:

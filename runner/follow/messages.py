@@ -80,3 +80,10 @@ def follow_up_lines(job_id: str, connection: Connection) -> list[str]:
     return [f"follow it:  rayjobs logs --follow {job_id}{hint}",
             f"its status: rayjobs status {job_id}{hint}",
             f"stop it:    rayjobs stop {job_id}{hint}"]
+
+
+def plain_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned columns, two spaces apart; the last column is left ragged (it may be long)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1]
+                     for row in rows)

@@ -61,9 +61,24 @@ class Watch:
         self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing and reported no "
                   f"progress for {silent_s:.0f}s (stall_after_s {self.stall_after():g}); it is left running. "
                   f"Where its processes are (also `rayjobs stack {self.job_id}`):")
-        for stack in job_stacks(self.client, info, self.progress):
-            for line in stack.render().splitlines():
+        rendered = [stack.render() for stack in job_stacks(self.client, info, self.progress)]
+        for text in rendered:
+            for line in text.splitlines():
                 self._say(f"  | {line}")
+        self._keep_in_record(info, "\n".join(rendered))
+
+    def _keep_in_record(self, info: dict[str, Any], text: str) -> None:
+        """The stacks go into the job's run record too, where they outlive this terminal."""
+        from runner.errors import RayJobsError
+        from runner.runs.store import save_stacks
+
+        try:
+            where = save_stacks(info, text, cluster_is_local=self.client.connection.local_cluster is not None)
+        except (RayJobsError, OSError) as exc:
+            self._say(f"rayjobs: the stacks could not be kept in the run record: {exc}")
+            return
+        if where is not None:
+            self._say(f"rayjobs: stacks kept in the run record: {where}")
 
     def close(self) -> None:
         """The log is over: show what the view held back, and take the live block down."""

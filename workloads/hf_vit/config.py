@@ -110,4 +110,4 @@ class HFViTParams(TrainingRunParams):
         if self.model.weights.strip().lower() != "none" and self.model.hub_id is None:
             shared["model.weights"] = self.model.weights
         return WorkloadNeeds(entrypoint_module="workloads.hf_vit", shared_locations=shared,
-                             demands=(self.train.demand("training", "train"),))
+                             demands=(self.train.demand("training", "train"),), run_location=self.run_location)

@@ -50,7 +50,7 @@ class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                               "gpu_ids": list(getattr(worker.metadata, "gpu_ids", None) or [])})
         placement.sort(key=lambda entry: (entry["rank"] is None, entry["rank"]))
         emit("attempt", run=self.run_name, attempt=self.attempt, workers=placement,
-             nodes=len({entry["node_id"] for entry in placement}))
+             nodes=len({entry["node_id"] for entry in placement}), cluster=cluster_shape())
 
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         self.iteration += 1
@@ -66,6 +66,18 @@ class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         elif state in ("ERRORED", "FINISHED", "ABORTED"):
             emit("train_end", run=self.run_name, state=state, attempts=self.attempt, iterations=self.iteration,
                  reason=_reason(error) if error is not None else None)
+
+
+def cluster_shape() -> dict[str, Any] | None:
+    """The cluster this attempt runs on: nodes alive, CPUs and GPUs in all (for the run record)."""
+    import ray
+
+    try:
+        resources = ray.cluster_resources()
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    except Exception:  # a GCS that does not answer must not stop training; the record then lacks the shape
+        return None
+    return {"nodes": nodes, "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)}
 
 
 def planned_epochs(config: dict[str, Any], depth: int = 2) -> int | None:

@@ -40,6 +40,11 @@ class TrainingRunParams(StrictModel):
         return storage.resolved(self.storage_path)
 
     @property
+    def run_location(self) -> str:
+        """``<storage_path>/<run_name>`` as the spec gives it (for the client, which resolves nothing here)."""
+        return f"{str(self.storage_path).rstrip('/')}/{self.run_name}"
+
+    @property
     def run_dir(self) -> StoragePath:
         """The run's folder, ``<storage_path>/<run_name>``: an absolute ``Path``, or an ``ObjectPath`` in S3."""
         return self.storage_root / self.run_name

@@ -285,4 +285,5 @@ class VisionParams(TrainingRunParams):
         if "infer" in self.stages:
             demands.append(Demand("inference", count=self.infer.num_actors, cpus=float(self.infer.cpus_per_actor),
                                   gpus=1 if self.infer.use_gpu else 0))
-        return WorkloadNeeds(entrypoint_module="workloads.vision", shared_locations=shared, demands=tuple(demands))
+        return WorkloadNeeds(entrypoint_module="workloads.vision", shared_locations=shared, demands=tuple(demands),
+                             run_location=self.run_location)

@@ -1,0 +1,183 @@
+"""The run record's keeper (workloads/rayjobs_observe/record.py), run as Ray runs an entrypoint: a shell
+command whose stdout and stderr are the job's driver log file. No Ray here: what the keeper reads from
+Ray (its job's metadata and runtime_env) is given in the same variable Ray sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.keys import EVENT_MARKER, METADATA_ATTEMPT, METADATA_PARENT, RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
+from runner.runs.store import Folder, attempt_events, attempt_log, list_runs, read_run
+from tests.support.waiting import HANG_GUARD_S, wait_for_condition
+from workloads.rayjobs_observe import record
+
+OBSERVE_PARENT = Path(record.__file__).resolve().parents[1]
+PACKAGE = "_ray_pkg_0123456789abcdef.zip"
+
+
+def keeper_env(config: dict, submission_id: str = "raysubmit_one", **metadata: str) -> dict[str, str]:
+    """The environment Ray and rayjobs give a job's driver: the record's config, the job's config, the module."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_JOB_CONFIG", "RAYJOBS_"))}
+    env[RECORD_ENV_VAR] = json.dumps(config)
+    env[record.JOB_CONFIG_ENV_VAR] = json.dumps({
+        "runtime_env": {"working_dir": f"gcs://{PACKAGE}", "py_modules": ["gcs://_ray_pkg_observe.zip"]},
+        "metadata": {"job_submission_id": submission_id, **metadata}})
+    env["PYTHONPATH"] = os.pathsep.join([str(OBSERVE_PARENT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def run_keeper(entrypoint: str, log: Path, env: dict[str, str], **popen: object) -> subprocess.Popen:
+    """Start the keeper on ``entrypoint`` with stdout and stderr appended to ``log``, as Ray's job supervisor does."""
+    with open(log, "ab") as handle:
+        return subprocess.Popen([sys.executable, "-m", "rayjobs_observe.record", "--", entrypoint],
+                                stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True, **popen)
+
+
+def python_command(code: str) -> str:
+    """A shell command that runs ``code`` with this Python."""
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(textwrap.dedent(code))}"
+
+
+def config_for(run_dir: Path | str, **extra: object) -> dict:
+    return {"name": "rec", "run_dir": str(run_dir), "every_s": 1, "spec_hash": "abc123",
+            "spec": {"name": "rec", "entrypoint": "python train.py",
+                     "runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "****"}}},
+            "code": {"working_dir": "/src", "git": {"commit": "f" * 40, "dirty": False, "changes_hash": None}},
+            **extra}
+
+
+REPORTING_JOB = f"""
+import json, sys, time
+sys.stdout.write("starting\\n")
+for i in range(3):
+    event = {{"event": "report", "time": time.time(), "iteration": i + 1, "epochs": 3,
+              "metrics": {{"epoch": i + 1, "val_loss": 1.0 / (i + 1), "val_accuracy": 0.3 * (i + 1)}}}}
+    print("(TrainController pid=1) {EVENT_MARKER} " + json.dumps(event), flush=True)
+sys.stdout.buffer.write(b"bytes that are not UTF-8: \\xff\\xfe\\n")
+sys.stderr.write("an error line\\n")
+sys.exit(3)
+"""
+
+
+def test_the_record_holds_the_log_byte_for_byte_the_events_and_the_outcome(tmp_path):
+    log = tmp_path / "job-driver.log"
+    log.write_bytes(b"Running entrypoint for job raysubmit_one: ...\n")  # Ray's own first line
+    keeper = run_keeper(python_command(REPORTING_JOB), log, keeper_env(config_for(tmp_path / "run")))
+    assert keeper.wait(timeout=HANG_GUARD_S) == 3, "the keeper exits as its entrypoint did"
+
+    folder = Folder(str(tmp_path / "run"))
+    document = read_run(folder)
+    assert document["status"] == "FAILED"
+    (attempt,) = document["attempts"]
+    assert (attempt["submission_id"], attempt["exit_code"], attempt["status"]) == ("raysubmit_one", 3, "FAILED")
+    assert attempt_log(folder, "raysubmit_one") == log.read_bytes(), "the whole log, invalid UTF-8 and all"
+    assert attempt["log_bytes"] == log.stat().st_size
+    assert [event["iteration"] for event in attempt_events(folder, "raysubmit_one")] == [1, 2, 3]
+    assert document["metrics"] == {"epoch": 3, "val_loss": pytest.approx(1 / 3), "val_accuracy": pytest.approx(0.9)}
+    assert (document["iterations"], document["epochs"]) == (3, 3)
+    assert document["code"]["working_dir_package"] == PACKAGE, "the package hash Ray gave the working_dir"
+    assert document["code"]["git"]["commit"] == "f" * 40
+    assert document["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert document["versions"]["ray"], "the cluster's Ray version"
+    assert document["spec"]["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "****"
+
+
+def test_the_log_is_uploaded_while_the_job_runs_and_in_parts(tmp_path):
+    log = tmp_path / "job-driver.log"
+    job = python_command("""
+        import sys, time
+        for i in range(40):
+            print(f"line {i:04d} " + "x" * 80, flush=True)
+        while True:
+            time.sleep(0.1)
+    """)
+    keeper = run_keeper(job, log, keeper_env(config_for(tmp_path / "run", part_bytes=1000)))
+    folder = Folder(str(tmp_path / "run"))
+    try:
+        wait_for_condition(lambda: b"line 0039" in attempt_log(folder, "raysubmit_one"), timeout_s=HANG_GUARD_S)
+        document = read_run(folder)
+        assert document["status"] == "RUNNING" and document["ended"] is None
+        assert attempt_log(folder, "raysubmit_one") == log.read_bytes()
+        parts = folder.files(f"{RECORD_DIR}/logs/raysubmit_one")
+        assert len(parts) == -(-log.stat().st_size // 1000) > 3, "full parts are kept, the last one grows"
+    finally:
+        os.killpg(keeper.pid, signal.SIGTERM)  # as `ray job stop` does: the whole process group
+        keeper.wait(timeout=HANG_GUARD_S)
+    assert keeper.returncode == -signal.SIGTERM, "the keeper dies of the signal its entrypoint died of"
+    assert read_run(folder)["status"] == "STOPPED"
+
+
+def test_a_second_submission_of_the_same_run_adds_an_attempt(tmp_path):
+    run_dir = tmp_path / "run"
+    for submission_id, code in (("raysubmit_a", 1), ("raysubmit_b", 0)):
+        log = tmp_path / f"{submission_id}.log"
+        env = keeper_env(config_for(run_dir), submission_id,
+                         **({METADATA_ATTEMPT: "2", METADATA_PARENT: "raysubmit_a"} if code == 0 else {}))
+        assert run_keeper(python_command(f"print('{submission_id}'); raise SystemExit({code})"), log,
+                          env).wait(timeout=HANG_GUARD_S) == code
+    document = read_run(Folder(str(run_dir)))
+    assert [(a["submission_id"], a["attempt"], a["status"]) for a in document["attempts"]] == [
+        ("raysubmit_a", 1, "FAILED"), ("raysubmit_b", 2, "SUCCEEDED")]
+    assert document["status"] == "SUCCEEDED"
+    assert b"raysubmit_a" in attempt_log(Folder(str(run_dir)), "raysubmit_a")
+
+
+def test_a_job_without_a_run_folder_gets_one_named_after_it_and_its_first_submission(tmp_path):
+    config = {**config_for(""), "run_dir": None, "base": str(tmp_path / "records")}
+    env = keeper_env(config, "raysubmit_retry", **{METADATA_ATTEMPT: "2", METADATA_PARENT: "raysubmit_first"})
+    assert run_keeper("true", tmp_path / "log", env).wait(timeout=HANG_GUARD_S) == 0
+    ((folder, document),) = list_runs(Folder(str(tmp_path / "records")))
+    assert folder.name == "rec-raysubmit_first"
+    assert document["attempts"][0]["attempt"] == 2
+
+
+def test_a_record_that_cannot_be_written_is_said_once_and_the_job_runs_on(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    log = tmp_path / "log"
+    keeper = run_keeper(python_command("import time\nfor i in range(3): print(i, flush=True); time.sleep(0.5)"), log,
+                        keeper_env(config_for(blocker / "run")))
+    assert keeper.wait(timeout=HANG_GUARD_S) == 0
+    text = log.read_text()
+    assert text.count("rayjobs: the run record at") == 1, text
+    assert "the job goes on" in text and "0\n1\n2\n" in text
+
+
+def test_the_record_goes_to_s3(tmp_path, aws_env, s3_endpoint):
+    from tests.support.s3_server import create_bucket
+
+    create_bucket(s3_endpoint, "records")
+    log = tmp_path / "log"
+    env = {**keeper_env(config_for("s3://records/team/run-1")), **aws_env}
+    assert run_keeper(python_command(REPORTING_JOB), log, env).wait(timeout=HANG_GUARD_S) == 3
+    ((folder, document),) = list_runs(Folder("s3://records/team"))
+    assert folder.location == "s3://records/team/run-1" and document["status"] == "FAILED"
+    assert attempt_log(folder, "raysubmit_one") == log.read_bytes()
+    assert len(attempt_events(folder, "raysubmit_one")) == 3
+
+
+def test_the_keeper_keeps_the_names_the_client_reads():
+    assert (record.RECORD_ENV_VAR, record.RUN_FILE, record.RECORD_DIR) == (RECORD_ENV_VAR, RUN_FILE, RECORD_DIR)
+    assert (record.ATTEMPT_KEY, record.PARENT_KEY) == (METADATA_ATTEMPT, METADATA_PARENT)
+
+
+def test_a_killed_entrypoint_leaves_a_failed_record_with_what_it_printed(tmp_path):
+    log = tmp_path / "log"
+    job = python_command("import os, signal\nprint('before the kill', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)")
+    keeper = run_keeper(job, log, keeper_env(config_for(tmp_path / "run")))
+    keeper.wait(timeout=HANG_GUARD_S)
+    document = read_run(Folder(str(tmp_path / "run")))
+    assert document["status"] == "FAILED"
+    assert b"before the kill" in attempt_log(Folder(str(tmp_path / "run")), "raysubmit_one")
+    started = document["attempts"][0]["started"]
+    assert started <= document["ended"] <= time.time()
