@@ -264,3 +264,15 @@ def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def timed_command(command: list[str], expected_code: int = 0, env: dict[str, str] | None = None,
+                  cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall seconds of one run of ``command`` as a new process, and its result; exits unless it ended with
+    ``expected_code``."""
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - started
+    if done.returncode != expected_code:
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}, not {expected_code}:\n{done.stderr[-2000:]}")
+    return elapsed, done

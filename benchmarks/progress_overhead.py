@@ -1,12 +1,14 @@
-"""Training with the progress channel against the same training without it.
+"""Training with the progress channel and the run record against the same training without them.
 
 Starts one private local cluster (one node, 2 CPUs) with ``runner.local`` and submits
 ``specs/quickstart.yaml`` through ``rayjobs submit`` (followed, its log read for events as a user's
 terminal would have it) with 2 training workers x 1 CPU, 64 px images and enough epochs to time:
 
-- baseline: ``progress: false``: the job is sent exactly as the spec says, no callback, no events;
-- progress: the spec as shipped: the ``rayjobs_observe`` callback in Ray Train's controller and the
-  workload's stage events, read out of the log by the follower.
+- baseline: ``progress: false`` and ``record: false``: the job is sent exactly as the spec says, no
+  callback, no events, no record;
+- progress: the spec as shipped: the ``rayjobs_observe`` callback in Ray Train's controller, the
+  workload's stage events, read out of the log by the follower, and the run record's keeper around
+  the entrypoint, uploading ``run.json``, the log and the events every 30 s and at the end.
 
 It reads ``images_per_s`` from each run's ``metrics.csv`` (the first epoch left out: it includes
 start-up) and the wall time of ``rayjobs submit``. Each side is warmed up once with a one-epoch run
@@ -36,18 +38,22 @@ def train(cluster: str, scratch: Path, tag: str, epochs: int, progress: bool,
     """Train the quickstart once; return mean images/s after epoch 1, the wall seconds and the progress lines."""
     from workloads.training.metrics import read_metrics_csv
 
-    settings = [f"progress={'true' if progress else 'false'}", *timed_training(tag, scratch, epochs), *overrides]
+    switch = "true" if progress else "false"
+    settings = [f"progress={switch}", f"record={switch}", *timed_training(tag, scratch, epochs), *overrides]
     done, seconds = submit_spec("specs/quickstart.yaml", cluster, settings, tag)
     epoch_lines = sum(line.startswith("rayjobs: epoch ") for line in done.stderr.splitlines())
     if progress != (epoch_lines == epochs):
         raise SystemExit(f"{tag}: expected {'one progress line per epoch' if progress else 'no progress lines'}, "
                          f"saw {epoch_lines}")
-    rows = read_metrics_csv(scratch / "results" / tag / "metrics.csv")
+    run_dir = scratch / "results" / tag
+    if progress != (run_dir / "run.json").is_file():
+        raise SystemExit(f"{tag}: expected {'a' if progress else 'no'} run record in {run_dir}")
+    rows = read_metrics_csv(run_dir / "metrics.csv")
     timed = [row["images_per_s"] for row in rows[1:]] or [rows[-1]["images_per_s"]]
     return sum(timed) / len(timed), seconds, epoch_lines
 
 
-SIDES = {"progress: false": False, "progress (as shipped)": True}
+SIDES = {"progress and record off": False, "progress and record (as shipped)": True}
 
 
 def main() -> None:
@@ -82,8 +88,8 @@ def main() -> None:
             local.stop(cluster.name)
     off, on = ([rate for rate, _, _ in results[label]] for label in SIDES)
     off_s, on_s = ([seconds for _, seconds, _ in results[label]] for label in SIDES)
-    result = Result("progress_overhead", "Training with the progress channel vs without",
-                    ["round", "progress: false (baseline)", "progress (as shipped)", "images/s ratio",
+    result = Result("progress_overhead", "Training with the progress channel and run record vs without",
+                    ["round", "both off (baseline)", "both on (as shipped)", "images/s ratio",
                      "wall ratio"], [], stamp)
     for index in range(len(off)):
         result.rows.append([str(index + 1), f"{off[index]:.1f} images/s, {off_s[index]:.1f} s",
@@ -99,8 +105,8 @@ def main() -> None:
     result.notes.append(f"The quickstart{settings} at 64 px, preprocess and train, {args.epochs} epochs per run, the "
                         f"mean images/s of epochs 2–{args.epochs}; {plural(args.rounds, 'round')} after a one-epoch "
                         "warm-up of each side, on one 2-CPU local cluster.")
-    print(f"\nprogress: false (baseline): {baseline.text()} images/s")
-    print(f"progress (as shipped):      {shipped.text()} images/s")
+    print(f"\nprogress and record off (baseline): {baseline.text()} images/s")
+    print(f"progress and record (as shipped):   {shipped.text()} images/s")
     print(f"ratio (with / without): {ratio.text(3)}x; wall time {wall.text(3)}x")
     result.save(args.json)
 

@@ -13,16 +13,14 @@ says how many interpreter start-ups a refusal costs. Three specs: a typo (the co
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate  # noqa: E402
+from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate, timed_command  # noqa: E402
 
 CLOSED_ADDRESS = "http://127.0.0.1:9"
 
@@ -42,12 +40,7 @@ def bad_specs(directory: Path) -> dict[str, Path]:
 
 def timed(command: list[str], expected_code: int) -> float:
     """Wall seconds of one run of ``command``, which must exit with ``expected_code``."""
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, cwd=REPO, stdin=subprocess.DEVNULL)
-    elapsed = time.perf_counter() - started
-    if done.returncode != expected_code:
-        raise SystemExit(f"{' '.join(command)} exited {done.returncode}, not {expected_code}:\n{done.stderr[-2000:]}")
-    return elapsed
+    return timed_command(command, expected_code, cwd=REPO)[0]
 
 
 def main() -> None:

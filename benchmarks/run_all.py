@@ -101,6 +101,9 @@ BENCHMARKS = [
         # 2,000 events in 5 minutes: six times the rate of the same events over a 30-minute run.
         Run("follower_events.py", ["--events", "2000", "--seconds", "300"], ["--events", "50", "--seconds", "5"]),
     ], 11),
+    Benchmark("runs_listing", [
+        Run("runs_listing.py", ["--rounds", "5"], ["--rounds", "1", "--local", "20", "--s3", "10"]),
+    ], 2),
     Benchmark("long_log", [
         Run("long_log.py", ["--rounds", "2"],
             ["--rounds", "1", "--megabytes", "4", "--seconds", "8", "--warmup-megabytes", "0.5"]),

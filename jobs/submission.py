@@ -32,6 +32,7 @@ DEFAULT_EXCLUDES = [
 OBSERVE_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "workloads" / "rayjobs_observe"
 OBSERVE_CALLBACK = "rayjobs_observe.train_callback.ProgressCallback"
 TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
+TRAIN_STATE_ENV_VAR = "RAY_TRAIN_ENABLE_STATE_TRACKING"
 # The run record's keeper, which runs the spec's entrypoint (see workloads/rayjobs_observe/record.py).
 RECORD_COMMAND = "python -m rayjobs_observe.record --"
 # Where a job keeps its record when its workload names no storage_path: the workloads' own default.
@@ -160,6 +161,8 @@ def add_progress_channel(runtime_env: dict[str, Any]) -> None:
     env_vars = runtime_env.setdefault("env_vars", {})
     callbacks = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
     env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [OBSERVE_CALLBACK] * (OBSERVE_CALLBACK not in callbacks))
+    # Ray Train then keeps each run's attempts and workers for the dashboard, which `rayjobs status` shows.
+    env_vars.setdefault(TRAIN_STATE_ENV_VAR, "1")
     allowed = env_vars.get(DEDUP_ALLOW_ENV_VAR)
     if not allowed:
         env_vars[DEDUP_ALLOW_ENV_VAR] = EVENT_MARKER

@@ -428,6 +428,11 @@ def test_upload_to_packages_as_ray_does_and_references_the_zip(project_spec, s3_
     assert re.fullmatch(rf"s3://{BUCKET}/team/jobs/_ray_pkg_[0-9a-f]+\.zip", uri), uri
     assert "excludes" not in runtime_env  # applied when packaging
     assert f"uploaded working_dir {project_spec.parent / 'project'}" in stderr
+    # The job keeps its own run record in the pod: KubeRay's cluster goes, so the export says where to keep it.
+    assert manifest["spec"]["entrypoint"] == "python -m rayjobs_observe.record -- 'python main.py'"
+    assert any(re.fullmatch(rf"s3://{BUCKET}/team/jobs/_ray_pkg_[0-9a-f]+\.zip", module)
+               for module in runtime_env["py_modules"]), "the keeper's package is uploaded beside the code"
+    assert "the run record goes to ~/rayjobs-results in the head pod" in stderr
 
     # The name is the one Ray's own upload path gives the same directory with the same excludes.
     from ray._private.runtime_env.working_dir import upload_working_dir_if_needed

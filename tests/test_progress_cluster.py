@@ -53,6 +53,8 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
                            timeout_s=HANG_GUARD_S)
         job_id = run.job_id()
         stacks = run_rayjobs("stack", job_id, home=ray_cluster_home)
+        status = run_rayjobs("status", job_id, "--output", "json", home=ray_cluster_home)
+        status_text = run_rayjobs("status", job_id, home=ray_cluster_home)
         stopped = run_rayjobs("stop", job_id, "--wait", home=ray_cluster_home)
         assert stopped.returncode == 0, stopped.stderr
         code = run.finish()
@@ -60,7 +62,7 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
         if run.process.poll() is None:
             run.process.kill()
     return {"code": code, "stdout": run.stdout, "stderr": run.stderr, "job_id": job_id, "stacks": stacks,
-            "records": directory / "records"}
+            "records": directory / "records", "status": status, "status_text": status_text}
 
 
 def test_a_plain_ray_train_script_shows_epochs_metrics_and_eta_line_by_line(followed):
@@ -169,6 +171,45 @@ def test_a_failure_with_a_known_cause_is_named_with_what_to_do(rj, tmp_path):
     status = rj("status", job_id)
     assert status.returncode == 1
     assert "why:" in status.stdout and "no module named 'rayjobs_no_such_module'" in status.stdout
+
+
+def test_status_shows_ray_trains_runs_with_each_workers_node_cpu_and_memory(followed):
+    """While the job hangs: Ray Train's state API (turned on with the progress channel) has both workers."""
+    assert followed["status"].returncode == 0, followed["status"].stderr
+    document = json.loads(followed["status"].stdout)
+    assert document["train_runs_error"] is None
+    (run,) = document["train_runs"]
+    assert (run["name"], run["status"], run["attempts"]) == ("plain", "RUNNING", 1)
+    assert [worker["rank"] for worker in run["workers"]] == [0, 1]
+    for worker in run["workers"]:
+        assert worker["node_ip"] == "127.0.0.1" and worker["state"] == "ALIVE" and worker["pid"] > 0
+        assert worker["cpu_percent"] >= 0 and worker["memory_rss_bytes"] > 10 * 2**20 and worker["gpus"] == []
+    text = followed["status_text"].stdout
+    assert "training runs:\n  plain: RUNNING, attempt 1 running" in text, text
+    assert re.search(r"^    rank 1 · node 127\.0\.0\.1 \(\w{8}\) · pid \d+ · ALIVE · CPU \d+% · memory \d+ MiB$",
+                     text, re.MULTILINE), text
+
+
+@pytest.mark.parametrize(("cause", "arguments", "named"), [
+    ("collective_timeout", "--hang-at-epoch 2 --collective-timeout-s 5 --max-failures 0",
+     "A collective operation (gloo/NCCL) timed out"),
+    ("max_failures_used_up", "--die-at-epoch 2 --max-failures 1", "used up its max_failures"),
+], ids=["collective_timeout", "max_failures_used_up"])
+def test_failures_brought_about_for_real_are_named(rj, tmp_path, cause, arguments, named):
+    """A rank that skips its part of DDP's all-reduce under a short gloo timeout; a rank that dies in every
+    attempt. (More workers than the cluster has is not among them: Ray Train waits for them to fit, and the
+    job stalls instead of failing; the stall warning covers it.)"""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(SCRIPT, code / "train.py")
+    spec = tmp_path / "failing.yaml"
+    spec.write_text(f"name: failing\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 3 "
+                    f"--epoch-s 0.1 {arguments}\nrecord: false\nruntime_env:\n  working_dir: {code}\n")
+    result = rj("submit", str(spec), "--output", "json", timeout=HANG_GUARD_S * 3)
+    assert result.returncode == 1, result.stderr[-3000:]
+    diagnosis = json.loads(result.stdout)["diagnosis"]
+    assert diagnosis is not None and diagnosis["cause"] == cause, (diagnosis, result.stderr[-3000:])
+    assert named in diagnosis["text"], diagnosis
 
 
 def test_the_job_keeps_its_own_record_log_events_and_stacks(followed, rj):

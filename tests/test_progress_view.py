@@ -152,6 +152,35 @@ def test_plain_progress_writes_one_line_per_event_without_colour():
     assert "\x1b" not in notes.getvalue()
 
 
+def test_steps_within_an_epoch_move_the_live_bar_and_print_no_plain_line():
+    from rich.console import Console
+
+    from runner.follow.display import LiveProgress
+    from runner.follow.progress import epochs_done
+
+    notes = io.StringIO()
+    plain = PlainProgress(RunProgress(), notes)
+    plain.event({"event": "train_start", "epochs": 4, "workers": 2})
+    plain.event({"event": "step", "epoch": 1, "step": 10, "steps": 40})
+    assert notes.getvalue().count("\n") == 1, "a step is for the live bar only"
+    assert epochs_done(plain.progress) == 0.25
+
+    progress = RunProgress()
+    for event in ({"event": "train_start", "epochs": 4}, {"event": "report", "iteration": 1, "metrics": {"epoch": 1}},
+                  {"event": "step", "epoch": 2, "step": 20, "steps": 40}):
+        progress.update(event)
+    live = LiveProgress(progress, "raysubmit_x", stream=io.StringIO())
+    try:
+        console = Console(file=io.StringIO(), width=120, color_system=None)
+        console.print(live)
+        screen = console.file.getvalue()
+    finally:
+        live.close()
+    assert "epoch 1/4 · step 20/40" in screen and " 38%" in screen, screen
+    progress.update({"event": "report", "iteration": 2, "metrics": {"epoch": 2}})
+    assert (progress.step, progress.as_dict()["steps"], epochs_done(progress)) == (None, None, 2.0)
+
+
 RAY_WORKER_GROUP_ERROR = """Training failed due to worker errors:
 [Rank 0 Error Snippet]:
 Traceback (most recent call last):

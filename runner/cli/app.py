@@ -221,16 +221,35 @@ def status(
     check_output(output)
     client, info, progress, failure = _job_and_its_log(connection, job_id)
     diagnosis = failure.diagnose(progress) if info.get("status") == JobStatus.FAILED else None
+    train_runs, train_runs_error = _train_runs(client, info, progress)
     if output == "json":
         typer.echo(json.dumps({**masked(info), "progress": progress.as_dict(),
-                               "diagnosis": diagnosis.as_dict() if diagnosis else None}, indent=2))
+                               "diagnosis": diagnosis.as_dict() if diagnosis else None,
+                               "train_runs": train_runs, "train_runs_error": train_runs_error}, indent=2))
     else:
         typer.echo(status_report(info))
         if progress.events or diagnosis is not None:
             typer.echo(progress_report(progress, diagnosis))
+        if train_runs:
+            from runner.client.train_state import train_runs_text
+
+            typer.echo(train_runs_text(train_runs))
         if METADATA_ATTEMPT in (info.get("metadata") or {}):
             typer.echo(attempts_report(info, client.list_jobs()))
     raise typer.Exit(int(exit_code_for_status(info.get("status", ""))))
+
+
+def _train_runs(client: JobsApi, info: dict, progress: RunProgress) -> tuple[list | None, str | None]:
+    """Ray Train's account of the job's runs, for a job that trained (``None`` and why, when there is none)."""
+    from runner.client.train_state import job_train_runs
+    from runner.errors import RayJobsError
+
+    if progress.attempts == 0 or not info.get("job_id"):
+        return None, "the job reported no Ray Train run"
+    try:
+        return job_train_runs(client, info["job_id"]), None
+    except RayJobsError as exc:
+        return None, str(exc)
 
 
 @app.command()

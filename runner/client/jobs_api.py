@@ -25,16 +25,8 @@ from typing import Any
 from runner.client.backoff import retrying
 from runner.client.connection import Connection, resolve_connection
 from runner.client.http import Answer, Unanswered, fetch, is_loopback_host, proxy_for
-from runner.errors import (
-    AuthFailed,
-    BadInput,
-    ClusterRequestFailed,
-    ClusterUnreachable,
-    JobNotFound,
-    NoLogApi,
-    NotADashboard,
-    ProfilingDisabled,
-)
+from runner.errors import (AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable, JobNotFound, NoLogApi,
+                           NotADashboard, ProfilingDisabled)
 from runner.client.log_resume import LogChunk, ResumePlan, resumed_chunks
 
 _TRANSIENT_HTTP = {502, 503, 504}
@@ -109,6 +101,10 @@ class JobsApi:
     def list_jobs(self) -> list[dict[str, Any]]:
         """The records of every job on the cluster."""
         return self._request("GET", "/api/jobs/")
+
+    def get_json(self, path: str) -> Any:
+        """The JSON answer to ``GET path`` from the dashboard (an API rayjobs reads beside the job API)."""
+        return self._request("GET", path)
 
     def get_logs(self, job_id: str) -> str:
         """The job API's text of the log (carriage returns become line ends; fails on invalid UTF-8)."""

@@ -21,7 +21,9 @@ from typing import Any
 
 import yaml
 
+from jobs.keys import RECORD_ENV_VAR
 from jobs.loader import LoadedSpec
+from jobs.object_store import uri_scheme
 from jobs.secrets import looks_secret
 from jobs.submission import local_runtime_paths
 from jobs.workload_contract import Demand, workload_needs
@@ -139,6 +141,10 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
         job["shutdownAfterJobFinishes"] = True
         job["ttlSecondsAfterFinished"] = TTL_AFTER_FINISHED_S
         job["rayClusterSpec"] = _cluster_spec(loaded, image, result)
+        if (where := _local_record_location(runtime_env)) is not None:
+            result.warnings.append(f"the run record goes to {where} in the head pod, which is deleted with the "
+                                   f"cluster {TTL_AFTER_FINISHED_S} s after the job ends: set record_path (or the "
+                                   "workload's storage_path) to s3://BUCKET/PREFIX to keep it")
     result.warnings += _unmapped_fields(loaded, cluster is not None)
     result.notes += _workload_path_notes(loaded)
     result.manifest = {
@@ -255,6 +261,16 @@ def _replace_secrets(runtime_env: dict[str, Any], marked: set[str]) -> list[str]
     for name in names:
         env_vars[name] = f"${{{name}}}"
     return names
+
+
+def _local_record_location(runtime_env: dict[str, Any]) -> str | None:
+    """Where the job keeps its run record, when that is a folder of the node it runs on (None otherwise)."""
+    text = (runtime_env.get("env_vars") or {}).get(RECORD_ENV_VAR)
+    if not text:
+        return None
+    config = json.loads(text)
+    where = config.get("run_dir") or config.get("base")
+    return None if not where or uri_scheme(str(where)) else str(where)
 
 
 def _unmapped_fields(loaded: LoadedSpec, on_existing_cluster: bool) -> list[str]:

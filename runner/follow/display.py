@@ -15,7 +15,7 @@ import time
 from typing import Any, TextIO
 
 from runner.follow.messages import format_duration
-from runner.follow.progress import (RunProgress, event_line, format_value, pace_parts,
+from runner.follow.progress import (RunProgress, epochs_done, event_line, format_value, pace_parts,
                                     position_text, short_reason, shown_metrics)
 
 _REFRESH_PER_S = 4
@@ -135,8 +135,10 @@ class LiveProgress:
 
         progress = self.progress
         row = Text("  " + position_text(progress))
-        if progress.epochs and progress.epoch is not None:
-            done = min(1.0, progress.epoch / progress.epochs)
+        if progress.step is not None and progress.steps:
+            row.append(f" · step {progress.step}/{progress.steps}")
+        if progress.epochs and (progress.epoch is not None or progress.steps):
+            done = min(1.0, epochs_done(progress) / progress.epochs)
             filled = int(round(done * _BAR_WIDTH))
             row.append("  ")
             row.append("━" * filled, style="magenta")

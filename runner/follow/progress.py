@@ -108,6 +108,8 @@ class RunProgress:
     training_state: str | None = None
     counts: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: int = 0
+    step: int | None = None  # within the epoch after ``epoch``, while the job says (None once that epoch reports)
+    steps: int | None = None
     slowest_report_s: float | None = None  # the longest wait between two reports of one attempt
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
@@ -130,7 +132,11 @@ class RunProgress:
             self.workers = list(event.get("workers") or [])
             self.nodes = event.get("nodes")
             self._epoch_times.clear()  # a new attempt starts (after a restart, from its checkpoint): a new pace
+        elif kind == "step":
+            self.step = event.get("step") if isinstance(event.get("step"), int) else None
+            self.steps = event.get("steps") if isinstance(event.get("steps"), int) else None
         elif kind == "report":
+            self.step = self.steps = None
             self.iterations = int(event.get("iteration") or self.iterations + 1)
             self.attempts = max(self.attempts, int(event.get("attempt") or 0))
             if isinstance(event.get("epochs"), int):
@@ -172,6 +178,7 @@ class RunProgress:
             "metrics": self.metrics, "attempts": self.attempts, "nodes": self.nodes,
             "restarts": [restart.as_dict() for restart in self.restarts], "training_state": self.training_state,
             "seconds_per_epoch": self.seconds_per_epoch(), "counts": self.counts, "events": self.events,
+            "step": self.step, "steps": self.steps,
         }
 
 
@@ -210,6 +217,14 @@ def pace_parts(progress: RunProgress, with_eta: bool = True) -> list[str]:
     if eta is not None and with_eta:
         parts.append(f"ETA {format_duration(eta)}")
     return parts
+
+
+def epochs_done(progress: RunProgress) -> float:
+    """Epochs reported, plus the share of the next one its steps so far make (where the job says)."""
+    done = float(progress.epoch or 0)
+    if progress.step is not None and progress.steps:
+        done += min(1.0, progress.step / progress.steps)
+    return done
 
 
 def position_text(progress: RunProgress) -> str:

@@ -2,7 +2,9 @@
 
 Two workers fit a line for a few epochs, report loss each epoch and checkpoint from rank 0; a run
 restarted by Ray Train continues after its last checkpoint. With ``--hang-at-epoch N`` rank 1 stops
-in epoch N without reporting it, the hang the Ray Train guide lists first under troubleshooting.
+in epoch N without reporting it, the hang the Ray Train guide lists first under troubleshooting; with
+``--collective-timeout-s`` as well, rank 0 gives up waiting for it in DDP's gradient all-reduce.
+``--die-at-epoch N`` has rank 1's process exit in epoch N of every attempt.
 """
 
 import argparse
@@ -35,6 +37,8 @@ def train_func(config):
     for epoch in range(start, config["epochs"]):
         if epoch + 1 == config["hang_at_epoch"] and ray.train.get_context().get_world_rank() == 1:
             time.sleep(3600)  # rank 1 never reports this epoch: rank 0 waits for it in ray.train.report
+        if epoch + 1 == config["die_at_epoch"] and ray.train.get_context().get_world_rank() == 1:
+            os._exit(1)
         time.sleep(config["epoch_s"])
         loss = ((model(inputs) - targets) ** 2).mean()
         optimizer.zero_grad()
@@ -56,13 +60,20 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--epoch-s", type=float, default=0.5, help="seconds each epoch takes at least")
     parser.add_argument("--hang-at-epoch", type=int, default=0, help="rank 1 hangs in this epoch (0: never)")
+    parser.add_argument("--die-at-epoch", type=int, default=0, help="rank 1's process exits in this epoch (0: never)")
+    parser.add_argument("--collective-timeout-s", type=int, default=None, help="gloo's timeout (default: Ray's)")
+    parser.add_argument("--max-failures", type=int, default=1)
     args = parser.parse_args()
+    torch_config = ray.train.torch.TorchConfig(**({"timeout_s": args.collective_timeout_s}
+                                                  if args.collective_timeout_s else {}))
     trainer = TorchTrainer(
         train_func,
         train_loop_config={"epochs": args.epochs, "epoch_s": args.epoch_s,
-                           "hang_at_epoch": args.hang_at_epoch},
+                           "hang_at_epoch": args.hang_at_epoch, "die_at_epoch": args.die_at_epoch},
+        torch_config=torch_config,
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="plain", storage_path=args.storage, failure_config=FailureConfig(max_failures=1)),
+        run_config=RunConfig(name="plain", storage_path=args.storage,
+                             failure_config=FailureConfig(max_failures=args.max_failures)),
     )
     result = trainer.fit()
     print(f"final loss {result.metrics['loss']:.4f}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads import storage
+from workloads.rayjobs_observe import emit
 from workloads.storage import StoragePath
 from workloads.training.metrics import METRICS_CSV, read_metrics_csv, write_metrics_csv
 from workloads.training.trainer import TrainingError
@@ -33,6 +34,8 @@ from workloads.vision.training.recipe import (HEAD_WEIGHTS_GROUP, Diverged, Dive
 METRIC_FIELDS = ["epoch", "train_loss", "val_loss", "val_accuracy", "images_per_s", "epoch_s", "data_wait_s",
                  "compute_s", "lr"]
 SECONDS_BETWEEN_PROGRESS_LINES = 30.0
+# Steps within an epoch, for the follower's live bar: often enough to move it, rarely enough to cost nothing.
+SECONDS_BETWEEN_STEP_EVENTS = 2.0
 
 
 def say(message: str) -> None:
@@ -220,7 +223,7 @@ def train_one_epoch(worker: Worker, epoch: int) -> EpochTraining:
     loss_total = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0.0
     data_wait = 0.0
-    epoch_start = last_progress = time.perf_counter()
+    epoch_start = last_progress = last_step_event = time.perf_counter()
     train_batches = worker.batches.train_epoch(epoch)
     step = 0
     while True:
@@ -246,6 +249,9 @@ def train_one_epoch(worker: Worker, epoch: int) -> EpochTraining:
         seen += batch
         step += 1
         now = time.perf_counter()
+        if worker.rank == 0 and now - last_step_event >= SECONDS_BETWEEN_STEP_EVENTS:
+            last_step_event = now
+            emit("step", epoch=epoch + 1, step=step, steps=worker.steps_per_epoch)
         if worker.rank == 0 and now - last_progress >= SECONDS_BETWEEN_PROGRESS_LINES:
             last_progress = now
             say(f"  epoch {epoch + 1}/{cfg.epochs} step {step}/{worker.steps_per_epoch} "
