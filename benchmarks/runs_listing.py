@@ -80,7 +80,8 @@ def write_local(root: Path, count: int) -> None:
 def write_s3(endpoint: str, count: int) -> None:
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
     s3.create_bucket(Bucket="runs")
     for index in range(count):
         prefix = f"team/run-{index:04d}"
@@ -119,6 +120,7 @@ def main() -> None:
         endpoint = f"http://{host}:{port}"
         env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+        os.environ.update({key: value for key, value in env.items() if key.startswith("AWS_")})
         with tempfile.TemporaryDirectory(prefix="rayjobs-runs-") as scratch:
             root = Path(scratch) / "runs"
             root.mkdir()
