@@ -152,6 +152,20 @@ def test_plain_progress_writes_one_line_per_event_without_colour():
     assert "\x1b" not in notes.getvalue()
 
 
+def test_the_source_line_under_a_hidden_ray_warning_is_hidden_and_the_jobs_own_is_not():
+    out = io.StringIO()
+    view = LogView(out, raw=False)
+    view.write("(TrainController pid=6279) /venv/lib/python3.11/site-packages/ray/data/_internal/execution/"
+               "interfaces/execution_options.py:436: RayDeprecationWarning: `exclude_resources` is deprecated.\n"
+               "(TrainController pid=6279)   self.exclude_resources = exclude_resources\n"
+               "(RayTrainWorker pid=12)   indented output of the job\n"
+               "/home/me/train.py:12: UserWarning: my own warning\n"
+               "  warn_me()\n")
+    view.close()
+    assert out.getvalue().splitlines() == ["(RayTrainWorker pid=12)   indented output of the job",
+                                           "/home/me/train.py:12: UserWarning: my own warning", "  warn_me()"]
+
+
 def test_steps_within_an_epoch_move_the_live_bar_and_print_no_plain_line():
     from rich.console import Console
 
@@ -176,9 +190,10 @@ def test_steps_within_an_epoch_move_the_live_bar_and_print_no_plain_line():
         screen = console.file.getvalue()
     finally:
         live.close()
-    assert "epoch 1/4 · step 20/40" in screen and " 38%" in screen, screen
+    assert "epoch 2/4 · step 20/40" in screen and " 38%" in screen, screen
     progress.update({"event": "report", "iteration": 2, "metrics": {"epoch": 2}})
-    assert (progress.step, progress.as_dict()["steps"], epochs_done(progress)) == (None, None, 2.0)
+    assert (progress.step, progress.step_epoch, progress.as_dict()["steps"], epochs_done(progress)) == \
+        (None, None, None, 2.0)
 
 
 RAY_WORKER_GROUP_ERROR = """Training failed due to worker errors:

@@ -134,9 +134,12 @@ class LiveProgress:
         from rich.text import Text
 
         progress = self.progress
-        row = Text("  " + position_text(progress))
-        if progress.step is not None and progress.steps:
-            row.append(f" · step {progress.step}/{progress.steps}")
+        if progress.step is not None and progress.steps and progress.step_epoch is not None:
+            # Mid-epoch: the epoch under way, not the last one reported.
+            total = f"/{progress.epochs}" if progress.epochs else ""
+            row = Text(f"  epoch {progress.step_epoch}{total} · step {progress.step}/{progress.steps}")
+        else:
+            row = Text("  " + position_text(progress))
         if progress.epochs and (progress.epoch is not None or progress.steps):
             done = min(1.0, epochs_done(progress) / progress.epochs)
             filled = int(round(done * _BAR_WIDTH))

@@ -22,6 +22,7 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Lines of Ray's own machinery that a job's driver log collects and a user did not write. Each is
 # recognised by how it begins after the forwarding prefix, so a job's output that quotes one is
 # only hidden when it has the same shape.
+_RAY_WARNING = r"^\S*/site-packages/ray/\S+\.py:\d+: \w*Warning: "
 _RAY_CHATTER = [re.compile(pattern) for pattern in (
     r"^Reporting training result \d+: TrainingReport\(",
     # Ray's C++ core logs: [2026-11-24 12:00:00,123 I 1234 5678] core_worker.cc:123: ...
@@ -40,8 +41,8 @@ _RAY_CHATTER = [re.compile(pattern) for pattern in (
     r"^Checkpoint successfully created at: Checkpoint\(",
     # Ray Data's bar while it samples a Parquet dataset, drawn with carriage returns into a file.
     r"^Parquet dataset sampling: ",
-    # A warning raised inside Ray's own code (site-packages/ray), and the source line Python prints under it.
-    r"^\S*/site-packages/ray/\S+\.py:\d+: \w*Warning: ",
+    # A warning raised inside Ray's own code (site-packages/ray); the source line under it: see LogView._keep.
+    _RAY_WARNING,
     r"^\s+warnings\.warn\($",
     r"^Started training worker group of size \d+:",
     r"^- \(node_id=\w+, ip=[\d.]+, pid=\d+\) world_rank=\d+",
@@ -61,6 +62,9 @@ _MAY_BE_HIDDEN = ("(", "[", "Reporting", "Running", "- ", "Dataset", "Wrapping",
                   "Attempting", "Training", "✔", "Requesting", "Checkpoint", "/", " ", EVENT_MARKER,
                   *_RAY_BARS, *"0123456789")
 _HELD_PARTIAL_CHARS = 4096
+
+
+_RAY_WARNING_LINE = re.compile(_RAY_WARNING)
 
 
 def is_ray_chatter(line: str) -> bool:
@@ -89,6 +93,7 @@ class LogView:
         self.strip_ansi = strip_ansi
         self.hidden_lines = 0
         self._held = ""  # the start of a line not yet complete and not yet shown
+        self._warned_by: str | None = None  # the forwarding prefix of a Ray warning just hidden
         self._shown_partial = False  # part of the current line already went out
 
     @property
@@ -153,7 +158,14 @@ class LogView:
             return True
         if self.raw:
             return True
-        if event is not None or is_ray_chatter(ANSI_ESCAPE.sub("", line)):
+        plain = ANSI_ESCAPE.sub("", line)
+        prefix = _FORWARD_PREFIX.match(plain)
+        prefix_text = prefix[0] if prefix else ""
+        body = plain[len(prefix_text):]
+        # Python prints the line of source a warning points at under it, indented: whatever that line is.
+        source_of_warning = self._warned_by == prefix_text and body.startswith("  ")
+        self._warned_by = prefix_text if _RAY_WARNING_LINE.search(body) else None
+        if event is not None or source_of_warning or is_ray_chatter(plain):
             self.hidden_lines += 1
             return False
         return True

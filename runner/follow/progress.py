@@ -110,6 +110,7 @@ class RunProgress:
     events: int = 0
     step: int | None = None  # within the epoch after ``epoch``, while the job says (None once that epoch reports)
     steps: int | None = None
+    step_epoch: int | None = None  # the epoch those steps are in
     slowest_report_s: float | None = None  # the longest wait between two reports of one attempt
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
@@ -135,8 +136,9 @@ class RunProgress:
         elif kind == "step":
             self.step = event.get("step") if isinstance(event.get("step"), int) else None
             self.steps = event.get("steps") if isinstance(event.get("steps"), int) else None
+            self.step_epoch = event.get("epoch") if isinstance(event.get("epoch"), int) else None
         elif kind == "report":
-            self.step = self.steps = None
+            self.step = self.steps = self.step_epoch = None
             self.iterations = int(event.get("iteration") or self.iterations + 1)
             self.attempts = max(self.attempts, int(event.get("attempt") or 0))
             if isinstance(event.get("epochs"), int):
@@ -169,7 +171,7 @@ class RunProgress:
         pace = self.seconds_per_epoch()
         if pace is None or self.epochs is None or self.epoch is None:
             return None
-        return max(0.0, (self.epochs - self.epoch) * pace)
+        return max(0.0, (self.epochs - epochs_done(self)) * pace)
 
     def as_dict(self) -> dict[str, Any]:
         """The stable JSON form (``--output json``'s ``progress``, ``RunResult.progress``)."""
