@@ -53,7 +53,10 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
                            timeout_s=HANG_GUARD_S)
         job_id = run.job_id()
         stacks = run_rayjobs("stack", job_id, home=ray_cluster_home)
-        status = run_rayjobs("status", job_id, "--output", "json", home=ray_cluster_home)
+        # The dashboard samples each process's CPU and memory every few seconds: wait for a sample of both ranks.
+        status = wait_for_condition(lambda: _with_process_stats(run_rayjobs("status", job_id, "--output", "json",
+                                                                            home=ray_cluster_home)),
+                                    timeout_s=HANG_GUARD_S, interval_s=1)
         status_text = run_rayjobs("status", job_id, home=ray_cluster_home)
         stopped = run_rayjobs("stop", job_id, "--wait", home=ray_cluster_home)
         assert stopped.returncode == 0, stopped.stderr
@@ -63,6 +66,13 @@ def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
             run.process.kill()
     return {"code": code, "stdout": run.stdout, "stderr": run.stderr, "job_id": job_id, "stacks": stacks,
             "records": directory / "records", "status": status, "status_text": status_text}
+
+
+def _with_process_stats(status: subprocess.CompletedProcess) -> subprocess.CompletedProcess | None:
+    """``status`` if its JSON has a CPU figure for every worker of a training run, else None."""
+    runs = json.loads(status.stdout).get("train_runs") or [] if status.returncode == 0 else []
+    workers = [worker for run in runs for worker in run["workers"]]
+    return status if workers and all(worker["cpu_percent"] is not None for worker in workers) else None
 
 
 def test_a_plain_ray_train_script_shows_epochs_metrics_and_eta_line_by_line(followed):
