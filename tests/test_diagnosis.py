@@ -1,7 +1,7 @@
 """Naming why a job failed from its log: each cause from the lines Ray, PyTorch or Python print for it.
 
 The lines below were copied from real logs (Ray 2.60, torch 2.14); the causes that a test on this
-machine can bring about for real are also reproduced on the session cluster (tests/test_progress_cluster.py).
+machine can bring about for real are also reproduced on a cluster (tests/test_failure_causes_cluster.py).
 """
 
 from __future__ import annotations

@@ -165,24 +165,6 @@ def test_a_terminal_gets_a_live_block_and_keeps_the_jobs_output(followed, ray_cl
 
 
 
-def test_a_failure_with_a_known_cause_is_named_with_what_to_do(rj, tmp_path):
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text("import rayjobs_no_such_module\n")
-    spec = tmp_path / "missing.yaml"
-    spec.write_text(f"name: missing-module\nentrypoint: python train.py\nruntime_env:\n  working_dir: {code}\n")
-    result = rj("submit", str(spec))
-    assert result.returncode == 1, result.stderr
-    why = [line for line in result.stderr.splitlines() if line.startswith("rayjobs: why: ")]
-    assert why == ["rayjobs: why: A module is missing on the cluster: no module named 'rayjobs_no_such_module'. "
-                   "Install it in the job's environment (runtime_env.pip, or the cluster's image); if it is your "
-                   "own code, it must be inside runtime_env.working_dir or listed in runtime_env.py_modules"]
-    job_id = re.search(r"submitted missing-module as (\S+)", result.stderr)[1]
-    status = rj("status", job_id)
-    assert status.returncode == 1
-    assert "why:" in status.stdout and "no module named 'rayjobs_no_such_module'" in status.stdout
-
-
 def test_status_shows_ray_trains_runs_with_each_workers_node_cpu_and_memory(followed):
     """While the job hangs: Ray Train's state API (turned on with the progress channel) has both workers."""
     assert followed["status"].returncode == 0, followed["status"].stderr
@@ -198,28 +180,6 @@ def test_status_shows_ray_trains_runs_with_each_workers_node_cpu_and_memory(foll
     assert "training runs:\n  plain: RUNNING, attempt 1 running" in text, text
     assert re.search(r"^    rank 1 · node 127\.0\.0\.1 \(\w{8}\) · pid \d+ · ALIVE · CPU \d+% · memory \d+ MiB$",
                      text, re.MULTILINE), text
-
-
-@pytest.mark.parametrize(("cause", "arguments", "named"), [
-    ("collective_timeout", "--hang-at-epoch 2 --collective-timeout-s 5 --max-failures 0",
-     "A collective operation (gloo/NCCL) timed out"),
-    ("max_failures_used_up", "--die-at-epoch 2 --max-failures 1", "used up its max_failures"),
-], ids=["collective_timeout", "max_failures_used_up"])
-def test_failures_brought_about_for_real_are_named(rj, tmp_path, cause, arguments, named):
-    """A rank that skips its part of DDP's all-reduce under a short gloo timeout; a rank that dies in every
-    attempt. (More workers than the cluster has is not among them: Ray Train waits for them to fit, and the
-    job stalls instead of failing; the stall warning covers it.)"""
-    code = tmp_path / "code"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train.py")
-    spec = tmp_path / "failing.yaml"
-    spec.write_text(f"name: failing\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 3 "
-                    f"--epoch-s 0.1 {arguments}\nrecord: false\nruntime_env:\n  working_dir: {code}\n")
-    result = rj("submit", str(spec), "--output", "json", timeout=HANG_GUARD_S * 3)
-    assert result.returncode == 1, result.stderr[-3000:]
-    diagnosis = json.loads(result.stdout)["diagnosis"]
-    assert diagnosis is not None and diagnosis["cause"] == cause, (diagnosis, result.stderr[-3000:])
-    assert named in diagnosis["text"], diagnosis
 
 
 def test_the_job_keeps_its_own_record_log_events_and_stacks(followed, rj):

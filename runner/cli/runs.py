@@ -30,14 +30,14 @@ def runs(
     output: OutputOption = "text",
 ) -> None:
     """List the runs recorded in LOCATION, newest first (no cluster needed)."""
-    from runner.runs.report import run_summary, runs_table
+    from runner.runs.report import listed_run, runs_table
     from runner.runs.store import Folder, list_runs
 
     check_output(output)
     folder = Folder(location)
     found = list_runs(folder)
     if output == "json":
-        typer.echo(json.dumps([run_summary(run_folder, document) for run_folder, document in found], indent=2))
+        typer.echo(json.dumps([listed_run(run_folder, document) for run_folder, document in found], indent=2))
         return
     if not found:
         _say(f"no runs recorded in {folder.location}")
@@ -89,7 +89,7 @@ def compare(
     output: OutputOption = "text",
 ) -> None:
     """Compare recorded runs: final metrics side by side, and their curves overlaid in a PNG (no cluster needed)."""
-    from runner.runs.report import compare_plot, compare_table, run_summary
+    from runner.runs.report import compare_plot, compare_table, listed_run
     from runner.runs.store import Folder, attempt_events, read_run
 
     check_output(output)
@@ -104,7 +104,7 @@ def compare(
                          if event.get("event") == "report"]
     drawn = compare_plot(curves, plot)
     if output == "json":
-        typer.echo(json.dumps({"runs": [run_summary(folder, document) for folder, document in loaded],
+        typer.echo(json.dumps({"runs": [listed_run(folder, document) for folder, document in loaded],
                                "plot": str(plot) if drawn else None, "plotted_metrics": drawn}, indent=2))
         return
     typer.echo(compare_table(loaded))

@@ -50,7 +50,7 @@ def metrics_text(metrics: dict[str, Any] | None) -> str:
     return "  ".join(f"{name} {format_value(value)}" for name, value in shown_metrics(metrics or {})) or "-"
 
 
-def run_summary(folder: Folder, document: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+def listed_run(folder: Folder, document: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """One run as ``rayjobs runs --output json`` lists it."""
     return {"run": folder.name, "location": folder.location, "status": run_status(document, now),
             "name": document.get("name"), "started": document.get("started"), "ended": document.get("ended"),
