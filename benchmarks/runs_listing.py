@@ -78,11 +78,10 @@ def write_local(root: Path, count: int) -> None:
 
 
 def write_s3(endpoint: str, count: int) -> None:
-    import boto3
+    from tests.support.s3_server import create_bucket, s3_client
 
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                      aws_secret_access_key="testing")
-    s3.create_bucket(Bucket="runs")
+    create_bucket(endpoint, "runs")
+    s3 = s3_client(endpoint)
     for index in range(count):
         prefix = f"team/run-{index:04d}"
         s3.put_object(Bucket="runs", Key=f"{prefix}/run.json", Body=json.dumps(run_document(index), indent=1).encode())
@@ -107,20 +106,14 @@ def main() -> None:
     add_json_option(parser)
     args = parser.parse_args()
 
-    from moto.server import ThreadedMotoServer
+    from tests.support.s3_server import aws_variables, moto_s3_server
 
     rayjobs = str(Path(sys.executable).parent / "rayjobs")
     stamp = Stamp.begin()
     result = Result("runs_listing", "Listing run records",
                     ["where", "records", "`rayjobs runs`", "plain reader", "ratio", "goal"], [], stamp)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
-        os.environ.update({key: value for key, value in env.items() if key.startswith("AWS_")})
+    with moto_s3_server() as endpoint:
+        env = {**os.environ, **aws_variables(endpoint)}
         with tempfile.TemporaryDirectory(prefix="rayjobs-runs-") as scratch:
             root = Path(scratch) / "runs"
             root.mkdir()
@@ -135,8 +128,6 @@ def main() -> None:
             times = alternate(sides, args.rounds, show=lambda index, got: print(
                 f"round {index + 1}: " + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in got.items()),
                 flush=True))
-    finally:
-        server.stop()
     for where, count in (("local", args.local), ("s3", args.s3)):
         ours = result.figure(f"rayjobs {where}", Spread.of(times[f"rayjobs {where}"]), "s")
         plain = result.figure(f"plain {where}", Spread.of(times[f"plain {where}"]), "s")

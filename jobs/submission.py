@@ -99,6 +99,13 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
     return submission
 
 
+def ship_observe_package(runtime_env: dict[str, Any]) -> None:
+    """Add ``workloads/rayjobs_observe`` to the job's ``py_modules`` (once), whatever its working_dir holds."""
+    modules = list(runtime_env.get("py_modules") or [])
+    if str(OBSERVE_PACKAGE_DIR) not in modules:
+        runtime_env["py_modules"] = modules + [str(OBSERVE_PACKAGE_DIR)]
+
+
 def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec: str) -> None:
     """Have the job keep its run record: its entrypoint runs under ``rayjobs_observe.record``, told where and what.
 
@@ -107,9 +114,7 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
     """
     spec = loaded.spec
     runtime_env = submission["runtime_env"]
-    modules = list(runtime_env.get("py_modules") or [])
-    if str(OBSERVE_PACKAGE_DIR) not in modules:
-        runtime_env["py_modules"] = modules + [str(OBSERVE_PACKAGE_DIR)]
+    ship_observe_package(runtime_env)
     config: dict[str, Any] = {
         "name": spec.name,
         "every_s": spec.record_every_s,
@@ -155,9 +160,7 @@ def add_progress_channel(runtime_env: dict[str, Any]) -> None:
     its own has no training script to follow, and stays a request that needs no upload at all.
     Callbacks and a dedup pattern the spec sets are kept beside rayjobs' own.
     """
-    modules = list(runtime_env.get("py_modules") or [])
-    if str(OBSERVE_PACKAGE_DIR) not in modules:
-        runtime_env["py_modules"] = modules + [str(OBSERVE_PACKAGE_DIR)]
+    ship_observe_package(runtime_env)
     env_vars = runtime_env.setdefault("env_vars", {})
     callbacks = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
     env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [OBSERVE_CALLBACK] * (OBSERVE_CALLBACK not in callbacks))

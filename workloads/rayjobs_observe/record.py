@@ -91,8 +91,12 @@ class Recorder:
         job_metadata = job_config.get("metadata") or {}
         self.submission_id = str(job_metadata.get(_SUBMISSION_ID_KEY) or f"local-{os.getpid()}")
         self.attempt_number = int(job_metadata.get(ATTEMPT_KEY) or 1)
-        self.runtime_env = job_config.get("runtime_env") or {}
+        # What does not change while the job runs is read once, not at every upload.
+        self.code = {**(config.get("code") or {}), **packages(job_config.get("runtime_env") or {})}
+        self.versions = versions()
+        self.host = socket.gethostname()
         self.log = _open_own_log()
+        self.tail_written: tuple[int, int] | None = None  # (part, length) of the last part as last written
         self.log_bytes = 0
         self.parts_written = 0
         self.part = bytearray()
@@ -133,8 +137,10 @@ class Recorder:
         try:
             self._read_new_log()
             prefix = f"{RECORD_DIR}/logs/{self.submission_id}"
-            if self.log is not None:
+            tail = (self.parts_written, len(self.part))
+            if self.log is not None and tail != self.tail_written:
                 self.store.write(f"{prefix}/{self.parts_written:05d}.log", bytes(self.part))
+                self.tail_written = tail
             if len(self.events) > self.events_written:
                 lines = "".join(json.dumps(event, separators=(",", ":")) + "\n" for event in self.events)
                 self.store.write(f"{RECORD_DIR}/events/{self.submission_id}.jsonl", lines.encode())
@@ -147,7 +153,7 @@ class Recorder:
         """``run.json``: the run as of now, this attempt last."""
         now = round(time.time(), 3)
         attempt = {
-            "submission_id": self.submission_id, "attempt": self.attempt_number, "host": socket.gethostname(),
+            "submission_id": self.submission_id, "attempt": self.attempt_number, "host": self.host,
             "spec_hash": self.config.get("spec_hash"), "started": round(self.started, 3), "updated": now,
             "ended": now if status != "RUNNING" else None, "status": status, "exit_code": exit_code,
             "log_bytes": self.log_bytes, "log_parts": self.parts_written + 1 if self.log is not None else 0,
@@ -165,8 +171,8 @@ class Recorder:
             "ended": attempt["ended"],
             "spec": self.config.get("spec"),
             "spec_hash": self.config.get("spec_hash"),
-            "code": {**(self.config.get("code") or {}), **packages(self.runtime_env)},
-            "versions": versions(),
+            "code": self.code,
+            "versions": self.versions,
             "cluster": shape,
             "metrics": reports[-1].get("metrics") if reports else None,
             "iterations": reports[-1].get("iteration") if reports else None,
