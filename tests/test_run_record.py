@@ -181,3 +181,27 @@ def test_a_killed_entrypoint_leaves_a_failed_record_with_what_it_printed(tmp_pat
     assert b"before the kill" in attempt_log(Folder(str(tmp_path / "run")), "raysubmit_one")
     started = document["attempts"][0]["started"]
     assert started <= document["ended"] <= time.time()
+
+
+def test_a_stopped_job_keeps_what_its_script_writes_after_the_shell_has_died(tmp_path):
+    """Ray stops a job by signalling its process group: the shell dies at once, the script it runs writes last."""
+    log = tmp_path / "log"
+    job = python_command("""
+        import signal, sys, time
+        def stopped(signum, frame):
+            time.sleep(1)
+            print("the script's last words", flush=True)
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, stopped)
+        print("running", flush=True)
+        time.sleep(60)
+    """)
+    # Two commands, so that the shell stays the keeper's child and the script is its grandchild.
+    keeper = run_keeper(f"true; {job}", log, keeper_env(config_for(tmp_path / "run")))
+    wait_for_condition(lambda: b"running" in log.read_bytes(), timeout_s=HANG_GUARD_S)
+    os.killpg(keeper.pid, signal.SIGTERM)
+    keeper.wait(timeout=HANG_GUARD_S)
+    folder = Folder(str(tmp_path / "run"))
+    assert read_run(folder)["status"] == "STOPPED"
+    assert b"the script's last words" in log.read_bytes()
+    assert attempt_log(folder, "raysubmit_one") == log.read_bytes()

@@ -44,6 +44,9 @@ ATTEMPT_KEY = "rayjobs.attempt"
 PARENT_KEY = "rayjobs.parent"
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _POLL_S = 0.25
+# How long the entrypoint's orphaned processes may go on writing to the log after its shell has ended.
+_ORPHANS_GRACE_S = 5.0
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def main(argv: list[str]) -> int:
@@ -57,6 +60,7 @@ def main(argv: list[str]) -> int:
         # Ray's stop signals the whole process tree; the entrypoint gets it from Ray, this process only notes it.
         signal.signal(signum, lambda received, _frame: stop_signal.append(received))
     recorder = Recorder.from_environment(os.environ)
+    adopts_orphans = _become_subreaper()
     child = subprocess.Popen(args[0], shell=True)
     if recorder is not None:
         recorder.start()
@@ -70,8 +74,11 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             pass
     code = child.returncode
+    outcome = "STOPPED" if stop_signal else ("SUCCEEDED" if code == 0 else "FAILED")
     if recorder is not None:
-        outcome = "STOPPED" if stop_signal else ("SUCCEEDED" if code == 0 else "FAILED")
+        recorder.upload(outcome, exit_code=code)
+    # Uploaded first, since a stopped job's processes are all killed a few seconds after the stop signal.
+    if adopts_orphans and _wait_for_orphans(time.monotonic() + _ORPHANS_GRACE_S) and recorder is not None:
         recorder.upload(outcome, exit_code=code)
     if code < 0:
         # Die of the entrypoint's signal, so that Ray sees what it would have seen without this wrapper.
@@ -300,6 +307,39 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
+
+
+def _become_subreaper() -> bool:
+    """Adopt the entrypoint's orphans (Linux), so that the record can wait for the last of them.
+
+    The shell that runs the entrypoint ends first when the job is stopped: Ray signals the whole process
+    group, the shell dies at once and the script it started is still writing its last words (Ray's own
+    stack dump on SIGTERM among them) to the log.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _wait_for_orphans(deadline: float) -> bool:
+    """Reap the adopted processes until none is left or ``deadline`` passes (a daemon may outlive the job).
+
+    Returns whether there were any.
+    """
+    adopted = False
+    while time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return adopted
+        adopted = True
+        if pid == 0:
+            time.sleep(0.05)
+    return adopted
 
 
 def _default_run_dir(config: dict[str, Any], job_metadata: dict[str, Any]) -> str:
