@@ -2,6 +2,8 @@
 
 # The environment variable that carries a spec's validated ``workload`` section (JSON) to the entrypoint.
 WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
+# And the one that carries its validated ``sweep`` block, when it has one.
+SWEEP_ENV_VAR = "RAYJOBS_SWEEP"
 
 # Job metadata rayjobs adds to every submission.
 METADATA_NAME = "rayjobs.name"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,9 @@ from jobs.errors import FieldPath, Problem, SpecError, did_you_mean
 from jobs.overrides import apply_overrides
 from jobs.paths import SPEC_DIR_CONTEXT_KEY
 from jobs.spec import JobSpec
+from jobs.strict import field_names_at
+from jobs.sweep import SweepSpec, check_sweep
+from jobs.workload_contract import workload_needs
 from jobs.workload_kinds import BUILTIN_WORKLOADS, workload_model
 from jobs.yaml_reader import read_yaml_mapping
 
@@ -98,9 +99,21 @@ def validate_spec_data(
             kind, workload = _validate_workload(raw_workload, context, locate)
         except SpecError as exc:
             problems += exc.problems
+    if spec is not None and spec.sweep is not None and not problems:
+        problems += _check_sweep(spec.sweep, raw_workload, kind, workload, context, locate)
     if problems or spec is None:
         raise SpecError(file, problems)
     return LoadedSpec(path, spec, kind, workload, overrides, from_cli)
+
+
+def _check_sweep(sweep: SweepSpec, raw_workload: Any, kind: str | None, workload: BaseModel | None,
+                 context: dict[str, Any], locate: _Locator) -> list[Problem]:
+    if workload is None or kind is None:
+        return [locate.problem(("sweep",), "sweeps a workload's fields, and this spec has no workload section")]
+    needs = workload_needs(workload)
+    raw = {key: value for key, value in raw_workload.items() if key != "kind"}
+    found = check_sweep(sweep, raw, type(workload), needs.sweepable, needs.metrics, context)
+    return [locate.problem(problem.path, problem.message) for problem in found]
 
 
 def _validate_workload(
@@ -183,7 +196,7 @@ class _Locator:
     def _message(self, detail: dict[str, Any], model: type[BaseModel], path: FieldPath) -> str:
         kind = detail["type"]
         if kind == "extra_forbidden":
-            allowed = _field_names_at(model, path[:-1])
+            allowed = field_names_at(model, path[:-1])
             return f"unknown field{did_you_mean(str(path[-1]), allowed)}" if path else "unknown field"
         if kind == "missing":
             return "is required"
@@ -195,23 +208,3 @@ class _Locator:
         if "input" in detail and not isinstance(detail["input"], (dict, list)):
             return f"{message} (got {detail['input']!r})"
         return message
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, typing.Annotated):
-        args = typing.get_args(annotation)
-        args = args[:1] if origin is typing.Annotated else args
-        return [model for arg in args for model in _models_in(arg)]
-    return []
-
-
-def _field_names_at(model: type[BaseModel], path: FieldPath) -> set[str]:
-    """Field names of the model(s) that validate the mapping at ``path`` (for "did you mean")."""
-    models = [model]
-    for part in path:
-        models = [inner for m in models if isinstance(part, str) and part in m.model_fields
-                  for inner in _models_in(m.model_fields[part].annotation)]
-    return {name for m in models for name in m.model_fields}

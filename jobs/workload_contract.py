@@ -34,6 +34,9 @@ class WorkloadNeeds:
     shared_locations: dict[str, str] = field(default_factory=dict)  # parameter -> local path or URI, as given
     demands: tuple[Demand, ...] = ()  # in the order the phases run
     run_location: str | None = None  # the run's own folder (local path or URI, as given): its record goes there
+    sweepable: tuple[str, ...] = ()  # sections whose fields a sweep may change (``train``); none: no sweeps
+    metrics: tuple[str, ...] = ()  # what it reports per epoch: what a sweep can choose by
+    epochs: int | None = None  # how many epochs its training runs (a sweep's trials at most that)
 
 
 @runtime_checkable

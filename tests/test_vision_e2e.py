@@ -1,11 +1,11 @@
 """The quickstart spec end to end through `rayjobs`, its dataset and run in S3 (moto's server on loopback).
 
 One flow proves what a user relies on: the job is submitted, stopped by the user once its first
-epoch is checkpointed, and the same spec submitted again reuses the dataset, resumes after the last
-checkpoint (every epoch once), runs batch inference and leaves every artefact in the run's storage,
-and nothing on local disk. It runs in S3 only: every path of it goes through the storage layer that
-local disk shares, and the vision specs run end to end on local disk in tests/test_vision_ingest.py and
-tests/test_learning_real_photos.py (resuming on local disk: tests/test_vision_train.py).
+epoch is checkpointed, and the same spec submitted again with one epoch more reuses the dataset,
+resumes after the last checkpoint (every epoch once, the schedule stretched to the new length), runs
+batch inference and leaves every artefact in the run's storage, and nothing on local disk. It runs in
+S3 only: every path of it goes through the storage layer that local disk shares, and the vision specs
+run end to end on local disk in tests/test_vision_ingest.py and tests/test_learning_real_photos.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from workloads import storage
 from workloads.training.metrics import read_metrics_csv
 
 BUCKET = "rayjobs-vision"
-EPOCHS = 4
+EPOCHS = 4  # the first submission asks for one fewer
 PER_CLASS = 20  # 10 classes: 160 training and 40 validation images
 
 
@@ -61,9 +61,9 @@ def test_quickstart_in_s3_stopped_mid_training_then_submitted_again_resumes_and_
     overrides = [*(f"runtime_env.env_vars.{name}={value}" for name, value in where.job_env.items()),
                  f"workload.data.output_dir={where.data}", f"workload.storage_path={where.runs}",
                  f"workload.data.synthetic_per_class={PER_CLASS}", "workload.data.image_size=24",
-                 f"workload.train.epochs={EPOCHS}",
                  "workload.train.batch_size=32", "workload.run_name=e2e"]
-    submitted = run_rayjobs("submit", "specs/quickstart.yaml", *[a for o in overrides for a in ("--set", o)],
+    first = [*overrides, f"workload.train.epochs={EPOCHS - 1}"]
+    submitted = run_rayjobs("submit", "specs/quickstart.yaml", *[a for o in first for a in ("--set", o)],
                             "--no-wait", home=ray_cluster_home)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
@@ -76,9 +76,9 @@ def test_quickstart_in_s3_stopped_mid_training_then_submitted_again_resumes_and_
     stopped = run_rayjobs("stop", job_id, "--wait", home=ray_cluster_home)
     assert stopped.returncode == 0, stopped.stderr
     epochs_before_stop = [int(row["epoch"]) for row in read_metrics_csv(run_dir / "metrics.csv")]
-    assert epochs_before_stop and epochs_before_stop[-1] < EPOCHS, "the job was meant to be stopped mid-training"
+    assert epochs_before_stop and epochs_before_stop[-1] < EPOCHS - 1, "the job was meant to be stopped mid-training"
 
-    result = submit(ray_cluster_home, "specs/quickstart.yaml", *overrides)
+    result = submit(ray_cluster_home, "specs/quickstart.yaml", *overrides, f"workload.train.epochs={EPOCHS}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "SUCCEEDED" in result.stderr
     assert "testing" not in result.stdout + result.stderr  # the test S3 keys are masked in what rayjobs prints
@@ -86,7 +86,9 @@ def test_quickstart_in_s3_stopped_mid_training_then_submitted_again_resumes_and_
     # After the last checkpoint that was complete when the job stopped: epoch 1 at least, never a later one.
     resumed = re.search(r"Resuming run 'e2e' after epoch (\d+)", result.stdout)
     assert resumed and 1 <= int(resumed[1]) <= epochs_before_stop[-1], result.stdout[-3000:]
-    assert [int(row["epoch"]) for row in read_metrics_csv(run_dir / "metrics.csv")] == list(range(1, EPOCHS + 1))
+    rows = read_metrics_csv(run_dir / "metrics.csv")
+    assert [int(row["epoch"]) for row in rows] == list(range(1, EPOCHS + 1))
+    assert rows[-1]["lr"] > 0, "the schedule was stretched to the new length, not left at the old one's end"
     # The summary says where each of the spec's two training workers ran.
     assert re.search(r"Training workers: rank 0 on node \w{8}, rank 1 on node \w{8} \(1 node\)", result.stdout), \
         result.stdout[-2000:]

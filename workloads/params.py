@@ -12,13 +12,16 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
-from jobs.keys import WORKLOAD_ENV_VAR
+from jobs.keys import SWEEP_ENV_VAR, WORKLOAD_ENV_VAR
 from jobs.paths import SPEC_DIR_CONTEXT_KEY
 from workloads.entry import BadInput
+
+if TYPE_CHECKING:
+    from jobs.sweep import SweepSpec
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -42,6 +45,21 @@ def load_params(model: type[ModelT], params_file: str | Path | None = None) -> M
     if encoded:
         return model.model_validate(_without_kind(json.loads(encoded)))
     return model.model_validate({})
+
+
+def load_sweep() -> SweepSpec | None:
+    """The spec's checked ``sweep`` block from ``$RAYJOBS_SWEEP`` (None when the job runs no sweep)."""
+    from jobs.sweep import SweepSpec
+
+    encoded = os.environ.get(SWEEP_ENV_VAR)
+    if not encoded:
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return SweepSpec.model_validate(json.loads(encoded))
+    except (ValidationError, ValueError) as exc:
+        raise BadInput(f"invalid sweep in ${SWEEP_ENV_VAR}: {exc}") from None
 
 
 def _without_kind(raw: object) -> object:

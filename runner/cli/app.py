@@ -107,6 +107,7 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait:
     """Submit a validated spec and follow it, as ``submit`` (and ``rerun``) do; ends the command with its exit code."""
     from jobs.secrets import masked
     from jobs.submission import build_submission
+    from jobs.sweep import trial_plan
     from runner.cli.render import dry_run_text, run_summary
     from runner.client.preflight import entrypoint_note, shared_storage_note
     from runner.follow.messages import follow_up_lines
@@ -117,8 +118,12 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait:
         spec_address_source = loaded.source_of("address")
         if dry_run:
             address = connection.address or loaded.spec.address
-            typer.echo(json.dumps({"address": address, **masked(submission)}, indent=2)
-                       if output == "json" else dry_run_text(masked(submission), address))
+            shown = {"address": address, **masked(submission)}
+            plan = trial_plan(loaded.spec.sweep, loaded.workload) if loaded.spec.sweep else None
+            if plan is not None:
+                shown["sweep_plan"] = plan
+            typer.echo(json.dumps(shown, indent=2) if output == "json"
+                       else dry_run_text(masked(submission), address, plan))
             return
         target = connection.target(loaded.spec.address, spec_address_source)
         if local and target.address is None:

@@ -91,11 +91,15 @@ def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, ad
     }
 
 
-def dry_run_text(submission: dict[str, Any], address: str | None) -> str:
-    """What ``submit --dry-run`` prints: where it would go, then the submission as YAML."""
+def dry_run_text(submission: dict[str, Any], address: str | None, sweep_plan: dict[str, Any] | None = None) -> str:
+    """What ``submit --dry-run`` prints: where it would go, a sweep's trial plan, then the submission as YAML."""
     import yaml
 
+    from jobs.sweep import plan_text
+
     header = f"# would submit to {address or 'the resolved cluster (see --address)'}\n"
+    if sweep_plan is not None:
+        header += plan_text(sweep_plan)
     return header + yaml.safe_dump(submission, sort_keys=False, default_flow_style=False, width=100)
 
 

@@ -96,9 +96,11 @@ class LiveProgress:
         self._live.start()
 
     def event(self, event: dict[str, Any]) -> None:
-        """Take in one event; restarts and the end of training also get a line of their own above the block."""
+        """Take in one event; restarts, the end of training and a trial's start and end also get a line of their
+        own above the block."""
         self.progress.update(event)
-        if event["event"] in ("restart", "train_end", "attempt", "stage"):
+        if event["event"] in ("restart", "train_end", "attempt", "stage") or (
+                event["event"] == "trial" and event.get("state") != "running"):
             line = event_line(event, self.progress)
             if line is not None:
                 self.notes.write(f"rayjobs: {line}\n")
@@ -128,6 +130,8 @@ class LiveProgress:
                                                for name, value in shown_metrics(progress.metrics, 6)), style="green"))
         if progress.attempts:
             rows.append(Text("  " + self._attempt_text(), style="yellow" if progress.restarts else "dim"))
+        if progress.trials:
+            rows.append(Text("  " + str(progress.trials_text()), style="cyan"))
         return Group(*rows)
 
     def _bar_row(self) -> Any:

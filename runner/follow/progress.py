@@ -112,6 +112,8 @@ class RunProgress:
     steps: int | None = None
     step_epoch: int | None = None  # the epoch those steps are in
     slowest_report_s: float | None = None  # the longest wait between two reports of one attempt
+    # A sweep's trials by name: state (started, running, ended, failed), values, epoch, metric.
+    trials: dict[str, dict[str, Any]] = field(default_factory=dict)
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
     def update(self, event: dict[str, Any]) -> None:
@@ -156,6 +158,23 @@ class RunProgress:
                                          at))
         elif kind == "train_end":
             self.training_state = event.get("state")
+        elif kind == "trial":
+            trial = self.trials.setdefault(str(event.get("trial")), {"state": None, "values": {}, "epoch": None,
+                                                                     "metric": None})
+            trial["state"] = event.get("state")
+            for key in ("values", "epoch", "metric"):
+                if event.get(key) is not None:
+                    trial[key] = event[key]
+
+    def trials_text(self) -> str | None:
+        """``trials: 1 running, 2 ended, 1 failed``; None outside a sweep."""
+        if not self.trials:
+            return None
+        states: dict[str, int] = {}
+        for trial in self.trials.values():
+            shown = "running" if trial["state"] == "started" else str(trial["state"])
+            states[shown] = states.get(shown, 0) + 1
+        return "trials: " + ", ".join(f"{count} {state}" for state, count in states.items())
 
     def seconds_per_epoch(self) -> float | None:
         """The recent pace, from the reports of the current attempt; None before two of them."""
@@ -180,7 +199,7 @@ class RunProgress:
             "metrics": self.metrics, "attempts": self.attempts, "nodes": self.nodes,
             "restarts": [restart.as_dict() for restart in self.restarts], "training_state": self.training_state,
             "seconds_per_epoch": self.seconds_per_epoch(), "counts": self.counts, "events": self.events,
-            "step": self.step, "steps": self.steps,
+            "step": self.step, "steps": self.steps, "trials": self.trials,
         }
 
 
@@ -276,4 +295,21 @@ def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
         if state == "ERRORED" and event.get("reason"):
             line += f": {short_reason(event.get('reason'))}"
         return line
+    if kind == "trial":
+        return trial_line(event, progress)
     return None
+
+
+def trial_line(event: dict[str, Any], progress: RunProgress) -> str | None:
+    """One line per change of a sweep's trial, with where the sweep stands."""
+    name, state = event.get("trial"), event.get("state")
+    if state == "started":
+        values = ", ".join(f"{path.removeprefix('workload.')}={format_value(value)}"
+                           for path, value in sorted((event.get("values") or {}).items()))
+        line = f"trial {name} started: {values}"
+    elif state == "running":
+        metric = event.get("metric")
+        line = f"trial {name}: epoch {event.get('epoch')}" + (f" · {format_value(metric)}" if metric is not None else "")
+    else:
+        line = f"trial {name} {state}"
+    return f"{line} ({progress.trials_text()})" if progress.trials_text() else line

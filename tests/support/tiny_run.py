@@ -106,6 +106,6 @@ def run_spec_in_process(spec: str, *overrides: str) -> dict[str, Any]:
     from tests.support.cli import REPO_ROOT
     from workloads.vision.__main__ import check_params_storage, run_stages
 
-    params = load_spec(REPO_ROOT / spec, list(overrides)).workload
-    check_params_storage(params)
-    return run_stages(params)
+    loaded = load_spec(REPO_ROOT / spec, list(overrides))
+    check_params_storage(loaded.workload)
+    return run_stages(loaded.workload, loaded.spec.sweep)

@@ -35,9 +35,10 @@ def root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1] if text else ''}"
 
 
-def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSettings, score_attribute: str):
+def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSettings, score_attribute: str,
+               callbacks: list[Any] | None = None):
     """``RunConfig`` of run ``run_name`` kept under ``storage_root``: the best ``num_to_keep`` checkpoints by
-    ``score_attribute`` (higher is better), and ``max_failures`` worker failures survived.
+    ``score_attribute`` (higher is better), ``max_failures`` worker failures survived, and ``callbacks``.
 
     In S3, Ray Train is given the bucket's filesystem and the path on it (``bucket/prefix``).
     """
@@ -52,15 +53,18 @@ def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSetti
                                                      checkpoint_score_attribute=score_attribute,
                                                      checkpoint_score_order="max"),
         failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+        callbacks=callbacks,
     )
 
 
 def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: StoragePath, run_name: str,
-        settings: RayTrainSettings, score_attribute: str, **trainer_options: Any):
+        settings: RayTrainSettings, score_attribute: str, callbacks: list[Any] | None = None,
+        **trainer_options: Any):
     """Run ``train_loop`` on ``settings.num_workers`` Ray Train workers as run ``run_name`` under ``storage_root``
     (``<storage_root>/<run_name>`` holds its checkpoints), and return the ``Result``.
 
-    ``trainer_options`` go to ``TorchTrainer`` as they are (``datasets``, ``dataset_config``).
+    ``callbacks`` go to its ``RunConfig`` (a sweep's ``TuneReportCallback``); ``trainer_options`` to
+    ``TorchTrainer`` as they are (``datasets``, ``dataset_config``).
     Raises :class:`TrainingError` naming the run and the root cause when the run fails.
     """
     from ray.train.torch import TorchTrainer
@@ -69,7 +73,7 @@ def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: Stor
         train_loop,
         train_loop_config=loop_config,
         scaling_config=settings.scaling_config(),
-        run_config=run_config(storage_root, run_name, settings, score_attribute),
+        run_config=run_config(storage_root, run_name, settings, score_attribute, callbacks),
         **trainer_options,
     )
     try:

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from workloads.entry import on_cluster, workload_main
-from workloads.params import parse_command_line
+from workloads.entry import BadInput, on_cluster, workload_main
+from workloads.params import load_sweep, parse_command_line
 from workloads.rayjobs_observe import emit
 from workloads.storage import check_storage, storage_path
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import VisionParams
 from workloads.vision.errors import DatasetMissingError, DataSourceError, InferenceError
+
+if TYPE_CHECKING:
+    from jobs.sweep import SweepSpec
 
 STAGE_TITLES = {
     "preprocess": "Preprocess: images -> Parquet",
@@ -43,8 +47,11 @@ def _dataset_info(params: VisionParams):
         raise DatasetMissingError(str(exc)) from None
 
 
-def run_stages(params: VisionParams) -> dict:
-    """Run ``params.stages`` in order on the connected Ray cluster; return what each produced."""
+def run_stages(params: VisionParams, sweep: SweepSpec | None = None) -> dict:
+    """Run ``params.stages`` in order on the connected Ray cluster; return what each produced.
+
+    With a ``sweep``, the train stage runs it, and the infer stage uses its best trial.
+    """
     from workloads.vision.training.stage import print_training_summary
 
     produced: dict = {}
@@ -65,7 +72,13 @@ def run_stages(params: VisionParams) -> dict:
             from workloads.vision.training.stage import run_training
 
             info = info or _dataset_info(params)
-            training = run_training(params, info)
+            if sweep is not None:
+                from workloads.vision.training.stage import outcome_from_disk, run_training_sweep
+
+                params, produced["sweep"] = run_training_sweep(params, info, sweep)
+                training = outcome_from_disk(params.run_dir, [], skipped=False)
+            else:
+                training = run_training(params, info)
             produced["train"] = training
         elif stage == "infer":
             from workloads.vision.inference.stage import run_batch_inference
@@ -105,11 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         params = parse_command_line(VisionParams, "vision", "python -m workloads.vision", __doc__.splitlines()[0],
                                     argv)
+        sweep = load_sweep()
+        if sweep is not None and "train" not in params.stages:
+            raise BadInput("the spec has a sweep, and its stages have no train stage to sweep")
         check_params_storage(params)
         if "preprocess" not in params.stages:
             # Fail before connecting to the cluster when the dataset a later stage needs is missing.
             _dataset_info(params)
-        on_cluster(lambda: run_stages(params))
+        on_cluster(lambda: run_stages(params, sweep))
 
     return workload_main(run, failures=(DatasetMissingError, InferenceError, TrainingError),
                          bad_input=(DataSourceError,))

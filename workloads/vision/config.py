@@ -35,6 +35,8 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 # Sources that hold decoded pixel arrays of a fixed size; they are written to Parquet
 # as raw uint8 arrays at that size instead of being re-encoded as JPEG.
 ARRAY_SOURCES = {"mnist": (28, MNIST_CLASSES), "cifar10": (32, CIFAR10_CLASSES)}
+# What every epoch reports that a sweep can choose by (the training loop reports these and more).
+SWEEP_METRICS = ("val_accuracy", "val_loss", "train_loss")
 
 Stage = Literal["preprocess", "train", "infer"]
 
@@ -286,4 +288,5 @@ class VisionParams(TrainingRunParams):
             demands.append(Demand("inference", count=self.infer.num_actors, cpus=float(self.infer.cpus_per_actor),
                                   gpus=1 if self.infer.use_gpu else 0))
         return WorkloadNeeds(entrypoint_module="workloads.vision", shared_locations=shared, demands=tuple(demands),
-                             run_location=self.run_location)
+                             run_location=self.run_location, sweepable=("train",), metrics=SWEEP_METRICS,
+                             epochs=self.train.epochs)

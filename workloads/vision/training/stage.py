@@ -22,6 +22,7 @@ schedule in :mod:`workloads.vision.training.recipe`, the workers' loop in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from jobs import ray_internals
@@ -36,6 +37,8 @@ from workloads.vision.training.model import best_checkpoint, list_checkpoints, l
 from workloads.vision.training.recipe import divergence_message
 
 if TYPE_CHECKING:
+    from jobs.sweep import SweepSpec
+    from workloads.training.sweep import SweepOutcome
     from workloads.vision.reading.manifest import DatasetInfo
 
 @dataclass
@@ -71,11 +74,11 @@ def outcome_from_disk(run_dir: StoragePath, trained: list[int], skipped: bool) -
     )
 
 
-def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
+def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] | None = None) -> TrainingOutcome:
     """Train (or continue training) ``params.run_name`` on the preprocessed dataset ``info`` describes.
 
-    Needs a connected Ray cluster. Raises :class:`TrainingError` with a readable
-    message for problems the user can fix.
+    Needs a connected Ray cluster. ``callbacks`` go to the trainer's ``RunConfig``. Raises
+    :class:`TrainingError` with a readable message for problems the user can fix.
     """
     import ray
 
@@ -133,7 +136,7 @@ def run_training(params: VisionParams, info: DatasetInfo) -> TrainingOutcome:
         data_options = {"datasets": training_datasets(dataset_root, layout, cfg),
                         "dataset_config": ExactValidationDataConfig()}
     result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, "val_accuracy",
-                 **data_options)
+                 callbacks, **data_options)
     returned = getattr(result, "return_value", None) or {}
     if "diverged" in returned:
         raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
@@ -162,3 +165,41 @@ def worker_nodes_line(nodes: list[str]) -> str:
     """``Training workers: rank 0 on node 1a2b3c4d, rank 1 on node 5e6f7a8b (2 nodes)``: where each rank ran."""
     ranks = ", ".join(f"rank {rank} on node {node[:8]}" for rank, node in enumerate(nodes))
     return f"Training workers: {ranks} ({nodes_phrase(nodes)})"
+
+
+def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec) -> tuple[VisionParams, SweepOutcome]:
+    """Run ``sweep`` over the training of ``params`` on the dataset ``info`` describes; return the best trial's
+    parameters (its run folder, for inference) and how the sweep went.
+
+    Raises :class:`TrainingError` when every trial failed.
+    """
+    from workloads.training.sweep import TRIALS_DIR, run_sweep, trial_table
+
+    outcome = run_sweep(sweep, partial(_run_trial, params.model_dump(mode="json"), info), params.run_dir,
+                        params.train.demand("training", "train"), params.train.epochs)
+    print(f"\nTrials (best first by {sweep.metric}):\n{trial_table(outcome, sweep)}", flush=True)
+    print(f"Trials: {outcome.trials_csv}" + (f"; curves: {outcome.trials_plot}" if outcome.trials_plot else ""),
+          flush=True)
+    if outcome.best is None:
+        failed = "; ".join(f"{trial.name}: {trial.error}" for trial in outcome.trials)
+        raise TrainingError(f"every trial of the sweep failed: {failed}")
+    best = trial_params(params.model_dump(mode="json"), outcome.best.values, outcome.best.name,
+                        params.run_dir / TRIALS_DIR)
+    print(f"Best trial: {outcome.best.name} ({sweep.metric} {outcome.best.best:.4f}), run folder {best.run_dir}",
+          flush=True)
+    return best, outcome
+
+
+def trial_params(document: dict[str, Any], values: dict[str, Any], name: str,
+                 trials_root: StoragePath) -> VisionParams:
+    """The parameters of trial ``name``: ``values`` applied to the sweep's ``document``, its own run folder."""
+    from jobs.sweep import apply_values
+
+    applied = apply_values(document, values)
+    applied.update(run_name=name, storage_path=str(trials_root))
+    return VisionParams.model_validate(applied)
+
+
+def _run_trial(document: dict[str, Any], info: DatasetInfo, values: dict[str, Any], name: str,
+               trials_root: StoragePath, callbacks: list[Any]) -> None:
+    run_training(trial_params(document, values, name, trials_root), info, callbacks)

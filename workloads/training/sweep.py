@@ -1,0 +1,297 @@
+"""A spec's sweep, run with Ray Tune over a workload's ``TorchTrainer``: Train V2's pattern.
+
+Each Tune trial is a function that builds and fits the workload's trainer with the trial's values,
+under its own run folder ``<run>/trials/<trial>``; ``TuneReportCallback`` hands every epoch's report
+to Tune, whose scheduler may stop the trial early (ASHA, by epoch). Tune keeps its own state in
+``<run>/tune``, so a sweep submitted again continues: finished trials are not run again, and an
+interrupted trial's trainer resumes from its latest checkpoint, since its run folder has the same name.
+
+What the sweep leaves in the run folder: ``trials.csv`` (one row per trial) and ``trials.png``
+(every trial's curve of the metric, the best one marked). The workload goes on with the best trial.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from jobs.sweep import Distribution, SweepSpec
+from jobs.workload_contract import Demand
+from workloads import storage
+from workloads.entry import BadInput
+from workloads.rayjobs_observe import emit
+from workloads.storage import StoragePath
+from workloads.training.metrics import METRICS_CSV, pyplot, read_metrics_csv, save_figure
+
+TRIALS_CSV = "trials.csv"
+TRIALS_PLOT = "trials.png"
+TRIALS_DIR = "trials"
+TUNE_DIR = "tune"
+
+
+@dataclass
+class TrialOutcome:
+    """How one trial went, read from Tune's result and the trial's own ``metrics.csv``."""
+
+    name: str
+    values: dict[str, Any]
+    status: str  # FINISHED, STOPPED_EARLY or FAILED
+    epochs: int  # epochs it ran
+    best: float | None  # its best value of the sweep's metric
+    run_dir: StoragePath
+    error: str | None = None
+    curve: list[float] = field(default_factory=list)  # the metric, epoch by epoch
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep did: every trial, the best, and the files describing them."""
+
+    trials: list[TrialOutcome]
+    best: TrialOutcome | None
+    trials_csv: StoragePath
+    trials_plot: StoragePath | None
+    concurrency: int
+
+
+def trials_that_fit(per_trial: Demand, resources: dict[str, float]) -> int:
+    """How many trials of ``per_trial`` (a training run's workers) the cluster's ``resources`` hold at once."""
+    fits = [math.floor(resources.get("CPU", 0) / (per_trial.count * per_trial.cpus))] if per_trial.cpus else []
+    if per_trial.gpus:
+        fits.append(math.floor(resources.get("GPU", 0) / (per_trial.count * per_trial.gpus)))
+    for name, amount in per_trial.resources.items():
+        if amount:
+            fits.append(math.floor(resources.get(name, 0) / (per_trial.count * amount)))
+    return min(fits) if fits else 1
+
+
+def sweep_concurrency(sweep: SweepSpec, per_trial: Demand, resources: dict[str, float]) -> int:
+    """Trials to run at once; raises :class:`BadInput` (exit 2), with the figures, when the cluster holds
+    no trial at all or fewer than ``max_concurrent`` asks for."""
+    fits = trials_that_fit(per_trial, resources)
+    needs = f"{per_trial.count} workers × {per_trial.cpus:g} CPU" + (
+        f" and {per_trial.gpus} GPU" if per_trial.gpus else "")
+    has = f"{resources.get('CPU', 0):g} CPUs" + (f" and {resources.get('GPU', 0):g} GPUs" if per_trial.gpus else "")
+    if fits < 1:
+        raise BadInput(f"one trial of the sweep needs {needs}, and the cluster has {has}: no trial fits")
+    if sweep.max_concurrent == "auto":
+        return min(fits, sweep.trial_count())
+    if sweep.max_concurrent > fits:
+        raise BadInput(f"sweep.max_concurrent is {sweep.max_concurrent}, and the cluster holds {fits} trial(s) at "
+                       f"once: one trial needs {needs}, the cluster has {has}")
+    return sweep.max_concurrent
+
+
+def tune_space(sweep: SweepSpec) -> dict[str, Any]:
+    """The sweep's parameters as Tune's search space, keyed by their spec paths."""
+    from ray import tune
+
+    def domain(distribution: Distribution) -> Any:
+        if distribution.choice is not None:
+            return tune.grid_search(distribution.choice) if sweep.search == "grid" else tune.choice(distribution.choice)
+        if distribution.uniform is not None:
+            return tune.uniform(*distribution.uniform)
+        if distribution.loguniform is not None:
+            return tune.loguniform(*distribution.loguniform)
+        low, high = distribution.randint  # type: ignore[misc]
+        return tune.randint(low, high + 1)  # Tune's upper end is excluded; the spec's is included
+
+    return {path: domain(distribution) for path, distribution in sweep.parameters.items()}
+
+
+def trial_name(trial: Any) -> str:
+    """``trial-0003``: a trial's name, the same when the sweep is restored (Tune numbers trials in order)."""
+    return f"trial-{int(str(trial.trial_id).rsplit('_', 1)[-1]):04d}"
+
+
+def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, StoragePath, list[Any]], None],
+              run_dir: StoragePath, per_trial: Demand, epochs: int) -> SweepOutcome:
+    """Run ``sweep`` under ``run_dir`` on the connected cluster, or continue it there; return how it went.
+
+    ``run_trial(values, name, storage, callbacks)`` fits one trial's trainer as run ``name`` under
+    ``storage`` with ``values`` (spec path -> value) applied and ``callbacks`` in its ``RunConfig``.
+    Raises :class:`BadInput` when no trial fits the cluster; a trial that fails is reported and the
+    sweep goes on (see :func:`print_sweep_summary` for a sweep whose every trial failed).
+    """
+    import ray
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    concurrency = sweep_concurrency(sweep, per_trial, ray.cluster_resources())
+    trials_root = run_dir / TRIALS_DIR
+
+    def trainable(config: dict[str, Any]) -> None:
+        name = tune.get_context().get_trial_name()  # trial_name_creator gave it
+        run_trial(dict(config), name, trials_root, [TuneReportCallback()])
+
+    # The trial's function only waits on its trainer, whose workers hold the trial's resources (its
+    # controller, like Train's own, takes no CPU). Tune refuses an empty request: one byte of memory.
+    resources = tune.with_resources(trainable, {"cpu": 0, "memory": 1})
+    path, filesystem = storage.arrow_path(run_dir)
+    tune_path = f"{path.rstrip('/')}/{TUNE_DIR}"
+    reporter = trial_lines(sweep.metric, epochs)
+    if tune.Tuner.can_restore(tune_path, storage_filesystem=filesystem):
+        print(f"Continuing the sweep in {run_dir / TUNE_DIR}: finished trials are not run again.", flush=True)
+        tuner = tune.Tuner.restore(tune_path, resources, resume_unfinished=True, resume_errored=False,
+                                   restart_errored=False, storage_filesystem=filesystem)
+    else:
+        scheduler = None
+        if sweep.asha is not None:
+            from ray.tune.schedulers import ASHAScheduler
+
+            # max_t past the last epoch: a trial that reaches it ends on its own, and its trainer removes its
+            # workers' placement group, where a stop from Tune would kill the trainer mid-way through that.
+            scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs + 1, grace_period=sweep.asha.grace_period,
+                                      reduction_factor=sweep.asha.reduction_factor)
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        tuner = tune.Tuner(
+            resources,
+            param_space=tune_space(sweep),
+            tune_config=tune.TuneConfig(
+                metric=sweep.metric, mode=sweep.mode, num_samples=sweep.samples, scheduler=scheduler,
+                # The generator keeps the limit itself: Tune ignores max_concurrent_trials beside it.
+                search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=concurrency),
+                trial_name_creator=trial_name, trial_dirname_creator=trial_name,
+                # A trial stopped early ends its process, and with it its trainer, whose placement group
+                # Ray then removes; a reused process would keep both.
+                reuse_actors=False),
+            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=path, storage_filesystem=filesystem,
+                                      callbacks=[reporter], verbose=0),
+        )
+    print(f"Sweep: {sweep.trial_count()} trial(s), {concurrency} at a time, up to {epochs} epoch(s) each, "
+          f"choosing by {sweep.metric} ({sweep.mode}).", flush=True)
+    grid = tuner.fit()
+    trials = [_trial_outcome(result, sweep, trials_root, epochs) for result in grid]
+    trials.sort(key=lambda trial: trial.name)
+    finished = [trial for trial in trials if trial.best is not None]
+    best = None
+    if finished:
+        pick = max if sweep.mode == "max" else min
+        best = pick(finished, key=lambda trial: trial.best)
+    trials_csv = run_dir / TRIALS_CSV
+    write_trials_csv(trials_csv, trials, sweep)
+    plot = plot_trials(trials, best, sweep.metric, run_dir / TRIALS_PLOT) if finished else None
+    return SweepOutcome(trials, best, trials_csv, plot, concurrency)
+
+
+def _trial_outcome(result: Any, sweep: SweepSpec, trials_root: StoragePath, epochs: int) -> TrialOutcome:
+    name = _result_trial_name(result)
+    run_dir = trials_root / name
+    rows = read_metrics_csv(run_dir / METRICS_CSV) if storage.exists(run_dir / METRICS_CSV) else []
+    curve = [row[sweep.metric] for row in rows if sweep.metric in row]
+    values = {path: (result.config or {}).get(path) for path in sweep.parameters}
+    ran = len(rows)
+    if result.error is not None:
+        status, error = "FAILED", _first_line(result.error)
+    else:
+        status, error = ("FINISHED" if ran >= _planned_epochs(values, epochs) else "STOPPED_EARLY"), None
+    best = None
+    if curve:
+        best = max(curve) if sweep.mode == "max" else min(curve)
+    return TrialOutcome(name, values, status, ran, best, run_dir, error, curve)
+
+
+def _result_trial_name(result: Any) -> str:
+    # Tune's result carries its trial folder, named by trial_dirname_creator: trial-NNNN.
+    return str(result.path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _planned_epochs(values: dict[str, Any], epochs: int) -> int:
+    swept = values.get("workload.train.epochs")
+    return int(swept) if isinstance(swept, int) else epochs
+
+
+def _first_line(error: BaseException) -> str:
+    from workloads.training.trainer import root_cause
+
+    return root_cause(error)[:300]
+
+
+def write_trials_csv(path: StoragePath, trials: list[TrialOutcome], sweep: SweepSpec) -> None:
+    """``trials.csv``: trial, each parameter, status, epochs run, stopped early or not, best metric, error."""
+    handle = io.StringIO(newline="")
+    columns = ["trial", *sweep.parameters, "status", "epochs", "stopped_early", f"best_{sweep.metric}", "error"]
+    writer = csv.DictWriter(handle, fieldnames=columns)
+    writer.writeheader()
+    for trial in trials:
+        writer.writerow({"trial": trial.name, **trial.values, "status": trial.status, "epochs": trial.epochs,
+                         "stopped_early": trial.status == "STOPPED_EARLY",
+                         f"best_{sweep.metric}": "" if trial.best is None else f"{trial.best:.6g}",
+                         "error": trial.error or ""})
+    storage.write_text(path, handle.getvalue())
+
+
+def plot_trials(trials: list[TrialOutcome], best: TrialOutcome | None, metric: str,
+                out_path: StoragePath) -> StoragePath:
+    """Every trial's ``metric`` by epoch in one PNG, the best trial drawn bold and named in the legend."""
+    plt = pyplot()
+    fig, axis = plt.subplots(figsize=(7, 4))
+    for trial in trials:
+        if not trial.curve:
+            continue
+        is_best = best is not None and trial.name == best.name
+        axis.plot(range(1, len(trial.curve) + 1), trial.curve, marker="o", linewidth=2.5 if is_best else 1,
+                  alpha=1 if is_best else 0.5, label=f"{trial.name} (best)" if is_best else trial.name)
+    axis.set_xlabel("epoch")
+    axis.set_ylabel(metric)
+    axis.set_title(f"{metric} of every trial")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    save_figure(fig, out_path)
+    plt.close(fig)
+    return out_path
+
+
+def trial_table(outcome: SweepOutcome, sweep: SweepSpec) -> str:
+    """The trials as a text table, best first by the sweep's metric (failed trials last)."""
+    def order(trial: TrialOutcome) -> tuple[int, float]:
+        if trial.best is None:
+            return (1, 0.0)
+        return (0, -trial.best if sweep.mode == "max" else trial.best)
+
+    headers = ["trial", *(path.removeprefix("workload.") for path in sweep.parameters), "status", "epochs",
+               sweep.metric]
+    rows = [[trial.name, *(_short(trial.values.get(path)) for path in sweep.parameters), trial.status,
+             str(trial.epochs), "-" if trial.best is None else f"{trial.best:.4f}"]
+            for trial in sorted(outcome.trials, key=order)]
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                     for row in [headers, *rows])
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def trial_lines(metric: str, epochs: int) -> Any:
+    """A Tune callback that prints one line per trial event and sends it as a progress event."""
+    from ray.tune import Callback
+
+    class TrialLines(Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            values = ", ".join(f"{path.removeprefix('workload.')}={_short(value)}"
+                               for path, value in sorted(trial.config.items()))
+            print(f"Trial {trial_name(trial)} started: {values}", flush=True)
+            emit("trial", trial=trial_name(trial), state="started", values=dict(trial.config))
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            value = result.get(metric)
+            number = value if isinstance(value, (int, float)) else None
+            shown = "-" if number is None else f"{number:.4f}"
+            print(f"Trial {trial_name(trial)}: epoch {result.get('epoch', '?')}/{epochs}, {metric} {shown}",
+                  flush=True)
+            emit("trial", trial=trial_name(trial), state="running", epoch=result.get("epoch"), metric=number)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            print(f"Trial {trial_name(trial)} ended", flush=True)
+            emit("trial", trial=trial_name(trial), state="ended")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            print(f"Trial {trial_name(trial)} failed; the sweep goes on", flush=True)
+            emit("trial", trial=trial_name(trial), state="failed")
+
+    return TrialLines()
