@@ -97,6 +97,10 @@ BENCHMARKS = [
         Run("progress_overhead.py", ["--rounds", "3", "--epochs", "4"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 9),
+    Benchmark("sweep_overhead", [
+        Run("sweep_overhead.py", ["--rounds", "3", "--epochs", "4"],
+            ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
+    ], 9),
     Benchmark("follower_events", [
         # 2,000 events in 5 minutes: six times the rate of the same events over a 30-minute run.
         Run("follower_events.py", ["--events", "2000", "--seconds", "300"], ["--events", "50", "--seconds", "5"]),

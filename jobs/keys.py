@@ -4,6 +4,8 @@
 WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
 # And the one that carries its validated ``sweep`` block, when it has one.
 SWEEP_ENV_VAR = "RAYJOBS_SWEEP"
+# And the one that carries its ``tracking`` block.
+TRACKING_ENV_VAR = "RAYJOBS_TRACKING"
 
 # Job metadata rayjobs adds to every submission.
 METADATA_NAME = "rayjobs.name"

@@ -28,6 +28,7 @@ from jobs.object_store import uri_scheme
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 from jobs.strict import StrictModel
 from jobs.sweep import SweepSpec
+from jobs.tracking import TrackingSpec
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -269,6 +270,8 @@ class JobSpec(StrictModel):
     workload: dict[str, Any] | None = Field(
         None, description="Parameters of the program the entrypoint runs; 'kind' names its parameter model."
     )
+    tracking: TrackingSpec | None = Field(
+        None, description="Where the job records its training runs: tracking.mlflow (tracking_uri, experiment).")
     sweep: SweepSpec | None = Field(
         None, description="A hyperparameter sweep of the workload's fields, run as one job with Ray Tune: "
         "each trial trains with its own values, the best trial's checkpoint goes on to inference.")

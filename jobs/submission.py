@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.keys import (EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, RECORD_ENV_VAR,
-                       SWEEP_ENV_VAR, WORKLOAD_ENV_VAR)
+                       SWEEP_ENV_VAR, TRACKING_ENV_VAR, WORKLOAD_ENV_VAR)
 from jobs.object_store import uri_scheme
 from jobs.provenance import code_provenance
 from jobs.secrets import masked_runtime_env
@@ -74,6 +74,9 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
         if spec.sweep is not None:
             env_vars[SWEEP_ENV_VAR] = json.dumps(spec.sweep.model_dump(mode="json", exclude_none=True),
                                                  sort_keys=True)
+        if spec.tracking is not None and spec.tracking.mlflow is not None:
+            env_vars[TRACKING_ENV_VAR] = json.dumps(spec.tracking.model_dump(mode="json", exclude_none=True),
+                                                    sort_keys=True)
     ships_code = bool(local_runtime_paths(runtime_env))
     if ships_code and spec.progress:
         add_progress_channel(runtime_env)

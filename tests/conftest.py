@@ -68,13 +68,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     "a test is of one tier")
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
-        elif used & RAY_FIXTURES:
+        elif used & RAY_FIXTURES or "mlflow_tracking" in used:
+            # A local service either way: the MLflow server starts in seconds, not in the fast tier's milliseconds.
             item.add_marker(pytest.mark.ray)
         # Under `-n 2`, the tests that share a session-scoped Ray (the cluster, or the in-process one with
         # its trained tiny run) go to one test process each, so neither is started twice; the rest spread.
         if uses_session_cluster(item):
             item.add_marker(pytest.mark.xdist_group("session-cluster"))
-        elif used & RAY_FIXTURES:
+        elif used & RAY_FIXTURES or "mlflow_tracking" in used:
+            # The MLflow server is started once too: its tests go with the in-process Ray's (the sweep's among them).
             item.add_marker(pytest.mark.xdist_group("in-process-ray"))
         elif item.get_closest_marker("cluster"):
             # A module that starts its own cluster shares it between its tests (module-scoped fixtures).
@@ -217,6 +219,16 @@ def tiny_run(workload_ray: None, tmp_path_factory: pytest.TempPathFactory) -> It
     directory = tmp_path_factory.mktemp("tiny-run")
     yield train_tiny_run(directory)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real MLflow tracking server on loopback (SQLite store), shared by the session's tracking tests."""
+    pytest.importorskip("mlflow", reason="MLflow's client and server come with the dev extra")
+    from tests.support.mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,7 @@ def test_json_output_keeps_stdout_parsable(rj, tmp_path):
     assert summary["progress"] == {"stage": None, "epoch": None, "epochs": None, "iterations": 0, "metrics": {},
                                    "attempts": 0, "nodes": None, "restarts": [], "training_state": None,
                                    "seconds_per_epoch": None, "counts": {}, "events": 0, "step": None,
-                                   "steps": None}
+                                   "steps": None, "trials": {}}
 
 
 def test_no_wait_then_logs_follow(rj, tmp_path):

@@ -211,6 +211,23 @@ def test_hello_gets_a_small_worker_group_and_a_note(rayjob_schema):
     assert "note: workload 'hello' does not say how many workers it needs" in stderr
 
 
+@pytest.mark.parametrize(("max_concurrent", "replicas", "note"), [
+    ("3", 6, None), ("auto", 8, "the sweep's max_concurrent is auto: the worker group is sized for 4 trial(s)")])
+def test_a_sweep_gets_workers_for_the_trials_it_runs_at_once(tmp_path, rayjob_schema, max_concurrent, replicas, note):
+    spec = tmp_path / "swept.yaml"
+    spec.write_text("name: swept\nentrypoint: python -m workloads.vision\n"
+                    "runtime_env:\n  working_dir: s3://bucket/_ray_pkg_0123456789abcdef.zip\n"
+                    "workload:\n  kind: vision\n  stages: [train]\n  train: {num_workers: 2, cpus_per_worker: 1}\n"
+                    f"sweep:\n  metric: val_loss\n  mode: min\n  samples: 4\n  max_concurrent: {max_concurrent}\n"
+                    "  parameters:\n    workload.train.lr: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    code, manifest, stderr = export(str(spec))
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    group = worker_group(manifest)
+    assert group["replicas"] == replicas and container(group)["resources"]["limits"]["cpu"] == "1"
+    assert (note in stderr) if note else "max_concurrent is auto" not in stderr
+
+
 def test_fields_without_a_rayjob_equivalent_are_named_in_warnings(tmp_path, rayjob_schema):
     spec = tmp_path / "unmapped.yaml"
     spec.write_text(

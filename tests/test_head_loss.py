@@ -18,6 +18,7 @@ from runner.local import cluster_processes, loopback_env
 from runner.local import start as start_local_cluster
 from runner.local import stop as stop_local_cluster
 from tests.support.cli import cli_env
+from tests.support.ray_instances import kill_processes
 from tests.support.waiting import wait_for_condition
 from tests.support.fault_proxy import FaultProxy
 from tests.support.cli import CliRun
@@ -38,8 +39,7 @@ def test_killed_head_then_a_head_that_does_not_know_the_job(ray_cluster, tmp_pat
             run = CliRun(["submit", str(spec), "--address", proxy.address, "--give-up-after", "60"], env)
             try:
                 run.wait_for_stdout("job started")
-                for process in cluster_processes(doomed):
-                    process.kill()
+                kill_processes(cluster_processes(doomed))
                 wait_for_condition(lambda: "lost contact with the cluster" in run.stderr, timeout_s=30)
                 proxy.upstream_port = urllib.parse.urlsplit(ray_cluster.dashboard_url).port
                 code = run.finish(timeout_s=90)

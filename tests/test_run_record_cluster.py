@@ -15,6 +15,7 @@ from runner.local.state import LocalCluster
 from runner.runs.report import LOST, run_status
 from runner.runs.store import Folder, attempt_log, read_run
 from tests.support.cli import cli_env, run_rayjobs
+from tests.support.ray_instances import kill_processes
 from tests.support.s3_server import aws_variables, create_bucket
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
@@ -71,8 +72,7 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
 
             victims = _cluster_processes(cluster)
             assert any("rayjobs_observe.record" in " ".join(p.cmdline()) for p in victims), "the keeper dies too"
-            for process in victims:
-                process.kill()
+            kill_processes(victims)
             psutil.wait_procs(victims, timeout=HANG_GUARD_S)
             written = driver_log.read_bytes()
             document, saved = read_run(run), attempt_log(run, job_id)

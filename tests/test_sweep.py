@@ -3,13 +3,15 @@
 One small grid sweep of the quickstart on generated images proves what a user relies on: each trial
 trains in its own run folder with its own values, a trial that fails is reported while the sweep goes
 on, the best trial is chosen by the metric and its checkpoint goes on to inference, trials.csv and
-trials.png describe every trial, no placement group outlives the sweep, and the same sweep submitted
-again runs no finished trial again.
+trials.png describe every trial, no placement group outlives the sweep, MLflow (a real server on
+loopback) has the sweep as a parent run with one child run per trial (not one per worker), and the
+same sweep submitted again runs no finished trial again and continues the same MLflow runs.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import yaml
@@ -44,11 +46,17 @@ def run_sweep_in_process(document: dict) -> dict:
     return run_stages(loaded.workload, loaded.spec.sweep)
 
 
-def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the_best(workload_ray, tmp_path,
-                                                                                     capsys):
+def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the_best(workload_ray, mlflow_tracking,
+                                                                                     monkeypatch, tmp_path, capsys):
     import ray
 
+    from jobs.keys import TRACKING_ENV_VAR
+
     document, run_dir = sweep_spec(tmp_path)
+    tracking = {"mlflow": {"tracking_uri": mlflow_tracking.uri, "experiment": f"sweep-{tmp_path.name}"}}
+    document["tracking"] = tracking
+    # What the job's environment holds (rayjobs sets it from the spec's tracking block).
+    monkeypatch.setenv(TRACKING_ENV_VAR, json.dumps(tracking))
     produced = run_sweep_in_process(document)
     printed = capsys.readouterr().out
 
@@ -80,10 +88,28 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     wait_for_condition(lambda: all(group["state"] == "REMOVED"
                                    for group in ray.util.placement_group_table().values()), timeout_s=60)
 
+    # MLflow: the sweep's run, and under it one run per trial, whatever the number of workers.
+    client = mlflow_tracking.client()
+    experiment_id = client.get_experiment_by_name(f"sweep-{tmp_path.name}").experiment_id
+    runs = {run.data.tags["rayjobs.run_dir"]: run for run in client.search_runs([experiment_id])}
+    assert set(runs) == {str(run_dir), str(good.run_dir), str(failed.run_dir)}
+    parent, good_run, failed_run = runs[str(run_dir)], runs[str(good.run_dir)], runs[str(failed.run_dir)]
+    assert good_run.data.tags["mlflow.parentRunId"] == failed_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert (good_run.info.status, failed_run.info.status, parent.info.status) == ("FINISHED", "FAILED", "FINISHED")
+    assert good_run.data.params["train.lr"] == str(GOOD_LR) and good_run.data.params["train.num_workers"] == "2"
+    history = client.get_metric_history(good_run.info.run_id, "val_accuracy")
+    assert [(point.step, point.value) for point in history] == [(int(row["epoch"]), row["val_accuracy"])
+                                                                for row in rows]
+    assert {artifact.path for artifact in client.list_artifacts(good_run.info.run_id)} >= {"metrics.csv",
+                                                                                           "loss_curve.png"}
+    assert {artifact.path for artifact in client.list_artifacts(parent.info.run_id)} == {"trials.csv", "trials.png"}
+    assert parent.data.tags["rayjobs.best_trial"] == "trial-0000"
+
     # The same sweep again: Tune's state in the run folder says what is done; nothing trains again.
-    again = run_sweep_in_process(sweep_spec(tmp_path)[0])
+    again = run_sweep_in_process(document)
     printed = capsys.readouterr().out
     assert "Continuing the sweep" in printed and "Trial trial-0000 started" not in printed
     assert [(trial.name, trial.status) for trial in again["sweep"].trials] == [
         ("trial-0000", "FINISHED"), ("trial-0001", "FAILED")]
     assert read_metrics_csv(good.run_dir / "metrics.csv") == rows
+    assert len(client.search_runs([experiment_id])) == 3, "the sweep's MLflow run is continued, not started again"

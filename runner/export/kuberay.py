@@ -14,7 +14,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from jobs.loader import LoadedSpec
 from jobs.object_store import uri_scheme
 from jobs.secrets import looks_secret
 from jobs.submission import local_runtime_paths
+from jobs.sweep import SweepSpec
 from jobs.workload_contract import Demand, workload_needs
 from runner.errors import BadInput
 
@@ -44,6 +45,8 @@ HEAD_MEMORY_GIB = 8
 # The spec says how many CPUs a worker takes, never how much memory: this is the rule used.
 MEMORY_PER_CPU_GIB = 4
 DEFAULT_WORKER_CPUS = 2
+# Trials a sweep with max_concurrent: auto gets a cluster for, at most: a wider sweep waits its turn.
+AUTO_SWEEP_TRIALS_SIZED = 8
 GPU_RESOURCE = "nvidia.com/gpu"
 HEAD_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)]
 
@@ -187,9 +190,26 @@ def size_worker_group(demands: list[Demand]) -> WorkerGroup:
     return WorkerGroup(replicas, cpus, MEMORY_PER_CPU_GIB * cpus, gpus)
 
 
+def sweep_demand(training: Demand, sweep: SweepSpec, result: Export) -> Demand:
+    """The training phase of a sweep: as many trials' workers at once as the sweep runs at once.
+
+    ``max_concurrent: auto`` runs as many trials as fit the cluster, so the cluster is sized for all of
+    them (capped at 8, and said); a number sizes it for that many.
+    """
+    at_once = sweep.max_concurrent if sweep.max_concurrent != "auto" else min(sweep.trial_count(),
+                                                                                AUTO_SWEEP_TRIALS_SIZED)
+    if sweep.max_concurrent == "auto":
+        result.notes.append(f"the sweep's max_concurrent is auto: the worker group is sized for {at_once} trial(s) "
+                            f"at once (of {sweep.trial_count()}); set sweep.max_concurrent to size it otherwise")
+    return replace(training, count=training.count * at_once)
+
+
 def _cluster_spec(loaded: LoadedSpec, image: str | None, result: Export) -> dict[str, Any]:
     spec = loaded.spec
     demands = list(workload_needs(loaded.workload).demands)
+    if spec.sweep is not None:
+        demands = [sweep_demand(demand, spec.sweep, result) if demand.phase == "training" else demand
+                   for demand in demands]
     if demands:
         group = size_worker_group(demands)
         sized_by = "; ".join(f"{d.phase} {d.count} x {_number(d.cpus)} CPU" + (f" + {d.gpus} GPU" if d.gpus else "")

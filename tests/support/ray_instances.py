@@ -58,3 +58,13 @@ def driver_env_joining_this_ray(**extra: str) -> dict[str, str]:
     if ray.is_initialized():
         env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     return env
+
+
+def kill_processes(processes: list[Any]) -> None:
+    """SIGKILL each of ``processes`` (``psutil.Process``), as a machine losing power would; one that ended since it
+    was listed (a short-lived helper of the cluster) is skipped."""
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()

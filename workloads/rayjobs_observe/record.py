@@ -47,6 +47,7 @@ _POLL_S = 0.25
 # How long the entrypoint's orphaned processes may go on writing to the log after its shell has ended.
 _ORPHANS_GRACE_S = 5.0
 _PR_SET_CHILD_SUBREAPER = 36
+_ORPHAN_UPLOAD_S = 0.5
 
 
 def main(argv: list[str]) -> int:
@@ -77,9 +78,11 @@ def main(argv: list[str]) -> int:
     outcome = "STOPPED" if stop_signal else ("SUCCEEDED" if code == 0 else "FAILED")
     if recorder is not None:
         recorder.upload(outcome, exit_code=code)
-    # Uploaded first, since a stopped job's processes are all killed a few seconds after the stop signal.
-    if adopts_orphans and _wait_for_orphans(time.monotonic() + _ORPHANS_GRACE_S) and recorder is not None:
-        recorder.upload(outcome, exit_code=code)
+    if adopts_orphans:
+        # Uploaded first and then as the log grows: Ray kills what is left of a stopped job a few
+        # seconds after its stop signal, and a driver shutting down takes about that long.
+        upload = (lambda: recorder.upload(outcome, exit_code=code)) if recorder is not None else None
+        _wait_for_orphans(time.monotonic() + _ORPHANS_GRACE_S, upload)
     if code < 0:
         # Die of the entrypoint's signal, so that Ray sees what it would have seen without this wrapper.
         signal.signal(-code, signal.SIG_DFL)
@@ -325,21 +328,24 @@ def _become_subreaper() -> bool:
         return False
 
 
-def _wait_for_orphans(deadline: float) -> bool:
-    """Reap the adopted processes until none is left or ``deadline`` passes (a daemon may outlive the job).
-
-    Returns whether there were any.
-    """
+def _wait_for_orphans(deadline: float, upload: Any = None) -> None:
+    """Reap the adopted processes until none is left or ``deadline`` passes (a daemon may outlive the job),
+    calling ``upload`` every half second meanwhile and once when the last one has ended."""
+    next_upload = time.monotonic() + _ORPHAN_UPLOAD_S
     adopted = False
     while time.monotonic() < deadline:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return adopted
+            break
         adopted = True
         if pid == 0:
             time.sleep(0.05)
-    return adopted
+        if upload is not None and time.monotonic() >= next_upload:
+            upload()
+            next_upload = time.monotonic() + _ORPHAN_UPLOAD_S
+    if adopted and upload is not None:
+        upload()
 
 
 def _default_run_dir(config: dict[str, Any], job_metadata: dict[str, Any]) -> str:

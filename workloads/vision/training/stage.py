@@ -38,6 +38,7 @@ from workloads.vision.training.recipe import divergence_message
 
 if TYPE_CHECKING:
     from jobs.sweep import SweepSpec
+    from workloads.training.tracking import MlflowRun
     from workloads.training.sweep import SweepOutcome
     from workloads.vision.reading.manifest import DatasetInfo
 
@@ -74,11 +75,13 @@ def outcome_from_disk(run_dir: StoragePath, trained: list[int], skipped: bool) -
     )
 
 
-def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] | None = None) -> TrainingOutcome:
+def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] | None = None,
+                 tracking_parent: MlflowRun | None = None) -> TrainingOutcome:
     """Train (or continue training) ``params.run_name`` on the preprocessed dataset ``info`` describes.
 
-    Needs a connected Ray cluster. ``callbacks`` go to the trainer's ``RunConfig``. Raises
-    :class:`TrainingError` with a readable message for problems the user can fix.
+    Needs a connected Ray cluster. ``callbacks`` go to the trainer's ``RunConfig``. With ``tracking.mlflow``
+    in the spec the run is recorded in MLflow; a sweep's trial is recorded as a child of ``tracking_parent``.
+    Raises :class:`TrainingError` with a readable message for problems the user can fix.
     """
     import ray
 
@@ -135,13 +138,25 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
             raise TrainingError(shortfall)
         data_options = {"datasets": training_datasets(dataset_root, layout, cfg),
                         "dataset_config": ExactValidationDataConfig()}
-    result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, "val_accuracy",
-                 callbacks, **data_options)
-    returned = getattr(result, "return_value", None) or {}
-    if "diverged" in returned:
-        raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
+    from workloads.training.tracking import MlflowRun
+
+    tracked = MlflowRun.open(run_dir, params.run_name, params.model_dump(mode="json"),
+                             *((tracking_parent.run_id, tracking_parent.settings) if tracking_parent else ()))
+    try:
+        result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, "val_accuracy",
+                     [*(callbacks or []), *([tracked.reporter()] if tracked else [])], **data_options)
+        returned = getattr(result, "return_value", None) or {}
+        if "diverged" in returned:
+            raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
+    except TrainingError:
+        if tracked:
+            tracked.close("FAILED")
+        raise
     outcome = outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
     outcome.worker_nodes = list(returned.get("worker_nodes", []))
+    if tracked:
+        tracked.log_artifacts([outcome.metrics_csv, outcome.loss_curve])
+        tracked.close("FINISHED")
     return outcome
 
 
@@ -175,8 +190,18 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
     """
     from workloads.training.sweep import TRIALS_DIR, run_sweep, trial_table
 
-    outcome = run_sweep(sweep, partial(_run_trial, params.model_dump(mode="json"), info), params.run_dir,
-                        params.train.demand("training", "train"), params.train.epochs)
+    from workloads.training.tracking import MlflowRun
+
+    parent = MlflowRun.open(params.run_dir, params.run_name, {**params.model_dump(mode="json"),
+                                                              "sweep": sweep.model_dump(mode="json")})
+    outcome = run_sweep(sweep, partial(_run_trial, params.model_dump(mode="json"), info, parent),
+                        params.run_dir, params.train.demand("training", "train"), params.train.epochs)
+    if parent:
+        parent.log_artifacts([outcome.trials_csv, outcome.trials_plot])
+        if outcome.best is not None and outcome.best.best is not None:
+            parent.log_metrics({f"best_{sweep.metric}": outcome.best.best}, step=0)
+        parent.close("FINISHED" if outcome.best is not None else "FAILED",
+                     {"rayjobs.best_trial": outcome.best.name} if outcome.best else None)
     print(f"\nTrials (best first by {sweep.metric}):\n{trial_table(outcome, sweep)}", flush=True)
     print(f"Trials: {outcome.trials_csv}" + (f"; curves: {outcome.trials_plot}" if outcome.trials_plot else ""),
           flush=True)
@@ -200,6 +225,6 @@ def trial_params(document: dict[str, Any], values: dict[str, Any], name: str,
     return VisionParams.model_validate(applied)
 
 
-def _run_trial(document: dict[str, Any], info: DatasetInfo, values: dict[str, Any], name: str,
-               trials_root: StoragePath, callbacks: list[Any]) -> None:
-    run_training(trial_params(document, values, name, trials_root), info, callbacks)
+def _run_trial(document: dict[str, Any], info: DatasetInfo, tracking_parent: MlflowRun | None,
+               values: dict[str, Any], name: str, trials_root: StoragePath, callbacks: list[Any]) -> None:
+    run_training(trial_params(document, values, name, trials_root), info, callbacks, tracking_parent)

@@ -1,0 +1,99 @@
+"""Recording runs in MLflow (workloads/training/tracking.py) against a real tracking server on loopback.
+
+What a training run sends is the sweep test's (tests/test_sweep.py, one MLflow run per trial with two
+workers); here, what must hold whatever the server does: a server down at start is one line and the
+job runs on, a server that goes out of reach mid-run (a proxy between the job and the server resets
+every connection) loses nothing (metrics kept in the run folder and sent when it is back), and an
+attempt that starts again continues its run. Plus the spec's side: the block's checks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from jobs.errors import SpecError
+from jobs.keys import TRACKING_ENV_VAR
+from jobs.loader import validate_spec_data
+from tests.support.cli import REPO_ROOT
+from tests.support.fault_proxy import FaultProxy
+from tests.support.mlflow_server import free_port
+
+pytest.importorskip("mlflow", reason="MLflow's client comes with the dev extra (rayjobs[mlflow])")
+
+QUICKSTART = REPO_ROOT / "specs" / "quickstart.yaml"
+
+
+def test_a_server_down_at_start_is_one_line_and_the_run_goes_on_untracked(tmp_path, capsys):
+    from workloads.training.tracking import MlflowRun
+
+    down = f"http://127.0.0.1:{free_port()}"
+    assert MlflowRun.open(tmp_path / "run", "run", {"train": {"lr": 0.1}},
+                          settings={"tracking_uri": down, "experiment": "down"}) is None
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"rayjobs: MLflow at {down} could not start the run (")
+
+
+def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_the_run(mlflow_tracking, tmp_path,
+                                                                                        capsys):
+    from workloads.training.tracking import UNSENT_FILE, MlflowRun
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    experiment = f"tracking-{tmp_path.name}"
+    with FaultProxy(mlflow_tracking.port) as proxy:
+        through_proxy = {"tracking_uri": proxy.address, "experiment": experiment}
+        run = MlflowRun.open(run_dir, "tracked", {"train": {"lr": 0.1, "epochs": 3}, "stages": ["train"]},
+                             settings=through_proxy)
+        assert run is not None
+        reporter = run.reporter()  # as the Train controller holds it
+        reporter.after_report(None, [{"epoch": 1, "val_loss": 0.9}, {"epoch": 1, "val_loss": 0.9}], None)
+
+        proxy.outage(3600)
+        reporter.after_report(None, [{"epoch": 2, "val_loss": 0.5}, {"epoch": 2, "val_loss": 0.5}], None)
+        reporter.after_report(None, [{"epoch": 3, "val_loss": 0.3}, {"epoch": 3, "val_loss": 0.3}], None)
+        said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rayjobs: MLflow")]
+        assert len(said) == 1 and "could not log metrics" in said[0] and str(run_dir / UNSENT_FILE) in said[0]
+        kept = [json.loads(line) for line in (run_dir / UNSENT_FILE).read_text().splitlines()]
+        assert [entry["step"] for entry in kept] == [2, 3]
+
+        proxy.end_outage()
+        # The driver ends the run; what the controller could not send goes first.
+        MlflowRun(run.settings, run_dir, run.run_id).close("FINISHED")
+    assert not (run_dir / UNSENT_FILE).exists()
+    client = mlflow_tracking.client()
+    history = client.get_metric_history(run.run_id, "val_loss")
+    assert [(point.step, point.value) for point in history] == [(1, 0.9), (2, 0.5), (3, 0.3)]
+    recorded = client.get_run(run.run_id)
+    assert recorded.info.status == "FINISHED"
+    assert recorded.data.params["train.lr"] == "0.1" and recorded.data.params["stages"] == '["train"]'
+    assert recorded.data.tags["rayjobs.run_dir"] == str(run_dir)
+
+    # A later attempt of the same run folder continues the same MLflow run.
+    again = MlflowRun.open(run_dir, "tracked", {"train": {"lr": 0.1, "epochs": 4}},
+                           settings={"tracking_uri": mlflow_tracking.uri, "experiment": experiment})
+    assert again is not None and again.run_id == run.run_id
+    assert client.get_run(run.run_id).data.params["train.epochs"] == "3", "a parameter keeps its first value"
+    assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
+
+
+def test_the_tracking_block_is_checked_and_reaches_the_job():
+    from jobs.submission import build_submission
+
+    document = yaml.safe_load(QUICKSTART.read_text())
+    document["tracking"] = {"mlflow": {"tracking_uri": "mlflow.internal:5000", "experiment": "food"}}
+    with pytest.raises(SpecError, match="is not a tracking server's address: write http"):
+        validate_spec_data(dict(document), QUICKSTART)
+    document["tracking"]["mlflow"]["tracking_uri"] = "http://mlflow.internal:5000/"
+    loaded = validate_spec_data(document, QUICKSTART)
+    submission = build_submission(loaded)
+    sent = json.loads(submission["runtime_env"]["env_vars"][TRACKING_ENV_VAR])
+    assert sent == {"mlflow": {"tracking_uri": "http://mlflow.internal:5000", "experiment": "food"}}
+
+    # MLflow's own credential variables are masked like every secret.
+    from jobs.secrets import masked
+
+    submission["runtime_env"]["env_vars"]["MLFLOW_TRACKING_TOKEN"] = "s3cr3t"
+    assert masked(submission)["runtime_env"]["env_vars"]["MLFLOW_TRACKING_TOKEN"] != "s3cr3t"

@@ -1,0 +1,227 @@
+"""Recording a training run in MLflow: one MLflow run per training run, never one per rank.
+
+The driver opens the run (or continues the one an earlier attempt of the same run folder left, found
+by its ``rayjobs.run_dir`` tag), with the workload's parameters flattened and tags naming the spec,
+submission, attempt and commit. The Ray Train controller logs every report once, with the epoch as
+its step (:class:`MlflowReporter`, a ``UserCallback``: it runs in the controller, which sees each
+report once all ranks made it). The driver adds the plots and ``metrics.csv`` at the end. A sweep is
+a parent run with a child run per trial.
+
+Tracking never fails the job: a server that cannot be reached is said once, in one line, and the job
+runs on; metrics that could not be sent are kept in ``<run>/mlflow-unsent.jsonl`` and sent with the
+next ones that go through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Iterable
+
+from ray.train import UserCallback
+
+from jobs.keys import METADATA_ATTEMPT, METADATA_SPEC_HASH, RECORD_ENV_VAR, TRACKING_ENV_VAR
+from workloads import storage
+from workloads.storage import StoragePath
+
+UNSENT_FILE = "mlflow-unsent.jsonl"
+RUN_DIR_TAG = "rayjobs.run_dir"
+# MLflow's client retries a failed request for minutes by default; a job must not wait on it that long.
+_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+_PARAM_CHARS = 6000  # MLflow's limit on a parameter's value
+
+
+def mlflow_settings() -> dict[str, str] | None:
+    """``tracking.mlflow`` of the job's spec (``tracking_uri``, ``experiment``), or None when it tracks nothing."""
+    encoded = os.environ.get(TRACKING_ENV_VAR)
+    if not encoded:
+        return None
+    return (json.loads(encoded) or {}).get("mlflow")
+
+
+def flat_params(document: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"train": {"lr": 0.1}}`` as ``{"train.lr": "0.1"}``: MLflow's parameters are flat text."""
+    flat: dict[str, str] = {}
+    for key, value in document.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flat_params(value, name + "."))
+        else:
+            flat[name] = (json.dumps(value) if isinstance(value, (list, bool)) or value is None
+                          else str(value))[:_PARAM_CHARS]
+    return flat
+
+
+def job_tags() -> dict[str, str]:
+    """What Ray and rayjobs tell the job about itself: spec hash, submission id, attempt, git commit."""
+    tags: dict[str, str] = {}
+    try:
+        metadata = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("metadata") or {}
+        record = json.loads(os.environ.get(RECORD_ENV_VAR) or "{}")
+    except ValueError:
+        return tags
+    for key, tag in ((METADATA_SPEC_HASH, "rayjobs.spec_hash"), ("job_submission_id", "rayjobs.submission_id"),
+                     (METADATA_ATTEMPT, "rayjobs.attempt")):
+        if metadata.get(key):
+            tags[tag] = str(metadata[key])
+    commit = ((record.get("code") or {}).get("git") or {}).get("commit")
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+class MlflowRun:
+    """One MLflow run, as the driver and the Train controller both write to it. Picklable."""
+
+    def __init__(self, settings: dict[str, str], run_dir: StoragePath, run_id: str | None = None) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.pending: list[dict[str, Any]] = []  # metrics not sent yet: {"metrics": {...}, "step": n}
+        self.warned = False
+
+    @classmethod
+    def open(cls, run_dir: StoragePath, name: str, params: dict[str, Any], parent_run_id: str | None = None,
+             settings: dict[str, str] | None = None) -> MlflowRun | None:
+        """The MLflow run of ``run_dir``: continued when an earlier attempt made one, else started; None when the
+        job tracks nothing or the server cannot be reached at start (said once; the job runs on)."""
+        settings = settings if settings is not None else mlflow_settings()
+        if not settings:
+            return None
+        run = cls(settings, run_dir)
+        run.run_id = run._call(lambda client: run._start(client, name, params, parent_run_id), "start the run")
+        return run if run.run_id else None
+
+    def reporter(self) -> MlflowReporter:
+        """The Ray Train callback that logs each report to this run."""
+        return MlflowReporter(self)
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        """Send the numeric ``metrics`` at ``step``, after any that could not be sent before."""
+        numbers = {key: float(value) for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        self.pending.append({"metrics": numbers, "step": int(step)})
+        if self._call(self._send_pending, "log metrics") is None:
+            self._keep_unsent()
+
+    def log_artifacts(self, paths: Iterable[StoragePath | None]) -> None:
+        """Upload the files among ``paths`` that exist (plots, ``metrics.csv``) to the run."""
+        for path in paths:
+            local = storage.local_path(path) if path is not None else None
+            if local is not None and local.is_file():
+                self._call(lambda client, file=local: client.log_artifact(self.run_id, str(file)),
+                           f"upload {local.name}")
+
+    def close(self, status: str, tags: dict[str, str] | None = None) -> None:
+        """End the run as ``FINISHED`` or ``FAILED``, sending what is still pending first."""
+        def end(client: Any) -> bool:
+            self._send_pending(client)
+            for key, value in (tags or {}).items():
+                client.set_tag(self.run_id, key, value)
+            client.set_terminated(self.run_id, status)
+            return True
+
+        self.pending = self._read_unsent() + self.pending  # what the Train controller could not send
+        if self._call(end, "end the run") is None:
+            self._keep_unsent()
+
+    def _start(self, client: Any, name: str, params: dict[str, Any], parent_run_id: str | None) -> str:
+        experiment = client.get_experiment_by_name(self.settings["experiment"])
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else client.create_experiment(self.settings["experiment"]))
+        tags = {RUN_DIR_TAG: str(self.run_dir), **job_tags()}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{self.run_dir}'",
+                                   max_results=1)
+        if found:
+            run = found[0]
+            client.update_run(run.info.run_id, status="RUNNING")
+            print(f"MLflow: continuing run {run.info.run_id} of experiment {self.settings['experiment']!r}",
+                  flush=True)
+        else:
+            run = client.create_run(experiment_id, run_name=name, tags=tags)
+            print(f"MLflow: run {run.info.run_id} in experiment {self.settings['experiment']!r} at "
+                  f"{self.settings['tracking_uri']}", flush=True)
+        from mlflow.entities import Param
+
+        logged = run.data.params if found else {}
+        # A parameter cannot change in MLflow: a continued run keeps the values it started with.
+        new = [Param(key, value) for key, value in flat_params(params).items() if key not in logged]
+        for start in range(0, len(new), 100):
+            client.log_batch(run.info.run_id, params=new[start:start + 100])
+        for key, value in tags.items():
+            if found:
+                client.set_tag(run.info.run_id, key, value)
+        return run.info.run_id
+
+    def _send_pending(self, client: Any) -> bool:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        while self.pending:
+            entry = self.pending[0]
+            client.log_batch(self.run_id, metrics=[Metric(key, value, now, entry["step"])
+                                                   for key, value in entry["metrics"].items()])
+            self.pending.pop(0)
+        self._forget_unsent()
+        return True
+
+    def _call(self, action: Any, what: str) -> Any:
+        for name, value in _CLIENT_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        try:
+            from mlflow.tracking import MlflowClient
+
+            return action(MlflowClient(self.settings["tracking_uri"]))
+        except Exception as exc:  # noqa: BLE001 - tracking must never fail the job
+            if not self.warned:
+                self.warned = True
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                print(f"rayjobs: MLflow at {self.settings['tracking_uri']} could not {what} ({reason}); the job runs "
+                      f"on, and metrics not sent are kept in {self.run_dir / UNSENT_FILE} and sent later",
+                      file=sys.stderr, flush=True)
+            return None
+
+    def _keep_unsent(self) -> None:
+        if not self.pending:
+            return
+        try:
+            storage.write_text(self.run_dir / UNSENT_FILE, "".join(json.dumps(entry) + "\n" for entry in self.pending))
+        except Exception:  # noqa: BLE001 - the run's storage is another failure's business
+            pass
+
+    def _read_unsent(self) -> list[dict[str, Any]]:
+        try:
+            if storage.exists(self.run_dir / UNSENT_FILE):
+                return [json.loads(line) for line in storage.read_text(self.run_dir / UNSENT_FILE).splitlines() if line]
+        except Exception:  # noqa: BLE001
+            pass
+        return []
+
+    def _forget_unsent(self) -> None:
+        try:
+            if storage.exists(self.run_dir / UNSENT_FILE):
+                storage.delete_file(self.run_dir / UNSENT_FILE)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class MlflowReporter(UserCallback):
+    """Logs every report of a Ray Train run to its MLflow run, once (rank 0's metrics; they are global)."""
+
+    def __init__(self, run: MlflowRun) -> None:
+        self.run = run
+        self.reports = 0
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        self.reports += 1
+        if not metrics:
+            return
+        reported = metrics[0]
+        epoch = reported.get("epoch")
+        self.run.log_metrics(reported, int(epoch) if isinstance(epoch, (int, float)) else self.reports)
