@@ -105,7 +105,8 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert {artifact.path for artifact in client.list_artifacts(parent.info.run_id)} == {"trials.csv", "trials.png"}
     assert parent.data.tags["rayjobs.best_trial"] == "trial-0000"
 
-    # The same sweep again: Tune's state in the run folder says what is done; nothing trains again.
+    # The same sweep again (its train stage alone): Tune's state in the run folder says what is done.
+    document["workload"]["stages"] = ["train"]
     again = run_sweep_in_process(document)
     printed = capsys.readouterr().out
     assert "Continuing the sweep" in printed and "Trial trial-0000 started" not in printed
