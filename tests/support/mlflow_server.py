@@ -40,8 +40,11 @@ class MlflowServer:
                    str(self.port), "--workers", "1", "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
                    "--default-artifact-root", str(self.folder / "artifacts")]
         log = open(self.folder / "server.log", "ab")
+        # Without the job runner and its eight queue consumers (MLflow's GenAI jobs): nothing here uses them,
+        # and each is a Python process that imports MLflow on a 2-core machine.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd=self.folder, start_new_session=True)
+                                        cwd=self.folder, start_new_session=True, env=env)
         log.close()
         wait_for_condition(self._answers, timeout_s=HANG_GUARD_S, interval_s=0.2)
 
