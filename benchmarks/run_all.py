@@ -98,7 +98,7 @@ BENCHMARKS = [
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 9),
     Benchmark("sweep_overhead", [
-        Run("sweep_overhead.py", ["--rounds", "3", "--epochs", "4"],
+        Run("sweep_overhead.py", ["--rounds", "3", "--epochs", "3"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 9),
     Benchmark("follower_events", [
