@@ -56,6 +56,71 @@ def submit_spec(spec: str, cluster: str, settings: list[str], tag: str,
     return done, seconds
 
 
+def mean_images_per_s(run_dir: Path) -> float:
+    """The mean ``images_per_s`` of a run's epochs after the first (which includes start-up), from its metrics.csv."""
+    from workloads.training.metrics import read_metrics_csv
+
+    rows = read_metrics_csv(run_dir / "metrics.csv")
+    timed = [row["images_per_s"] for row in rows[1:]] or [rows[-1]["images_per_s"]]
+    return sum(timed) / len(timed)
+
+
+def quickstart_sides(name: str, sides: dict[str, Callable[[str, Path, str, int], tuple]], rounds: int, epochs: int,
+                     prepare: Callable[[Path], None] | None = None) -> dict[str, list[tuple]]:
+    """Run quickstart training sides on one private 2-CPU local cluster, alternating, each warmed up once.
+
+    ``sides[label](cluster, scratch, tag, epochs)`` trains once as run ``tag`` under ``scratch`` and returns
+    ``(images/s, wall seconds, ...)``; the warm-up runs one epoch (and writes the dataset the rest reuse).
+    ``prepare(scratch)`` runs before the cluster starts. Returns each side's results, round by round.
+    """
+    import tempfile
+
+    from runner import local
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    with tempfile.TemporaryDirectory(prefix=f"rayjobs-bench-{name}-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        os.environ["RAYJOBS_HOME"] = str(scratch / "home")
+        if prepare is not None:
+            prepare(scratch)
+        cluster = local.start(name=f"bench-{name}", num_cpus=2)
+        runs = iter(range(1_000))
+
+        def side(label: str, side_epochs: int) -> Callable[[], tuple]:
+            def run() -> tuple:
+                result = sides[label](cluster.name, scratch, f"run{next(runs)}", side_epochs)
+                print(f"{label:34s} {result[0]:7.1f} images/s  {result[1]:6.1f} s", flush=True)
+                return result
+
+            return run
+
+        try:
+            return alternate({label: side(label, epochs) for label in sides}, rounds,
+                             warmup={label: side(label, 1) for label in sides})
+        finally:
+            local.stop(cluster.name)
+
+
+def images_and_wall(result: "Result", labels: tuple[str, str], results: dict[str, list[tuple]],
+                    keys: tuple[str, str], goal: str, wall_goal: str = "") -> tuple["Spread", ...]:
+    """Fill ``result`` with one row per round of two sides (images/s and wall seconds, baseline first) and
+    their medians; returns the figures: baseline and other images/s, their ratio, the wall-time ratio."""
+    base_label, other_label = labels
+    base, other = ([entry[0] for entry in results[label]] for label in labels)
+    base_s, other_s = ([entry[1] for entry in results[label]] for label in labels)
+    for index in range(len(base)):
+        result.rows.append([str(index + 1), f"{base[index]:.1f} images/s, {base_s[index]:.1f} s",
+                            f"{other[index]:.1f} images/s, {other_s[index]:.1f} s",
+                            f"{other[index] / base[index]:.3f}×", f"{other_s[index] / base_s[index]:.3f}×"])
+    baseline = result.figure(f"{keys[0]}_images_per_s", Spread.of(base), "images/s")
+    shipped = result.figure(f"{keys[1]}_images_per_s", Spread.of(other), "images/s")
+    ratio = result.figure("ratio", Spread.ratio(other, base), "x")
+    wall = result.figure("wall_ratio", Spread.ratio(other_s, base_s), "x")
+    result.rows.append(["median", baseline.text(1), shipped.text(1), ratio.times(3) + f" ({goal})",
+                        wall.times(3) + (f" ({wall_goal})" if wall_goal else "")])
+    return baseline, shipped, ratio, wall
+
+
 def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:
     """Start a Ray instance of ``num_cpus`` CPUs for this process alone, on loopback.
 
