@@ -114,7 +114,7 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
     ``run_trial(values, name, storage, callbacks)`` fits one trial's trainer as run ``name`` under
     ``storage`` with ``values`` (spec path -> value) applied and ``callbacks`` in its ``RunConfig``.
     Raises :class:`BadInput` when no trial fits the cluster; a trial that fails is reported and the
-    sweep goes on (see :func:`print_sweep_summary` for a sweep whose every trial failed).
+    sweep goes on (a sweep whose every trial failed has no ``best``: the caller says what that means).
     """
     import ray
     from ray import tune
@@ -134,7 +134,8 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
     tune_path = f"{path.rstrip('/')}/{TUNE_DIR}"
     reporter = trial_lines(sweep.metric, epochs)
     if tune.Tuner.can_restore(tune_path, storage_filesystem=filesystem):
-        print(f"Continuing the sweep in {run_dir / TUNE_DIR}: finished trials are not run again.", flush=True)
+        print(f"Continuing the sweep in {run_dir / TUNE_DIR}: finished and failed trials are not run again.",
+              flush=True)
         tuner = tune.Tuner.restore(tune_path, resources, resume_unfinished=True, resume_errored=False,
                                    restart_errored=False, storage_filesystem=filesystem)
     else:
