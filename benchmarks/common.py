@@ -102,9 +102,9 @@ def quickstart_sides(name: str, sides: dict[str, Callable[[str, Path, str, int],
 
 
 def images_and_wall(result: "Result", labels: tuple[str, str], results: dict[str, list[tuple]],
-                    keys: tuple[str, str], goal: str, wall_goal: str = "") -> tuple["Spread", ...]:
-    """Fill ``result`` with one row per round of two sides (images/s and wall seconds, baseline first) and
-    their medians; returns the figures: baseline and other images/s, their ratio, the wall-time ratio."""
+                    keys: tuple[str, str], goal: str, args: argparse.Namespace, wall_goal: str = "") -> None:
+    """Fill ``result`` with one row per round of two sides of :func:`quickstart_sides` (images/s and wall
+    seconds, baseline first), their medians and the note on how they were run; print the medians."""
     base_label, other_label = labels
     base, other = ([entry[0] for entry in results[label]] for label in labels)
     base_s, other_s = ([entry[1] for entry in results[label]] for label in labels)
@@ -118,7 +118,14 @@ def images_and_wall(result: "Result", labels: tuple[str, str], results: dict[str
     wall = result.figure("wall_ratio", Spread.ratio(other_s, base_s), "x")
     result.rows.append(["median", baseline.text(1), shipped.text(1), ratio.times(3) + f" ({goal})",
                         wall.times(3) + (f" ({wall_goal})" if wall_goal else "")])
-    return baseline, shipped, ratio, wall
+    settings = f" (with {', '.join(args.overrides)})" if args.overrides else ""
+    result.notes.append(f"The quickstart{settings} at 64 px, preprocess and train, {args.epochs} epochs per run, the "
+                        f"mean images/s of epochs 2–{args.epochs}; {plural(args.rounds, 'round')} after a one-epoch "
+                        "warm-up of each side, on one 2-CPU local cluster.")
+    width = max(map(len, labels)) + 1
+    print(f"\n{base_label + ':':{width}} {baseline.text()} images/s")
+    print(f"{other_label + ':':{width}} {shipped.text()} images/s")
+    print(f"ratio ({other_label} / {base_label}): {ratio.text(3)}x; wall time {wall.text(3)}x")
 
 
 def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:

@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.common import (Result, Stamp, add_json_option, add_training_options,  # noqa: E402
-                               images_and_wall, mean_images_per_s, plural, quickstart_sides, submit_spec,
+                               images_and_wall, mean_images_per_s, quickstart_sides, submit_spec,
                                timed_training)
 
 
@@ -65,14 +65,7 @@ def main() -> None:
     result = Result("progress_overhead", "Training with the progress channel and run record vs without",
                     ["round", "both off (baseline)", "both on (as shipped)", "images/s ratio",
                      "wall ratio"], [], stamp)
-    baseline, shipped, ratio, wall = images_and_wall(result, tuple(SIDES), results, ("off", "on"), "goal ≥ 0.98×")
-    settings = f" (with {', '.join(args.overrides)})" if args.overrides else ""
-    result.notes.append(f"The quickstart{settings} at 64 px, preprocess and train, {args.epochs} epochs per run, the "
-                        f"mean images/s of epochs 2–{args.epochs}; {plural(args.rounds, 'round')} after a one-epoch "
-                        "warm-up of each side, on one 2-CPU local cluster.")
-    print(f"\nprogress and record off (baseline): {baseline.text()} images/s")
-    print(f"progress and record (as shipped):   {shipped.text()} images/s")
-    print(f"ratio (with / without): {ratio.text(3)}x; wall time {wall.text(3)}x")
+    images_and_wall(result, tuple(SIDES), results, ("off", "on"), "goal ≥ 0.98×", args)
     result.save(args.json)
 
 

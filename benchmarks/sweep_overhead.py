@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.common import (Result, Stamp, add_json_option, add_training_options,  # noqa: E402
-                               images_and_wall, mean_images_per_s, plural, quickstart_sides, submit_spec,
+                               images_and_wall, mean_images_per_s, quickstart_sides, submit_spec,
                                timed_training)
 
 SIDES = {"no sweep (baseline)": False, "one-trial sweep": True}
@@ -78,15 +78,7 @@ def main() -> None:
         args.rounds, args.epochs, prepare=lambda scratch: specs.update(write_specs(scratch)))
     result = Result("sweep_overhead", "A one-trial sweep vs the same run without sweep:",
                     ["round", "no sweep (baseline)", "one-trial sweep", "images/s ratio", "wall ratio"], [], stamp)
-    baseline, sweep, ratio, wall = images_and_wall(result, tuple(SIDES), results, ("plain", "sweep"),
-                                                   "goal ≥ 0.95×", "goal ≤ 1.15×")
-    settings = f" (with {', '.join(args.overrides)})" if args.overrides else ""
-    result.notes.append(f"The quickstart{settings} at 64 px, preprocess and train, {args.epochs} epochs per run, the "
-                        f"mean images/s of epochs 2–{args.epochs}; {plural(args.rounds, 'round')} after a one-epoch "
-                        "warm-up of each side, on one 2-CPU local cluster.")
-    print(f"\nno sweep (baseline): {baseline.text()} images/s")
-    print(f"one-trial sweep:     {sweep.text()} images/s")
-    print(f"ratio (sweep / none): {ratio.text(3)}x; wall time {wall.text(3)}x")
+    images_and_wall(result, tuple(SIDES), results, ("plain", "sweep"), "goal ≥ 0.95×", args, "goal ≤ 1.15×")
     result.save(args.json)
 
 

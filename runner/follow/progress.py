@@ -312,4 +312,5 @@ def trial_line(event: dict[str, Any], progress: RunProgress) -> str | None:
         line = f"trial {name}: epoch {event.get('epoch')}" + (f" · {format_value(metric)}" if metric is not None else "")
     else:
         line = f"trial {name} {state}"
-    return f"{line} ({progress.trials_text()})" if progress.trials_text() else line
+    standing = progress.trials_text()
+    return f"{line} ({standing})" if standing else line

@@ -54,7 +54,6 @@ class SweepOutcome:
     best: TrialOutcome | None
     trials_csv: StoragePath
     trials_plot: StoragePath | None
-    concurrency: int
 
 
 def trials_that_fit(per_trial: Demand, resources: dict[str, float]) -> int:
@@ -176,7 +175,7 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
     trials_csv = run_dir / TRIALS_CSV
     write_trials_csv(trials_csv, trials, sweep)
     plot = plot_trials(trials, best, sweep.metric, run_dir / TRIALS_PLOT) if finished else None
-    return SweepOutcome(trials, best, trials_csv, plot, concurrency)
+    return SweepOutcome(trials, best, trials_csv, plot)
 
 
 def _trial_outcome(result: Any, sweep: SweepSpec, trials_root: StoragePath, epochs: int) -> TrialOutcome:

@@ -81,6 +81,7 @@ class MlflowRun:
         self.run_id = run_id
         self.pending: list[dict[str, Any]] = []  # metrics not sent yet: {"metrics": {...}, "step": n}
         self.warned = False
+        self.unsent_file = False  # whether this process wrote or read <run>/mlflow-unsent.jsonl
 
     @classmethod
     def open(cls, run_dir: StoragePath, name: str, params: dict[str, Any], parent_run_id: str | None = None,
@@ -192,21 +193,26 @@ class MlflowRun:
             return
         try:
             storage.write_text(self.run_dir / UNSENT_FILE, "".join(json.dumps(entry) + "\n" for entry in self.pending))
+            self.unsent_file = True
         except Exception:  # noqa: BLE001 - the run's storage is another failure's business
             pass
 
     def _read_unsent(self) -> list[dict[str, Any]]:
         try:
             if storage.exists(self.run_dir / UNSENT_FILE):
+                self.unsent_file = True
                 return [json.loads(line) for line in storage.read_text(self.run_dir / UNSENT_FILE).splitlines() if line]
         except Exception:  # noqa: BLE001
             pass
         return []
 
     def _forget_unsent(self) -> None:
+        # Looked for only where it may be: a request to the run's storage per epoch is not free in S3.
+        if not self.unsent_file:
+            return
         try:
-            if storage.exists(self.run_dir / UNSENT_FILE):
-                storage.delete_file(self.run_dir / UNSENT_FILE)
+            storage.delete_file(self.run_dir / UNSENT_FILE)
+            self.unsent_file = False
         except Exception:  # noqa: BLE001
             pass
 

@@ -192,9 +192,9 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
 
     from workloads.training.tracking import MlflowRun
 
-    parent = MlflowRun.open(params.run_dir, params.run_name, {**params.model_dump(mode="json"),
-                                                              "sweep": sweep.model_dump(mode="json")})
-    outcome = run_sweep(sweep, partial(_run_trial, params.model_dump(mode="json"), info, parent),
+    document = params.model_dump(mode="json")
+    parent = MlflowRun.open(params.run_dir, params.run_name, {**document, "sweep": sweep.model_dump(mode="json")})
+    outcome = run_sweep(sweep, partial(_run_trial, document, info, parent),
                         params.run_dir, params.train.demand("training", "train"), params.train.epochs)
     if parent:
         parent.log_artifacts([outcome.trials_csv, outcome.trials_plot])
@@ -208,7 +208,7 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
     if outcome.best is None:
         failed = "; ".join(f"{trial.name}: {trial.error}" for trial in outcome.trials)
         raise TrainingError(f"every trial of the sweep failed: {failed}")
-    best = trial_params(params.model_dump(mode="json"), outcome.best.values, outcome.best.name,
+    best = trial_params(document, outcome.best.values, outcome.best.name,
                         params.run_dir / TRIALS_DIR)
     print(f"Best trial: {outcome.best.name} ({sweep.metric} {outcome.best.best:.4f}), run folder {best.run_dir}",
           flush=True)
