@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from jobs.errors import did_you_mean
 from jobs.strict import StrictModel, field_names_at
-from jobs.workload_contract import workload_needs
+from jobs.workload_contract import Demand, workload_needs
 
 # Spec paths of swept fields start with this: the sweep changes only the workload's parameters.
 WORKLOAD_PREFIX = "workload."
@@ -255,3 +255,38 @@ def _refusal(model: type[BaseModel], raw_workload: dict[str, Any], fields: tuple
         message = own[0]["msg"]
         return message.removeprefix("Value error, ")
     return None
+
+
+class SweepDoesNotFit(ValueError):
+    """The cluster holds no trial of a sweep, or fewer at once than its ``max_concurrent``; the message has the figures."""
+
+
+def trials_that_fit(per_trial: Demand, resources: dict[str, float]) -> int:
+    """How many trials of ``per_trial`` (a training run's workers) the cluster's ``resources`` hold at once."""
+    fits = [math.floor(resources.get("CPU", 0) / (per_trial.count * per_trial.cpus))] if per_trial.cpus else []
+    if per_trial.gpus:
+        fits.append(math.floor(resources.get("GPU", 0) / (per_trial.count * per_trial.gpus)))
+    for name, amount in per_trial.resources.items():
+        if amount:
+            fits.append(math.floor(resources.get(name, 0) / (per_trial.count * amount)))
+    return min(fits) if fits else 1
+
+
+def sweep_concurrency(sweep: SweepSpec, per_trial: Demand, resources: dict[str, float]) -> int:
+    """Trials to run at once on a cluster of ``resources`` (summed over its nodes).
+
+    Raises:
+        SweepDoesNotFit: no trial fits, or ``max_concurrent`` asks for more than fit at once.
+    """
+    fits = trials_that_fit(per_trial, resources)
+    needs = f"{per_trial.count} workers × {per_trial.cpus:g} CPU" + (
+        f" and {per_trial.gpus} GPU" if per_trial.gpus else "")
+    has = f"{resources.get('CPU', 0):g} CPUs" + (f" and {resources.get('GPU', 0):g} GPUs" if per_trial.gpus else "")
+    if fits < 1:
+        raise SweepDoesNotFit(f"one trial of the sweep needs {needs}, and the cluster has {has}: no trial fits")
+    if sweep.max_concurrent == "auto":
+        return min(fits, sweep.trial_count())
+    if sweep.max_concurrent > fits:
+        raise SweepDoesNotFit(f"sweep.max_concurrent is {sweep.max_concurrent}, and the cluster holds {fits} "
+                              f"trial(s) at once: one trial needs {needs}, the cluster has {has}")
+    return sweep.max_concurrent

@@ -5,7 +5,7 @@ cluster, through a ``FaultProxy`` that cuts, refuses or stalls connections or an
 502 while a job prints numbered lines. The log that reaches stdout must hold every
 line exactly once and in order, and the exit code must be the job's outcome.
 
-The ~30 s scenarios and the ten concurrent submits (tests/support/follow_scenarios.py) run side
+The ~30 s scenarios and the six concurrent submits (tests/support/follow_scenarios.py) run side
 by side in the background from the start of the session's cluster tier, each with its own proxy and
 job, while the other cluster tests keep the cluster busy; this module runs last in that tier and checks
 what each one saw. Measured figures are written as JSON to ``follow_faults_figures.json`` in pytest's

@@ -36,5 +36,5 @@ def test_food101_spec_learns_on_real_photos_without_a_loss_spike(ray_cluster, ra
     first_loss = rows[0]["train_loss"]
     assert all(row["train_loss"] <= first_loss for row in rows), [row["train_loss"] for row in rows]
     assert rows[-1]["val_accuracy"] >= ACCURACY_FLOOR, rows
-    assert "WARNING" not in result.stdout
+    assert "WARNING: validation loss" not in result.stdout  # the epoch line's warning of a loss spike
 

@@ -249,18 +249,6 @@ def test_vision_entry_point_exits_2_with_one_line_before_touching_ray(case, aws_
     assert expected in lines[0] and "wrong-secret" not in lines[0]
 
 
-def test_ray_data_reads_the_training_splits_from_s3(workload_ray, bucket, tmp_path):
-    from workloads.vision.config import TrainConfig
-    from workloads.vision.reading.ray_datasets import training_datasets
-    from workloads.vision.preprocess.stage import run_preprocess
-
-    info = run_preprocess(_mnist_data(tmp_path, f"s3://{bucket}/datasets/for-ray-data"), progress=False)
-    datasets = training_datasets(info.root, info.layout, TrainConfig(ingest="ray_data", data_cpus=0))
-    assert datasets["val"].count() == 20
-    batch = datasets["train"].take_batch(4)
-    assert batch["image"].shape == (4, 1, 28, 28)
-
-
 def test_a_file_uri_in_a_spec_is_the_local_folder_it_names(tmp_path):
     # The client and the workload agree: file:// is a path on this machine, in the spec as on the cluster.
     loaded = load_spec(QUICKSTART, [f"workload.storage_path=file://localhost{tmp_path}/two%20words"])

@@ -282,25 +282,29 @@ def test_load_dataset_info_without_manifest_is_a_clear_error(tmp_path):
         load_dataset_info(tmp_path / "nothing-here")
 
 
-@pytest.mark.parametrize("module", ["workloads.vision.preprocess",
-                                    pytest.param("workloads.vision", marks=pytest.mark.cluster)])
-def test_a_bad_data_root_exits_2_from_both_entry_points(request, tmp_path, module):
+def _run_with_a_missing_data_root(tmp_path: Path, module: str, env: dict[str, str]) -> None:
     missing = tmp_path / "no-such-folder"
     params = tmp_path / "params.yaml"
     params.write_text(f"stages: [preprocess]\ndata:\n  source: imagefolder\n  root: {missing}\n"
                       f"  output_dir: {tmp_path / 'out'}\n")
-    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAYJOBS_WORKLOAD")}
-    env.update(PYTHONPATH=str(REPO_ROOT), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    if module == "workloads.vision":
-        # This entry point connects to Ray before it runs the stage: give it the session's cluster.
-        env = {**request.getfixturevalue("ray_cluster_env"), "PYTHONPATH": str(REPO_ROOT),
-               "RAY_ADDRESS": request.getfixturevalue("ray_cluster").gcs_address}
     done = subprocess.run([sys.executable, "-m", module, "--params", str(params)], capture_output=True, text=True,
                           timeout=180, env=env, cwd=REPO_ROOT)
     assert done.returncode == BAD_INPUT_EXIT_CODE == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and str(missing) in error_lines[0] and "data.root" in error_lines[0]
+
+
+def test_a_bad_data_root_exits_2_from_the_preprocess_entry_point(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAYJOBS_WORKLOAD")}
+    env.update(PYTHONPATH=str(REPO_ROOT), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    _run_with_a_missing_data_root(tmp_path, "workloads.vision.preprocess", env)
+
+
+def test_a_bad_data_root_exits_2_from_the_workload_entry_point(ray_cluster, ray_cluster_env, tmp_path):
+    # This entry point connects to Ray before it runs the stage: give it the session's cluster.
+    env = {**ray_cluster_env, "PYTHONPATH": str(REPO_ROOT), "RAY_ADDRESS": ray_cluster.gcs_address}
+    _run_with_a_missing_data_root(tmp_path, "workloads.vision", env)
 
 
 def test_synthetic_is_deterministic_and_classes_differ(ray_local, tmp_path):

@@ -126,8 +126,8 @@ def test_dry_run_prints_the_trial_plan(tmp_path):
 
 
 def test_how_many_trials_run_at_once_comes_from_the_clusters_resources():
-    from workloads.entry import BadInput
-    from workloads.training.sweep import sweep_concurrency, trials_that_fit
+    from jobs.sweep import SweepDoesNotFit as BadInput
+    from jobs.sweep import sweep_concurrency, trials_that_fit
 
     per_trial = Demand("training", count=2, cpus=1.0)
     sweep = SweepSpec.model_validate({**a_sweep(**{"workload.train.lr": {"choice": [0.1, 0.2, 0.3]}}),
@@ -140,6 +140,34 @@ def test_how_many_trials_run_at_once_comes_from_the_clusters_resources():
         sweep_concurrency(sweep.model_copy(update={"max_concurrent": 3}), per_trial, {"CPU": 4.0})
     with pytest.raises(BadInput, match="no trial fits"):
         sweep_concurrency(sweep, Demand("training", count=2, cpus=1.0, gpus=1), {"CPU": 8.0})
+
+
+def test_a_sweep_the_cluster_cannot_hold_is_refused_at_submit_before_anything_is_sent():
+    import io
+
+    from jobs.submission import build_submission
+    from runner.errors import BadInput
+    from runner.follow.policy import submit_or_attach
+    from tests.support.fake_cluster import FakeClient
+
+    sweep = {**a_sweep(**{"workload.train.lr": {"choice": [0.1, 0.2, 0.3]}}), "search": "grid", "max_concurrent": 3}
+    loaded = validate_spec_data(quickstart_with(sweep), QUICKSTART)
+    client = FakeClient()
+    client.nodes = [{"CPU": 2.0}, {"CPU": 2.0}]  # 4 CPUs over two nodes: two trials of 2 workers × 1 CPU
+    with pytest.raises(BadInput, match=r"sweep.max_concurrent is 3, and the cluster holds 2 trial\(s\) at once: one "
+                                       r"trial needs 2 workers × 1 CPU, the cluster has 4 CPUs\. Lower "):
+        submit_or_attach(client, build_submission(loaded), name="quickstart", loaded=loaded)
+    assert not client.called("submit")
+
+    fits = validate_spec_data(quickstart_with({**sweep, "max_concurrent": 2}), QUICKSTART)
+    submit_or_attach(client, build_submission(fits), name="quickstart", loaded=fits)
+    assert len(client.called("submit")) == 1
+
+    client.autoscaler = True  # the cluster may grow: said, and sent
+    notes = io.StringIO()
+    submit_or_attach(client, build_submission(loaded), name="quickstart", notes=notes, loaded=loaded)
+    assert len(client.called("submit")) == 2
+    assert "warning: sweep.max_concurrent is 3" in notes.getvalue() and "autoscales" in notes.getvalue()
 
 
 def test_the_follower_shows_each_trial_and_where_the_sweep_stands():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from jobs.object_store import uri_scheme
+from jobs.sweep import SweepDoesNotFit, sweep_concurrency
 from jobs.workload_contract import workload_needs
 from runner.errors import BadInput, RayJobsError
 
@@ -71,6 +72,44 @@ def check_entrypoint_fits(api: Any, submission: dict[str, Any], warn: Callable[[
         return
     raise BadInput(f"{message}, so Ray would leave the job PENDING until it times out. Lower "
                    "entrypoint_num_cpus/_gpus/_memory/_resources in the spec, or use a bigger cluster")
+
+
+def check_sweep_fits(api: Any, loaded: Any, warn: Callable[[str], None]) -> None:
+    """Refuse a sweep the cluster cannot run as asked: no trial fits, or fewer at once than ``max_concurrent``.
+
+    One trial needs the workload's training workers (its Tune controller reserves no CPU). The cluster's
+    resources are summed over its alive nodes, as the job counts them. A cluster that autoscales gets
+    a warning instead, and one that cannot answer is not a reason to refuse.
+
+    Raises:
+        BadInput: the sweep does not fit, with the figures, and the cluster cannot grow.
+    """
+    sweep = loaded.spec.sweep
+    training = next((demand for demand in workload_needs(loaded.workload).demands if demand.phase == "training"),
+                    None)
+    if sweep is None or training is None:
+        return
+    try:
+        nodes = api.node_resources()
+        if not nodes:
+            return
+        resources: dict[str, float] = {}
+        for node in nodes:
+            for name, amount in node.items():
+                resources[name] = resources.get(name, 0) + amount
+        try:
+            sweep_concurrency(sweep, training, resources)
+            return
+        except SweepDoesNotFit as refused:
+            message = str(refused)
+        autoscaling = api.has_autoscaler()
+    except RayJobsError:
+        return
+    if autoscaling:
+        warn(f"{message}; submitting anyway because the cluster autoscales")
+        return
+    raise BadInput(f"{message}. Lower sweep.max_concurrent (or set it to auto), ask less of each trial "
+                   "(workload.train.num_workers, cpus_per_worker, use_gpu), or use a bigger cluster")
 
 
 def _amount(name: str, value: float) -> str:

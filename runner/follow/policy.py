@@ -25,7 +25,7 @@ from runner.follow.diagnosis import Diagnosis
 from runner.follow.log_view import ANSI_ESCAPE
 from runner.follow.progress import RunProgress
 from runner.follow.watching import Watch
-from runner.client.preflight import check_entrypoint_fits, entrypoint_demand
+from runner.client.preflight import check_entrypoint_fits, check_sweep_fits, entrypoint_demand
 from runner.follow.messages import address_hint, follow_up_lines, summary_line, where_from
 from runner.client.submission import SubmitInterrupted
 
@@ -114,14 +114,16 @@ class _Notes:
 
 
 def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, preflight: bool = True,
-                     notes: TextIO | None = None) -> str:
+                     notes: TextIO | None = None, loaded: LoadedSpec | None = None) -> str:
     """Submit a job; with a fixed ``submission_id`` already taken by the same spec, attach to that job instead.
 
     Args:
         client: the cluster client.
         submission: keyword arguments of ``submit_job`` (``jobs.submission.build_submission``).
         name: the job's name, for the message that it was submitted.
-        preflight: first refuse an entrypoint that no node of the cluster can host.
+        preflight: first refuse an entrypoint that no node of the cluster can host (and the spec's sweep, when
+            ``loaded`` is given, if the cluster holds none of its trials or fewer at once than it asks for).
+        loaded: the spec the submission was built from.
         notes: where rayjobs' own lines go (default: stderr).
 
     Returns:
@@ -139,6 +141,8 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
         return wanted
     if preflight:
         check_entrypoint_fits(client, submission, warn=lambda text: say(f"warning: {text}"))
+        if loaded is not None:
+            check_sweep_fits(client, loaded, warn=lambda text: say(f"warning: {text}"))
     try:
         job_id = client.submit(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
     except (BadInput, ClusterRequestFailed):
@@ -202,7 +206,8 @@ def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions
         metadata[METADATA_ATTEMPT] = "1"
     submission = {**submission, "metadata": metadata}
     attempts: list[str] = []
-    job_id = _submit_settling_interrupts(client, submission, spec.name, options.preflight, options, notes, attempts)
+    job_id = _submit_settling_interrupts(client, submission, spec.name, options.preflight, options, notes, attempts,
+                                         loaded=loaded)
     if job_id is None:
         return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, attempts)
     if not options.wait:
@@ -363,10 +368,11 @@ def settle_interrupted_submit(client: JobsApi, interrupted: SubmitInterrupted, *
 
 
 def _submit_settling_interrupts(client: JobsApi, submission: dict[str, Any], name: str, preflight: bool,
-                                options: RunOptions, notes: TextIO | None, attempts: list[str]) -> str | None:
+                                options: RunOptions, notes: TextIO | None, attempts: list[str],
+                                loaded: LoadedSpec | None = None) -> str | None:
     """``submit_or_attach``, its id appended to ``attempts``; on Ctrl-C, settle it and return None."""
     try:
-        job_id = submit_or_attach(client, submission, name=name, preflight=preflight, notes=notes)
+        job_id = submit_or_attach(client, submission, name=name, preflight=preflight, notes=notes, loaded=loaded)
     except SubmitInterrupted as interrupted:
         created = settle_interrupted_submit(client, interrupted, stop_it=options.stop_on_interrupt, notes=notes)
     except KeyboardInterrupt:  # in the attach check or the pre-flight: before any job request

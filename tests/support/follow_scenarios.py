@@ -29,7 +29,7 @@ COUNTING_JOB = (f"entrypoint: python -c \"import time; [(print('line', i, flush=
                 f"for i in range({LINE_COUNT})]\"\n")
 MAX_REQUESTS_PER_S = 2.0
 CLI_TIMEOUT_S = 180
-MANY_JOBS = 10
+MANY_JOBS = 6
 MANY_TIMEOUT_S = 300
 
 _figures: dict[str, Any] = {}

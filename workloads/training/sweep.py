@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from jobs.sweep import Distribution, SweepSpec
+from jobs.sweep import Distribution, SweepDoesNotFit, SweepSpec, sweep_concurrency
 from jobs.workload_contract import Demand
 from workloads import storage
 from workloads.entry import BadInput
@@ -56,34 +55,6 @@ class SweepOutcome:
     trials_plot: StoragePath | None
 
 
-def trials_that_fit(per_trial: Demand, resources: dict[str, float]) -> int:
-    """How many trials of ``per_trial`` (a training run's workers) the cluster's ``resources`` hold at once."""
-    fits = [math.floor(resources.get("CPU", 0) / (per_trial.count * per_trial.cpus))] if per_trial.cpus else []
-    if per_trial.gpus:
-        fits.append(math.floor(resources.get("GPU", 0) / (per_trial.count * per_trial.gpus)))
-    for name, amount in per_trial.resources.items():
-        if amount:
-            fits.append(math.floor(resources.get(name, 0) / (per_trial.count * amount)))
-    return min(fits) if fits else 1
-
-
-def sweep_concurrency(sweep: SweepSpec, per_trial: Demand, resources: dict[str, float]) -> int:
-    """Trials to run at once; raises :class:`BadInput` (exit 2), with the figures, when the cluster holds
-    no trial at all or fewer than ``max_concurrent`` asks for."""
-    fits = trials_that_fit(per_trial, resources)
-    needs = f"{per_trial.count} workers × {per_trial.cpus:g} CPU" + (
-        f" and {per_trial.gpus} GPU" if per_trial.gpus else "")
-    has = f"{resources.get('CPU', 0):g} CPUs" + (f" and {resources.get('GPU', 0):g} GPUs" if per_trial.gpus else "")
-    if fits < 1:
-        raise BadInput(f"one trial of the sweep needs {needs}, and the cluster has {has}: no trial fits")
-    if sweep.max_concurrent == "auto":
-        return min(fits, sweep.trial_count())
-    if sweep.max_concurrent > fits:
-        raise BadInput(f"sweep.max_concurrent is {sweep.max_concurrent}, and the cluster holds {fits} trial(s) at "
-                       f"once: one trial needs {needs}, the cluster has {has}")
-    return sweep.max_concurrent
-
-
 def tune_space(sweep: SweepSpec) -> dict[str, Any]:
     """The sweep's parameters as Tune's search space, keyed by their spec paths."""
     from ray import tune
@@ -119,7 +90,10 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    concurrency = sweep_concurrency(sweep, per_trial, ray.cluster_resources())
+    try:
+        concurrency = sweep_concurrency(sweep, per_trial, ray.cluster_resources())
+    except SweepDoesNotFit as refused:  # the cluster changed since the submit's pre-flight
+        raise BadInput(str(refused)) from None
     trials_root = run_dir / TRIALS_DIR
 
     def trainable(config: dict[str, Any]) -> None:
