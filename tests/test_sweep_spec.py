@@ -155,7 +155,7 @@ def test_a_sweep_the_cluster_cannot_hold_is_refused_at_submit_before_anything_is
     client = FakeClient()
     client.nodes = [{"CPU": 2.0}, {"CPU": 2.0}]  # 4 CPUs over two nodes: two trials of 2 workers × 1 CPU
     with pytest.raises(BadInput, match=r"sweep.max_concurrent is 3, and the cluster holds 2 trial\(s\) at once: one "
-                                       r"trial needs 2 workers × 1 CPU, the cluster has 4 CPUs\. Lower "):
+                                       r"trial needs 2 workers × 1 CPU, the cluster has 4 CPUs, so lower "):
         submit_or_attach(client, build_submission(loaded), name="quickstart", loaded=loaded)
     assert not client.called("submit")
 

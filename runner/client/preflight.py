@@ -53,25 +53,37 @@ def check_entrypoint_fits(api: Any, submission: dict[str, Any], warn: Callable[[
     demand = entrypoint_demand(submission)
     if not demand:
         return
-    try:
-        nodes = api.node_resources()
-        if not nodes:
-            return  # nothing reported (yet): let Ray decide
-        best = unmet_on_every_node(demand, nodes)
-        if best is None:
-            return
-        autoscaling = api.has_autoscaler()
-    except RayJobsError:
-        return  # the check is a courtesy; a dashboard that cannot answer it must not block submission
+    nodes = _nodes_or_none(api)
+    best = unmet_on_every_node(demand, nodes) if nodes else None
+    if best is None:
+        return
     wanted = ", ".join(f"{name} {_amount(name, value)}" for name, value in demand.items())
     offered = ", ".join(f"{name} {_amount(name, value)}" for name, value in best.items())
-    message = (f"the entrypoint asks for {wanted}, but the largest of the cluster's {len(nodes)} node(s) "
-               f"offers {offered}")
-    if autoscaling:
-        warn(f"{message}; submitting anyway because the cluster autoscales")
+    _refuse_unless_autoscaling(
+        api, f"the entrypoint asks for {wanted}, but the largest of the cluster's {len(nodes)} node(s) offers {offered}",
+        "so Ray would leave the job PENDING until it times out. Lower entrypoint_num_cpus/_gpus/_memory/_resources "
+        "in the spec, or use a bigger cluster", warn)
+
+
+def _nodes_or_none(api: Any) -> list[dict[str, float]] | None:
+    """Each alive node's resources, or None when the cluster cannot say: the checks are a courtesy, and a
+    dashboard that cannot answer them must not block submission."""
+    try:
+        return api.node_resources()
+    except RayJobsError:
+        return None
+
+
+def _refuse_unless_autoscaling(api: Any, problem: str, advice: str, warn: Callable[[str], None]) -> None:
+    """Raise BadInput (``problem``, then ``advice``); where the cluster autoscales, only warn; where it cannot say, pass."""
+    try:
+        autoscaling = api.has_autoscaler()
+    except RayJobsError:
         return
-    raise BadInput(f"{message}, so Ray would leave the job PENDING until it times out. Lower "
-                   "entrypoint_num_cpus/_gpus/_memory/_resources in the spec, or use a bigger cluster")
+    if autoscaling:
+        warn(f"{problem}; submitting anyway because the cluster autoscales")
+        return
+    raise BadInput(f"{problem}, {advice}")
 
 
 def check_sweep_fits(api: Any, loaded: Any, warn: Callable[[str], None]) -> None:
@@ -87,29 +99,19 @@ def check_sweep_fits(api: Any, loaded: Any, warn: Callable[[str], None]) -> None
     sweep = loaded.spec.sweep
     training = next((demand for demand in workload_needs(loaded.workload).demands if demand.phase == "training"),
                     None)
-    if sweep is None or training is None:
+    nodes = _nodes_or_none(api) if sweep is not None and training is not None else None
+    if not nodes:
         return
+    resources: dict[str, float] = {}
+    for node in nodes:
+        for name, amount in node.items():
+            resources[name] = resources.get(name, 0) + amount
     try:
-        nodes = api.node_resources()
-        if not nodes:
-            return
-        resources: dict[str, float] = {}
-        for node in nodes:
-            for name, amount in node.items():
-                resources[name] = resources.get(name, 0) + amount
-        try:
-            sweep_concurrency(sweep, training, resources)
-            return
-        except SweepDoesNotFit as refused:
-            message = str(refused)
-        autoscaling = api.has_autoscaler()
-    except RayJobsError:
-        return
-    if autoscaling:
-        warn(f"{message}; submitting anyway because the cluster autoscales")
-        return
-    raise BadInput(f"{message}. Lower sweep.max_concurrent (or set it to auto), ask less of each trial "
-                   "(workload.train.num_workers, cpus_per_worker, use_gpu), or use a bigger cluster")
+        sweep_concurrency(sweep, training, resources)
+    except SweepDoesNotFit as refused:
+        _refuse_unless_autoscaling(api, str(refused), "so lower sweep.max_concurrent (or set it to auto), ask less "
+                                   "of each trial (workload.train.num_workers, cpus_per_worker, use_gpu), or use a "
+                                   "bigger cluster", warn)
 
 
 def _amount(name: str, value: float) -> str:
