@@ -100,6 +100,9 @@ class SweepSpec(StrictModel):
     max_concurrent: Literal["auto"] | int = Field("auto", description="Trials at once: auto (as many as the "
                                                   "cluster fits) or a number no larger than that.")
     seed: int | None = Field(None, description="Seed of the random draws, so that a sweep can be repeated.")
+    holdout: float = Field(0.2, gt=0, lt=1, description="Share of each class of the training split held out to "
+                           "compare trials on; the validation split takes no part in the choice, and measures "
+                           "the best trial afterwards (the infer stage).")
     parameters: dict[str, Distribution] = Field(min_length=1, description="Swept fields by spec path "
                                                 "(workload.train.lr) and where their values come from.")
 
@@ -139,6 +142,8 @@ def trial_plan(sweep: SweepSpec, workload: Any) -> dict[str, Any]:
     plan: dict[str, Any] = {
         "trials": sweep.trial_count(),
         "choose_by": f"{sweep.metric} ({sweep.mode})",
+        "chosen_on": f"{sweep.holdout:.0%} of each class of the training split, held out (the validation split "
+                     "measures the best trial afterwards)",
         "search": sweep.search,
         "parameters": {path: ("grid " + str(d.choice) if sweep.search == "grid" and d.choice is not None
                               else d.describe()) for path, d in sweep.parameters.items()},
@@ -166,6 +171,7 @@ def plan_text(plan: dict[str, Any]) -> str:
     if plan.get("per_trial"):
         lines.append(f"#   each trial: {plan['per_trial']}, at most {plan['epochs_at_most']} epoch(s)")
     lines.append(f"#   scheduler: {plan['scheduler']}; at once: {plan['at_once']}")
+    lines.append(f"#   trials compared on: {plan['chosen_on']}")
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ import csv
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import yaml
 
 from tests.support.cli import REPO_ROOT
@@ -64,7 +65,9 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert [(trial.name, trial.values["workload.train.lr"], trial.status) for trial in sweep.trials] == [
         ("trial-0000", GOOD_LR, "FINISHED"), ("trial-0001", DIVERGING_LR, "FAILED")]
     good, failed = sweep.trials
-    assert "diverged" in failed.error and failed.best is None
+    # Training stopped at the first non-finite step, said where and what to lower, and left no checkpoint.
+    assert "diverged: at epoch 1, step " in failed.error and "Lower train.lr" in failed.error, failed.error
+    assert failed.best is None and not list(failed.run_dir.glob("checkpoint_epoch_*"))
     assert sweep.best is good and good.run_dir == run_dir / "trials" / "trial-0000"
     rows = read_metrics_csv(good.run_dir / "metrics.csv")
     assert [int(row["epoch"]) for row in rows] == list(range(1, EPOCHS + 1))
@@ -77,7 +80,21 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert abs(float(table[0]["best_val_accuracy"]) - good.best) < 1e-5
     assert (run_dir / "trials.png").stat().st_size > 1000
 
-    # Inference used the best trial's best checkpoint, in that trial's folder.
+    # Trials trained on part of the training split and were compared on the rest, class by class; the
+    # validation split, where inference measured the best trial, took no part in the choice.
+    def paths(folder: Path) -> set[str]:
+        return {path for part in sorted(folder.glob("*.parquet")) for path in pq.read_table(part).column("path").to_pylist()}
+
+    carved = json.loads((run_dir / "selection" / "_manifest.json").read_text())
+    assert carved["counts"] == {"train": 60, "val": 20}
+    assert set(carved["counts_per_class"]["val"].values()) == {2}
+    trained_on, compared_on = paths(run_dir / "selection" / "train"), paths(run_dir / "selection" / "val")
+    assert trained_on | compared_on == paths(tmp_path / "data" / "train") and not trained_on & compared_on
+    assert not (trained_on | compared_on) & paths(tmp_path / "data" / "val")
+    assert "Trials train on 60 of the 80 training images and are compared on the other 20" in printed
+    assert f"Test accuracy of the best trial: {produced['infer']['accuracy']:.4f}" in printed
+
+    # Inference used the best trial's best checkpoint, in that trial's folder, on the validation split.
     assert produced["infer"]["rows"] == 20
     assert (good.run_dir / "predictions").is_dir() and (good.run_dir / "inference_metrics.json").exists()
     assert f"Trial trial-0000: epoch {EPOCHS}/{EPOCHS}, val_accuracy {good.best:.4f}" in printed, "Tune had the report"
@@ -110,7 +127,20 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     again = run_sweep_in_process(document)
     printed = capsys.readouterr().out
     assert "Continuing the sweep" in printed and "Trial trial-0000 started" not in printed
+    assert "carved earlier" in printed
     assert [(trial.name, trial.status) for trial in again["sweep"].trials] == [
         ("trial-0000", "FINISHED"), ("trial-0001", "FAILED")]
     assert read_metrics_csv(good.run_dir / "metrics.csv") == rows
     assert len(client.search_runs([experiment_id])) == 3, "the sweep's MLflow run is continued, not started again"
+
+
+def test_the_held_out_share_is_taken_from_every_class_seeded_and_leaves_each_class_rows_to_train_on():
+    from workloads.vision.training.selection import held_out_rows
+
+    labels = [0] * 10 + [1] * 5 + [2] * 2 + [3]
+    held = held_out_rows(labels, 0.2, seed=7)
+    assert held == held_out_rows(labels, 0.2, seed=7) != held_out_rows(labels, 0.2, seed=8)
+    per_class = {label: sum(1 for row in held if labels[row] == label) for label in range(4)}
+    assert per_class == {0: 2, 1: 1, 2: 1, 3: 0}, "a share of each class; a class of one row keeps it for training"
+    assert all(sum(1 for row in range(len(labels)) if labels[row] == label and row not in held_out_rows(labels, 0.9, 1))
+               >= 1 for label in range(4)), "however large the share, every class trains on a row"

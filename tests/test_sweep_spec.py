@@ -122,6 +122,7 @@ def test_dry_run_prints_the_trial_plan(tmp_path):
     assert "#   grid point: train.weight_decay=0.05" in result.stdout
     assert "#   each trial: 2 workers × 1 CPU, at most 3 epoch(s)" in result.stdout
     assert "#   scheduler: asha (every trial runs 2 epoch(s) before it can be stopped); at once: auto" in result.stdout
+    assert "#   trials compared on: 20% of each class of the training split, held out" in result.stdout
     assert "RAYJOBS_SWEEP" in result.stdout
 
 

@@ -101,6 +101,11 @@ def run_stages(params: VisionParams, sweep: SweepSpec | None = None) -> dict:
         metrics = produced["infer"]
         print(f"Inference accuracy: {metrics['accuracy']:.4f} on {metrics['rows']} validation images "
               f"(predictions in {metrics['predictions']})")
+        if sweep is not None:
+            print(f"Test accuracy of the best trial: {metrics['accuracy']:.4f}, on validation images that took no "
+                  "part in choosing it")
+    elif sweep is not None and "sweep" in produced:
+        print("The best trial was not measured on the validation split: add infer to workload.stages to measure it")
     sys.stdout.flush()
     return produced
 

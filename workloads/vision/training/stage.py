@@ -192,9 +192,16 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
 
     from workloads.training.tracking import MlflowRun
 
+    from workloads.vision.training.selection import carve_selection_split
+
     document = params.model_dump(mode="json")
+    selection = carve_selection_split(info, params.run_dir, sweep.holdout, params.data.seed)
+    print(f"Trials train on {selection.counts['train']} of the {info.counts.get('train', 0)} training images and are "
+          f"compared on the other {selection.counts['val']} ({sweep.holdout:.0%} of each class"
+          f"{', carved earlier' if selection.reused else ''}); the {info.counts.get('val', 0)} images of the "
+          "validation split take no part in the choice.", flush=True)
     parent = MlflowRun.open(params.run_dir, params.run_name, {**document, "sweep": sweep.model_dump(mode="json")})
-    outcome = run_sweep(sweep, partial(_run_trial, document, info, parent),
+    outcome = run_sweep(sweep, partial(_run_trial, document, selection, parent),
                         params.run_dir, params.train.demand("training", "train"), params.train.epochs)
     if parent:
         parent.log_artifacts([outcome.trials_csv, outcome.trials_plot])
