@@ -58,7 +58,7 @@ class Benchmark:
 
     def missing(self) -> str | None:
         """Why this benchmark cannot run on this machine, or None."""
-        if self.name == "learning_quality" and not (LEARNING_DATA / "meta" / "classes.txt").is_file():
+        if self.name in ("learning_quality", "sweep_real_photos") and not (LEARNING_DATA / "meta" / "classes.txt").is_file():
             return (f"needs the 64 px Food-101 dev set and its reference script at {LEARNING_DATA}, "
                     "which is kept outside the project")
         return None
@@ -101,6 +101,10 @@ BENCHMARKS = [
         Run("sweep_overhead.py", ["--rounds", "3", "--epochs", "3"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 9),
+    Benchmark("sweep_real_photos", [
+        Run("sweep_real_photos.py", ["--image-size", "32"],
+            ["--epochs", "1", "--trials", "2", "--image-size", "24"], timeout_s=3600),
+    ], 15),
     Benchmark("follower_events", [
         # 2,000 events in 5 minutes: six times the rate of the same events over a 30-minute run.
         Run("follower_events.py", ["--events", "2000", "--seconds", "300"], ["--events", "50", "--seconds", "5"]),

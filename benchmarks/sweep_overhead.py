@@ -3,9 +3,14 @@
 Starts one private local cluster (one node, 2 CPUs) with ``runner.local`` and submits
 ``specs/quickstart.yaml`` through ``rayjobs submit`` (followed), 2 training workers x 1 CPU, 64 px:
 
-- baseline: the spec as shipped, no ``sweep:``;
-- sweep: the same spec with a one-trial sweep whose only value is the spec's own learning rate, so
-  the trial trains exactly what the baseline trains, inside a Tune trial (its own run folder).
+- baseline: the spec as shipped, no ``sweep:``, trained on the sweep's own split of the data;
+- sweep: the same spec with a one-trial sweep whose only value is the spec's own learning rate, inside
+  a Tune trial (its own run folder).
+
+A sweep's trials train on the training split less the share it holds out to compare them on
+(``sweep.holdout``), so the baseline trains on exactly those rows and is measured on the same held-out
+ones: the dataset the sweep's warm-up carved (``<run>/selection``), with the train stage alone. The
+sweep side still preprocesses (a reuse check) and carves its split every run: what a user pays.
 
 It reads ``images_per_s`` from each run's ``metrics.csv`` (the first epoch left out: it includes
 start-up) and the wall time of ``rayjobs submit``. Each side is warmed up once with a one-epoch run
@@ -54,13 +59,24 @@ def write_specs(scratch: Path) -> dict[bool, Path]:
 def train(spec: Path, cluster: str, scratch: Path, tag: str, epochs: int, swept: bool,
           overrides: list[str]) -> tuple[float, float]:
     """Train once; return the mean images/s after epoch 1 and the wall seconds of ``rayjobs submit``."""
-    done, seconds = submit_spec(str(spec), cluster, [*timed_training(tag, scratch, epochs), *overrides], tag)
+    settings = [*timed_training(tag, scratch, epochs), *overrides]
+    if not swept:
+        settings += [f"workload.data.output_dir={carved_dataset(scratch)}", "workload.stages=[train]"]
+    done, seconds = submit_spec(str(spec), cluster, settings, tag)
     run_dir = scratch / "results" / tag
     if swept:
         if "Best trial: trial-0000" not in done.stdout:
             raise SystemExit(f"{tag}: the sweep named no best trial\n{done.stdout[-2000:]}")
         run_dir = run_dir / "trials" / "trial-0000"
     return mean_images_per_s(run_dir), seconds
+
+
+def carved_dataset(scratch: Path) -> Path:
+    """The training split as the sweep divided it, written by the sweep's warm-up (which runs first)."""
+    carved = sorted((scratch / "results").glob("*/selection/_manifest.json"))
+    if not carved:
+        raise SystemExit("no sweep has carved its selection split yet: the sweep's warm-up must run first")
+    return carved[0].parent
 
 
 def main() -> None:

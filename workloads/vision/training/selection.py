@@ -47,6 +47,8 @@ def carve_selection_split(info: DatasetInfo, run_dir: StoragePath, share: float,
     label_columns = [pq.read_table(storage.open_input_file(path), columns=["label"]).column("label").to_pylist()
                      for path in source]
     held_out = held_out_rows([label for column in label_columns for label in column], share, seed)
+    # As the preprocess stage writes them: JPEG bytes do not compress, raw pixel arrays do.
+    image_compression = "SNAPPY" if info.layout.encoding == "raw" else "NONE"
     counts: Counter = Counter()
     per_class: dict[str, Counter] = defaultdict(Counter)
     files: list[dict] = []
@@ -64,7 +66,7 @@ def carve_selection_split(info: DatasetInfo, run_dir: StoragePath, share: float,
                     continue
                 name = f"{split}/part-{number:05d}.parquet"
                 storage.make_folder(building / split)
-                write_part(building / name, part, rows_per_file)
+                write_part(building / name, part, rows_per_file, image_compression)
                 files.append({"path": name, "rows": part.num_rows, "bytes": storage.file_size(building / name)})
                 counts[split] += part.num_rows
                 for class_name in part.column("class_name").to_pylist():
