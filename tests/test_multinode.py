@@ -241,7 +241,7 @@ def _raylet_of(cluster: LocalCluster, node: WorkerNode):
 
 @pytest.mark.cluster  # its own cluster, started through the CLI
 def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster, tmp_path):
-    # Preprocessing spreads its tasks over the three 1-CPU nodes. Two 1-CPU training workers: at
+    # Preprocessing spreads its tasks over the 1-CPU nodes. Two 1-CPU training workers: at
     # least one of them is on a worker node, whose raylet is SIGKILLed once epoch 1 is checkpointed.
     # The two nodes left still fit both workers.
     run_dir = tmp_path / "results" / "node-death"
@@ -272,7 +272,10 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
             job.communicate()
     assert job.returncode == ExitCode.SUCCEEDED, stdout[-3000:] + stderr[-2000:]
     assert "SUCCEEDED" in stderr
-    assert re.search(r"preprocess: wrote .* images/s, on 3 nodes\)", stdout), stdout[-3000:]
+    # More than one node did preprocessing. Which ones depends on Ray's view of free CPUs as each task is
+    # placed: on a loaded machine this 6-second stage has twice not reached the third node.
+    preprocessed = re.search(r"preprocess: wrote .* images/s, on (\d) nodes\)", stdout)
+    assert preprocessed and int(preprocessed[1]) >= 2, stdout[:3000]
     # Restored from a checkpoint on the nodes left, not restarted: every epoch once.
     assert re.search(r"Resuming run 'node-death' after epoch [1-3] from ", stdout), stdout[-3000:]
     assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4]

@@ -144,3 +144,67 @@ def test_the_held_out_share_is_taken_from_every_class_seeded_and_leaves_each_cla
     assert per_class == {0: 2, 1: 1, 2: 1, 3: 0}, "a share of each class; a class of one row keeps it for training"
     assert all(sum(1 for row in range(len(labels)) if labels[row] == label and row not in held_out_rows(labels, 0.9, 1))
                >= 1 for label in range(4)), "however large the share, every class trains on a row"
+
+
+def test_asha_stops_a_trial_that_is_behind_at_its_first_rung(workload_ray, tmp_path):
+    from jobs.sweep import SweepSpec
+    from jobs.workload_contract import Demand
+    from tests.support.sweep_trials import EPOCHS, report_the_learning_rate
+    from workloads.training.sweep import run_sweep
+
+    # One trial at a time, so the first has reached every rung when the second meets the first one.
+    sweep = SweepSpec.model_validate({
+        "metric": "val_accuracy", "mode": "max", "search": "grid", "max_concurrent": 1,
+        "scheduler": {"asha": {"grace_period": 1, "reduction_factor": 2}},
+        "parameters": {"workload.train.lr": {"choice": [0.9, 0.1]}}})
+    outcome = run_sweep(sweep, report_the_learning_rate, tmp_path / "run", Demand("training", 1, 1.0), EPOCHS)
+    assert [(trial.name, trial.status, trial.epochs) for trial in outcome.trials] == [
+        ("trial-0000", "FINISHED", EPOCHS), ("trial-0001", "STOPPED_EARLY", 1)]
+    assert outcome.best is outcome.trials[0]
+    with open(tmp_path / "run" / "trials.csv", newline="") as handle:
+        assert [(row["trial"], row["stopped_early"]) for row in csv.DictReader(handle)] == [
+            ("trial-0000", "False"), ("trial-0001", "True")]
+
+
+def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a_finished_trial_again(
+        workload_ray, s3_endpoint, aws_env, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.ray_instances import driver_env_joining_this_ray
+    from tests.support.s3_server import create_bucket
+    from tests.support.sweep_trials import EPOCHS, SWEEP_DRIVER
+    from tests.support.waiting import HANG_GUARD_S
+    from workloads import storage
+
+    create_bucket(s3_endpoint, "rayjobs-sweeps")
+    run_dir = f"s3://rayjobs-sweeps/{tmp_path.name}/run"
+    starts, stalled = tmp_path / "starts.txt", tmp_path / "stalled"
+    job_env = {**aws_env, "SWEEP_STARTS": str(starts), "SWEEP_STALLED": str(stalled)}
+    # The sweep runs in a job's driver of its own, joined to this Ray, so that it can die as a job's driver does.
+    env = driver_env_joining_this_ray(**job_env, SWEEP_JOB_ENV=json.dumps(job_env))
+    command = [sys.executable, "-c", SWEEP_DRIVER, run_dir]
+    tune_state = storage.storage_path(run_dir) / "tune"
+
+    def finished_trial_in_the_bucket() -> bool:
+        return any("TERMINATED" in storage.read_text(path) for path in storage.list_files(tune_state, ".json")
+                   if path.name.startswith("experiment_state"))
+
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_condition(stalled.exists, timeout_s=HANG_GUARD_S)  # trial-0001 is in its second epoch
+            wait_for_condition(finished_trial_in_the_bucket, timeout_s=HANG_GUARD_S)
+            first.send_signal(signal.SIGKILL)  # as when the job's node is lost
+        finally:
+            if first.poll() is None:
+                first.kill()
+            first.wait()
+
+    again = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=2 * HANG_GUARD_S)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "Continuing the sweep" in again.stdout
+    trials = json.loads(again.stdout.split("TRIALS ", 1)[1].splitlines()[0])
+    assert trials == [["trial-0000", "FINISHED", EPOCHS], ["trial-0001", "FINISHED", EPOCHS]]
+    assert starts.read_text().split() == ["trial-0000", "trial-0001", "trial-0001"], "trial-0000 was not run again"
