@@ -314,3 +314,34 @@ def test_loader_processes_never_outnumber_the_cpus_beside_the_training_process()
     assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=4)) == 2
     assert effective_loader_workers(TrainConfig(loader_workers=4, cpus_per_worker=3)) == 2
     assert effective_loader_workers(TrainConfig(loader_workers=2, cpus_per_worker=1, use_gpu=True)) == 2
+
+
+def test_batch_norm_statistics_are_estimated_again_from_the_last_training_batches_with_the_weights_fixed():
+    from collections import deque
+    from types import SimpleNamespace
+
+    import torch
+
+    from workloads.vision.config import TrainConfig
+    from workloads.vision.training.loop import recalibrate_batch_norm
+
+    # Statistics gathered step by step, far from what the model's inputs look like now.
+    norm = torch.nn.BatchNorm2d(3)
+    norm.running_mean.fill_(50.0)
+    norm.running_var.fill_(900.0)
+    generator = torch.Generator().manual_seed(0)
+    batches = deque((torch.rand(8, 3, 4, 4, generator=generator) * 4 + 2 for _ in range(5)), maxlen=32)
+    expected_mean = torch.stack([batch.mean(dim=(0, 2, 3)) for batch in batches]).mean(dim=0)
+    expected_var = torch.stack([batch.var(dim=(0, 2, 3)) for batch in batches]).mean(dim=0)  # unbiased per batch
+    model = torch.nn.Sequential(norm).eval()
+    worker = SimpleNamespace(recent_batches=batches, unwrapped_model=model, world_size=1, use_amp=False,
+                             device=torch.device("cpu"), normalize=lambda images: images.float())
+    recalibrate_batch_norm(worker)
+    assert torch.allclose(norm.running_mean, expected_mean, atol=1e-5)
+    assert torch.allclose(norm.running_var, expected_var, atol=1e-4)
+    assert norm.momentum == 0.1 and not batches, "the training's momentum is back; the batches are used up"
+
+    # On by default only where a worker's batch is small.
+    assert TrainConfig(batch_size=16).recalibration_batches(world_size=2) == 32
+    assert TrainConfig(batch_size=64).recalibration_batches(world_size=2) == 0
+    assert TrainConfig(batch_size=64, batch_norm_recalibration=4).recalibration_batches(world_size=2) == 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from jobs.paths import SpecPath, SpecStoragePath, refuse_uri
 from jobs.strict import StrictModel
@@ -173,6 +173,11 @@ class TrainConfig(RayTrainSettings):
         "steadied very small runs (a few dozen steps, 8 images per worker) at 224 px.")
     grad_clip_norm: PositiveFloat | None = Field(
         5.0, description="Clip the global gradient norm to this before each step (none: no clipping).")
+    batch_norm_recalibration: Literal["auto"] | NonNegativeInt = Field(
+        "auto", description="Before each evaluation, estimate every batch-norm layer's statistics again with the "
+        "epoch's final weights, over this many of each worker's last training batches, averaged across "
+        "workers (0: never). auto: 32 when a worker's share of batch_size is under 16 images, where the "
+        "statistics gathered step by step from so few images misdescribe the model; 0 otherwise.")
     freeze_epochs: int = Field(
         0, ge=0, description="With pretrained weights: train only the new classification head for this "
         "many epochs before the whole network.")
@@ -237,6 +242,12 @@ class TrainConfig(RayTrainSettings):
         if self.weight_decay is not None:
             return self.weight_decay
         return 0.05 if self.optimizer == "adamw" else 5e-4
+
+    def recalibration_batches(self, world_size: int) -> int:
+        """How many of a worker's last training batches re-estimate batch-norm statistics before evaluation."""
+        if self.batch_norm_recalibration != "auto":
+            return self.batch_norm_recalibration
+        return 32 if self.batch_size // max(1, world_size) < 16 else 0
 
     def warmup(self) -> float:
         """Warm-up length in epochs."""
