@@ -323,7 +323,7 @@ def test_batch_norm_statistics_are_estimated_again_from_the_last_training_batche
     import torch
 
     from workloads.vision.config import TrainConfig
-    from workloads.vision.training.loop import recalibrate_batch_norm
+    from workloads.vision.training.recipe import recalibrate_batch_norm
 
     # Statistics gathered step by step, far from what the model's inputs look like now.
     norm = torch.nn.BatchNorm2d(3)

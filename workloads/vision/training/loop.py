@@ -28,7 +28,8 @@ from workloads.vision.images import ImageLayout, normalize
 from workloads.vision.reading.batches import RayDataBatches, TorchBatches
 from workloads.vision.training.model import META_FILE, STATE_FILE, build_model, checkpoint_state, read_checkpoint_state
 from workloads.vision.training.recipe import (HEAD_WEIGHTS_GROUP, Diverged, DivergenceGuard, divergence_report,
-                                              epoch_warning, make_optimizer, make_scheduler, restart_schedule_at)
+                                              epoch_warning, make_optimizer, make_scheduler, recalibrate_batch_norm,
+                                              restart_schedule_at)
 
 # data_wait_s: seconds per worker blocked waiting for the next batch; compute_s: the
 # rest of the training pass (forward, backward, optimizer step).
@@ -266,43 +267,6 @@ def train_one_epoch(worker: Worker, epoch: int) -> EpochTraining:
     loss_sum = loss_total.item()
     return EpochTraining(started=epoch_start, loss_sum=loss_sum, seen=seen, data_wait=data_wait,
                          seconds=time.perf_counter() - epoch_start, lr=lr)
-
-
-def recalibrate_batch_norm(worker: Worker) -> None:
-    """Estimate every batch-norm layer's running statistics again, with the epoch's final weights, from this rank's
-    last training batches; average them across ranks.
-
-    During training each step moves the statistics a tenth of the way towards those of one batch, taken
-    with weights that have changed since. From 8 images per worker at 224 px that described the test photos
-    so badly that the validation loss was 8 and 15 after the first two epochs, and about 1.4 at the end. A
-    plain average over many batches with the weights fixed is what evaluation needs (Wu & Johnson,
-    "Rethinking 'Batch' in BatchNorm", 2021). It costs a forward pass over those batches.
-    """
-    import torch
-    import torch.distributed as dist
-
-    batches = worker.recent_batches
-    model = worker.unwrapped_model
-    norms = [module for module in model.modules() if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)]
-    if not batches or not norms:
-        return
-    momenta = [norm.momentum for norm in norms]
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # a cumulative average over the batches below
-    model.train()
-    with torch.no_grad():
-        for images in batches:
-            with torch.autocast(device_type=worker.device.type, dtype=torch.bfloat16, enabled=worker.use_amp):
-                model(worker.normalize(images))
-    for norm, momentum in zip(norms, momenta):
-        norm.momentum = momentum
-    if worker.world_size > 1:
-        for norm in norms:
-            for statistic in (norm.running_mean, norm.running_var):
-                dist.all_reduce(statistic)
-                statistic /= worker.world_size
-    batches.clear()
 
 
 def evaluate(worker: Worker) -> Evaluation:

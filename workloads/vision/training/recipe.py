@@ -1,8 +1,10 @@
-"""The training recipe: optimizer, learning-rate schedule, and the guards against a run that blows up."""
+"""The training recipe: optimizer, learning-rate schedule, batch-norm statistics for evaluation, and the guards
+against a run that blows up."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from workloads.vision.config import TrainConfig
 from workloads.vision.training.model import HEAD_PREFIXES
@@ -139,3 +141,40 @@ def divergence_message(run_name: str, where: dict) -> str:
             f"{where['batch_size']}) or train.batch_size, or lengthen train.warmup_epochs; train.grad_clip_norm "
             "bounds each step. Checkpoints of earlier epochs are kept, and the same run_name resumes from the "
             "latest one.")
+
+
+def recalibrate_batch_norm(worker: Any) -> None:
+    """Estimate every batch-norm layer's running statistics again, with the epoch's final weights, from this rank's
+    last training batches (``worker.recent_batches``, a loop Worker); average them across ranks.
+
+    During training each step moves the statistics a tenth of the way towards those of one batch, taken
+    with weights that have changed since. From 8 images per worker at 224 px that described the test photos
+    so badly that the validation loss was 8 and 15 after the first two epochs, and about 1.4 at the end. A
+    plain average over many batches with the weights fixed is what evaluation needs (Wu & Johnson,
+    "Rethinking 'Batch' in BatchNorm", 2021). It costs a forward pass over those batches.
+    """
+    import torch
+    import torch.distributed as dist
+
+    batches = worker.recent_batches
+    model = worker.unwrapped_model
+    norms = [module for module in model.modules() if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)]
+    if not batches or not norms:
+        return
+    momenta = [norm.momentum for norm in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over the batches below
+    model.train()
+    with torch.no_grad():
+        for images in batches:
+            with torch.autocast(device_type=worker.device.type, dtype=torch.bfloat16, enabled=worker.use_amp):
+                model(worker.normalize(images))
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    if worker.world_size > 1:
+        for norm in norms:
+            for statistic in (norm.running_mean, norm.running_var):
+                dist.all_reduce(statistic)
+                statistic /= worker.world_size
+    batches.clear()
