@@ -44,6 +44,20 @@ from benchmarks.common import Result, Spread, Stamp, add_json_option, start_priv
 REFERENCE_LINE = re.compile(r"epoch (\d+) .*test_acc ([0-9.]+)")
 
 
+def add_data_option(parser: argparse.ArgumentParser) -> None:
+    """``--data``: the Food-101 subset to learn on, by default the 64 px development set beside the project."""
+    parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared/data/food101-64px-dev",
+                        help="Food-101 subset in the official layout (images/, meta/classes.txt, train.txt, test.txt)")
+
+
+def food101_subset(path: Path) -> Path:
+    """``path`` resolved; the benchmark ends when it is not a Food-101 subset in the official layout."""
+    root = path.resolve()
+    if not (root / "meta" / "classes.txt").is_file():
+        raise SystemExit(f"{root} is not a Food-101 subset in the official layout (no meta/classes.txt)")
+    return root
+
+
 def spec_overrides(data_root: Path, epochs: int, image_size: int, workers: int, scratch: Path) -> list[str]:
     """The changes to specs/food101.yaml that the data and this machine demand, and nothing else."""
     classes = (data_root / "meta" / "classes.txt").read_text(encoding="utf-8").split()
@@ -136,8 +150,7 @@ def mean(values: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared/data/food101-64px-dev",
-                        help="Food-101 subset in the official layout (images/, meta/classes.txt, train.txt, test.txt)")
+    add_data_option(parser)
     parser.add_argument("--reference", type=Path, default=None,
                         help="plain PyTorch reference script (default: reference_plain_torch.py beside --data)")
     parser.add_argument("--spec", type=Path, default=REPO_ROOT / "specs/food101.yaml")
@@ -154,9 +167,7 @@ def main() -> int:
     args = parser.parse_args()
     stamp = Stamp.begin()
 
-    data_root = args.data.resolve()
-    if not (data_root / "meta" / "classes.txt").is_file():
-        raise SystemExit(f"{data_root} is not a Food-101 subset in the official layout (no meta/classes.txt)")
+    data_root = food101_subset(args.data)
     reference = (args.reference or data_root / "reference_plain_torch.py").resolve()
     if not args.skip_reference and not reference.is_file():
         raise SystemExit(f"no reference script at {reference}; pass --reference or --skip-reference")

@@ -58,7 +58,8 @@ class Benchmark:
 
     def missing(self) -> str | None:
         """Why this benchmark cannot run on this machine, or None."""
-        if self.name in ("learning_quality", "sweep_real_photos") and not (LEARNING_DATA / "meta" / "classes.txt").is_file():
+        on_real_photos = ("learning_quality", "sweep_real_photos", "sweep_asha")
+        if self.name in on_real_photos and not (LEARNING_DATA / "meta" / "classes.txt").is_file():
             return (f"needs the 64 px Food-101 dev set and its reference script at {LEARNING_DATA}, "
                     "which is kept outside the project")
         return None
@@ -105,6 +106,9 @@ BENCHMARKS = [
         Run("sweep_real_photos.py", ["--image-size", "32"],
             ["--epochs", "1", "--trials", "2", "--image-size", "24"], timeout_s=3600),
     ], 15),
+    Benchmark("sweep_asha", [
+        Run("sweep_asha.py", [], ["--epochs", "2", "--trials", "2", "--image-size", "24"], timeout_s=3600),
+    ], 12),
     Benchmark("follower_events", [
         # 2,000 events in 5 minutes: six times the rate of the same events over a 30-minute run.
         Run("follower_events.py", ["--events", "2000", "--seconds", "300"], ["--events", "50", "--seconds", "5"]),

@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.common import Result, Spread, Stamp, add_json_option, start_private_ray  # noqa: E402
-from benchmarks.learning_quality import spec_overrides  # noqa: E402
+from benchmarks.learning_quality import add_data_option, food101_subset, spec_overrides  # noqa: E402
 
 LR_RANGE = [5.0e-4, 8.0e-3]  # around the recipe's 0.002 per 64 images, a factor of 4 each way
 WEIGHT_DECAYS = [0.0, 0.01, 0.05, 0.1]
@@ -64,8 +64,7 @@ def run_side(spec: Path, overrides: list[str], sweep: dict | None) -> tuple[dict
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared/data/food101-64px-dev",
-                        help="Food-101 subset in the official layout (images/, meta/classes.txt, train.txt, test.txt)")
+    add_data_option(parser)
     parser.add_argument("--spec", type=Path, default=REPO_ROOT / "specs/food101.yaml")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--trials", type=int, default=5)
@@ -75,9 +74,7 @@ def main() -> int:
     args = parser.parse_args()
     stamp = Stamp.begin()
 
-    data_root = args.data.resolve()
-    if not (data_root / "meta" / "classes.txt").is_file():
-        raise SystemExit(f"{data_root} is not a Food-101 subset in the official layout (no meta/classes.txt)")
+    data_root = food101_subset(args.data)
     scratch = Path(tempfile.mkdtemp(prefix="rayjobs-sweep-photos-"))
     import ray
 

@@ -61,8 +61,8 @@ def _encode_chunk_on_a_node(payloads, image_size: int, jpeg_quality: int):
     return ray.get_runtime_context().get_node_id(), encode_chunk(payloads, image_size, jpeg_quality)
 
 
-# SPREAD: by default Ray fills the driver's node first and spills over only when it is full, so on a
-# loaded cluster a node could sit out the whole stage; spread, every node with a free CPU takes chunks.
+# SPREAD: Ray's default placement prefers the driver's node until it is half busy; spread, the chunks go to
+# every node with a free CPU in turn, so a cluster's nodes share the stage from its first tasks.
 _encode_chunk_remote = ray.remote(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")(_encode_chunk_on_a_node)
 
 

@@ -189,9 +189,7 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
     Raises :class:`TrainingError` when every trial failed.
     """
     from workloads.training.sweep import TRIALS_DIR, run_sweep, trial_table
-
     from workloads.training.tracking import MlflowRun
-
     from workloads.vision.training.selection import carve_selection_split
 
     document = params.model_dump(mode="json")
