@@ -128,11 +128,13 @@ def images_and_wall(result: "Result", labels: tuple[str, str], results: dict[str
     print(f"ratio ({other_label} / {base_label}): {ratio.text(3)}x; wall time {wall.text(3)}x")
 
 
-def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:
+def start_private_ray(num_cpus: int, log_to_driver: bool = False, dashboard: bool = False) -> None:
     """Start a Ray instance of ``num_cpus`` CPUs for this process alone, on loopback.
 
     ``address="local"`` ignores any RAY_ADDRESS (a benchmark never joins a user's
-    cluster); token auth is off so that Ray does not write ~/.ray/auth_token.
+    cluster); token auth is off so that Ray does not write ~/.ray/auth_token. ``dashboard``
+    starts Ray's dashboard too, whose state API Ray Train's placement-group cleaner needs to
+    free the workers of a trainer killed mid-run (a sweep's trial that ASHA stops).
     """
     import ray
 
@@ -142,7 +144,8 @@ def start_private_ray(num_cpus: int, log_to_driver: bool = False) -> None:
     # shared with other work the Ray side would lose CPU to the neighbours that the baseline
     # keeps: the ratio would measure the scheduler, not the code.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+             log_to_driver=log_to_driver)
 
 
 # --------------------------------------------------------------------------- rounds and spreads

@@ -43,7 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_option(parser)
     parser.add_argument("--spec", type=Path, default=REPO_ROOT / "specs/food101.yaml")
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0, help="seed of the sweep's draws")
@@ -57,7 +57,7 @@ def main() -> int:
 
     outcomes = {}
     try:
-        start_private_ray(2, log_to_driver=True)
+        start_private_ray(2, log_to_driver=True, dashboard=True)
         base = [*spec_overrides(data_root, args.epochs, args.image_size, 2, scratch),
                 "workload.stages=[preprocess, train, infer]", "workload.infer.num_actors=1"]
         # The dataset first, so that neither side's wall time includes writing it.

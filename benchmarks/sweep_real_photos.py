@@ -79,7 +79,7 @@ def main() -> int:
     import ray
 
     try:
-        start_private_ray(2, log_to_driver=True)
+        start_private_ray(2, log_to_driver=True, dashboard=True)
         base = [*spec_overrides(data_root, args.epochs, args.image_size, 2, scratch),
                 "workload.stages=[preprocess, train, infer]", "workload.infer.num_actors=1"]
         print("recipe: one run", flush=True)
