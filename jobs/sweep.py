@@ -11,12 +11,13 @@ pydantic only, so a spec is checked without ray or torch.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from jobs.errors import did_you_mean
 from jobs.strict import StrictModel, field_names_at
@@ -24,6 +25,7 @@ from jobs.workload_contract import Demand, workload_needs
 
 # Spec paths of swept fields start with this: the sweep changes only the workload's parameters.
 WORKLOAD_PREFIX = "workload."
+INSTALL_OPTUNA = "pip install 'rayjobs[optuna]'"
 # A point inside a continuous range that no integer field accepts: a float distribution on an
 # integer field is caught by validating it (the ends of [1, 4] alone are whole numbers).
 _INTERIOR_SHARE = 0.37
@@ -94,8 +96,10 @@ class SweepSpec(StrictModel):
     metric: str = Field(description="The metric trials are compared by; one the workload reports per epoch.")
     mode: Literal["max", "min"] = Field(description="Whether a higher (max) or lower (min) metric is better.")
     samples: int = Field(1, ge=1, le=10_000, description="Trials; with search: grid, repeats of each grid point.")
-    search: Literal["random", "grid"] = Field("random", description="random: draw each trial's values; grid: "
-                                              "every combination of the choice lists (ranges still drawn).")
+    search: Literal["random", "grid", "optuna"] = Field(
+        "random", description="random: draw each trial's values; grid: every combination of the choice lists "
+        "(ranges still drawn); optuna: Optuna's TPE sampler draws each trial's values from how the trials before "
+        f"it did (needs {INSTALL_OPTUNA}, here and on the cluster).")
     scheduler: Literal["none"] | SchedulerConfig = Field("none", description="none, or {asha: {...}}.")
     max_concurrent: Literal["auto"] | int = Field("auto", description="Trials at once: auto (as many as the "
                                                   "cluster fits) or a number no larger than that.")
@@ -106,10 +110,31 @@ class SweepSpec(StrictModel):
     parameters: dict[str, Distribution] = Field(min_length=1, description="Swept fields by spec path "
                                                 "(workload.train.lr) and where their values come from.")
 
+    @field_validator("search")
+    @classmethod
+    def _search_installed(cls, value: str) -> str:
+        if value == "optuna" and importlib.util.find_spec("optuna") is None:
+            raise ValueError(f"optuna is not installed here: {INSTALL_OPTUNA} (the cluster needs it as well, e.g. "
+                             "in runtime_env.pip)")
+        return value
+
     @model_validator(mode="after")
     def _concurrency(self) -> SweepSpec:
         if isinstance(self.max_concurrent, int) and (isinstance(self.max_concurrent, bool) or self.max_concurrent < 1):
             raise ValueError("max_concurrent must be auto or a number of trials, 1 or more")
+        return self
+
+    @model_validator(mode="after")
+    def _optuna_choices(self) -> SweepSpec:
+        if self.search != "optuna":
+            return self
+        for path, distribution in self.parameters.items():
+            # Optuna's categorical distribution holds numbers, strings, booleans and null only.
+            odd = [value for value in distribution.choice or [] if not isinstance(value, (str, int, float, bool))
+                   and value is not None]
+            if odd:
+                raise ValueError(f"{path}: search: optuna chooses among numbers, strings, booleans and null "
+                                 f"only, not {odd[0]!r}; use search: random or grid for this choice")
         return self
 
     @property
@@ -123,6 +148,14 @@ class SweepSpec(StrictModel):
             return self.samples
         points = math.prod(len(d.choice) for d in self.parameters.values() if d.choice is not None)
         return self.samples * points
+
+    def random_trials_first(self) -> int:
+        """With ``search: optuna``, how many trials are drawn at random before TPE takes over.
+
+        Optuna's default is ten, so a sweep of eight would never use TPE: half the sweep is drawn at
+        random (at least one trial, at most Optuna's ten), the rest by TPE from their results.
+        """
+        return max(1, min(10, self.samples // 2))
 
     def grid(self) -> list[dict[str, Any]]:
         """The grid points (``search: grid``): every combination of the choice lists, by parameter path."""
@@ -144,7 +177,8 @@ def trial_plan(sweep: SweepSpec, workload: Any) -> dict[str, Any]:
         "choose_by": f"{sweep.metric} ({sweep.mode})",
         "chosen_on": f"{sweep.holdout:.0%} of each class of the training split, held out (the validation split "
                      "measures the best trial afterwards)",
-        "search": sweep.search,
+        "search": (f"optuna (TPE; the first {sweep.random_trials_first()} trial(s) drawn at random)"
+                   if sweep.search == "optuna" else sweep.search),
         "parameters": {path: ("grid " + str(d.choice) if sweep.search == "grid" and d.choice is not None
                               else d.describe()) for path, d in sweep.parameters.items()},
         "epochs_at_most": epochs,

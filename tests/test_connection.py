@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from jobs.address import normalize_address
@@ -14,6 +15,7 @@ from runner import local
 from runner.local import LocalCluster, cluster_dir
 from runner.client.connection import parse_header, resolve_connection
 from runner.errors import BadInput, NoCluster
+from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +97,20 @@ def test_explicit_authorization_header_wins(monkeypatch):
 # running `ray start` looks like to rayjobs. Nothing listens on the ports; resolving never connects.
 
 
+def _stand_in(*argv: str) -> subprocess.Popen:
+    """A sleeping process whose command line ends with ``argv``, returned once /proc shows it.
+
+    Popen returns when the child's close-on-exec pipe closes, which the kernel does before it
+    maps the new program's arguments: for a moment, more on a loaded machine, the child's
+    command line reads empty, and a check that looks for the temp dir in it would miss it.
+    """
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *argv])
+    wanted = [sys.executable, "-c", "import time; time.sleep(120)", *argv]
+    wait_for_condition(lambda: psutil.Process(process.pid).cmdline() == wanted, timeout_s=HANG_GUARD_S,
+                       interval_s=0.005)
+    return process
+
+
 @pytest.fixture
 def local_cluster_state(tmp_path):
     """Write the state of a "running" local cluster under RAYJOBS_HOME: ``make(name, port)``."""
@@ -102,7 +118,7 @@ def local_cluster_state(tmp_path):
 
     def make(name: str, port: int, token: str | None = "cluster-token", alive: bool = True) -> LocalCluster:
         temp_dir = str(tmp_path / f"rj-{name}")
-        leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", temp_dir])
+        leader = _stand_in(temp_dir)
         leaders.append(leader)
         if not alive:
             leader.kill()
@@ -165,7 +181,7 @@ def test_matching_only_reads_state(local_cluster_state):
     garbled.mkdir(parents=True)
     (garbled / "cluster.json").write_text("{not json")
     # A live process that is not this cluster's leader (its pid was reused): never touched.
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stranger = _stand_in()
     try:
         reused = local_cluster_state("reused", 23470)
         reused.pid = stranger.pid
@@ -185,7 +201,7 @@ def test_matching_only_reads_state(local_cluster_state):
 def test_a_dead_clusters_leftovers_are_left_to_the_cluster_commands(local_cluster_state):
     gone = local_cluster_state("gone", 23456, alive=False)
     # A process the dead cluster left behind: it names the cluster's temp dir.
-    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", gone.temp_dir])
+    leftover = _stand_in(gone.temp_dir)
     try:
         with pytest.raises(NoCluster):
             resolve_connection(cluster_name="gone")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 import subprocess
@@ -13,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.cli import REPO_ROOT, run_rayjobs, submit_spec
-from tests.support.s3_server import aws_variables, create_bucket, object_keys, s3_client
+from tests.support.cli import REPO_ROOT, run_rayjobs
+from tests.support.s3_server import create_bucket, object_keys, s3_client
 
 HF_BUCKET = "rayjobs-hf"
 BEANS_CLASSES = ["angular_leaf_spot", "bean_rust", "healthy"]
@@ -138,12 +139,20 @@ MARKED_NORM = "0.layernorm_before.weight"
 MARK = 2.5
 
 
-def test_vit_fine_tuned_from_local_weights_learns_and_writes_its_run_to_s3(ray_cluster, ray_cluster_home,
-                                                                           s3_endpoint, tmp_path):
+def test_vit_fine_tuned_from_local_weights_learns_writes_its_run_to_s3_and_to_mlflow(
+        workload_ray, s3_endpoint, aws_env, mlflow_tracking, monkeypatch, capsys, tmp_path):
+    # The spec's stages on the in-process Ray, as its job's entry point runs them: submitting and following a
+    # job is the same for every workload, and the CLI tests prove it on the session's cluster.
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
     import torch
     from safetensors.torch import load as load_safetensors
     from transformers import ViTConfig, ViTForImageClassification
+
+    from jobs.keys import TRACKING_ENV_VAR
+    from jobs.loader import load_spec
+    from workloads.hf_vit.__main__ import require_hf_extra
+    from workloads.hf_vit.train import run
+    from workloads.storage import check_storage, storage_path
 
     data = write_beans_like(tmp_path / "beans-hub", {"train": 24, "test": 8}, as_parquet=True)
     pretrained = tmp_path / "vit-local"
@@ -155,19 +164,25 @@ def test_vit_fine_tuned_from_local_weights_learns_and_writes_its_run_to_s3(ray_c
     model.save_pretrained(pretrained)
     # The run (checkpoints, metrics.csv, the loss curve) goes to object storage.
     create_bucket(s3_endpoint, HF_BUCKET)
-    aws = [f"runtime_env.env_vars.{name}={value}" for name, value in aws_variables(s3_endpoint).items()]
-    result = submit_spec(ray_cluster_home, "specs/vit-hf.yaml", f"workload.data.path={data}",
-                         f"workload.model.weights={pretrained}", "workload.run_name=from-local",
-                         f"workload.storage_path=s3://{HF_BUCKET}/runs", "workload.train.epochs=3",
-                         "workload.train.num_workers=2", "workload.train.cpus_per_worker=1",
-                         "workload.train.batch_size=8", "workload.train.lr=0.002", "workload.train.warmup_ratio=0",
-                         *aws)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "72 train and 24 eval images" in result.stdout
+    experiment = f"hf-{tmp_path.name}"
+    # What the job's environment holds (rayjobs sets it from the spec's tracking block).
+    monkeypatch.setenv(TRACKING_ENV_VAR, json.dumps({"mlflow": {"tracking_uri": mlflow_tracking.uri,
+                                                                "experiment": experiment}}))
+    loaded = load_spec(REPO_ROOT / "specs" / "vit-hf.yaml", [
+        f"workload.data.path={data}", f"workload.model.weights={pretrained}", "workload.run_name=from-local",
+        f"workload.storage_path=s3://{HF_BUCKET}/runs", "workload.train.epochs=3", "workload.train.num_workers=2",
+        "workload.train.cpus_per_worker=1", "workload.train.batch_size=8", "workload.train.lr=0.002",
+        "workload.train.warmup_ratio=0"])
+    params = loaded.workload
+    require_hf_extra()
+    check_storage(storage_path(params.storage_path), "storage_path")
+    run(params)
+    printed = capsys.readouterr().out
+    assert "72 train and 24 eval images" in printed
     keys = object_keys(s3_endpoint, HF_BUCKET, "runs/from-local/")
     assert "runs/from-local/metrics.csv" in keys and "runs/from-local/loss_curve.png" in keys, keys
-    best = re.search(rf"Best checkpoint: s3://{HF_BUCKET}/(runs/from-local/checkpoint_\S+/checkpoint) ", result.stdout)
-    assert best, result.stdout[-3000:]
+    best = re.search(rf"Best checkpoint: s3://{HF_BUCKET}/(runs/from-local/checkpoint_\S+/checkpoint) ", printed)
+    assert best, printed[-3000:]
 
     metrics = s3_client(s3_endpoint).get_object(Bucket=HF_BUCKET, Key="runs/from-local/metrics.csv")["Body"].read()
     rows = list(csv.DictReader(io.StringIO(metrics.decode())))
@@ -181,3 +196,14 @@ def test_vit_fine_tuned_from_local_weights_learns_and_writes_its_run_to_s3(ray_c
     # Fine-tuned from the local folder, not a fresh model of the same shape: its marked norm is still near MARK.
     assert torch.allclose(marked, torch.full_like(marked, MARK), atol=0.2), marked
     assert tuned["classifier.weight"].shape == (3, 32)  # a new head for the three classes
+
+    # One MLflow run for the training run (two workers report; one logs), each epoch's metrics at its step.
+    client = mlflow_tracking.client()
+    (tracked,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert tracked.info.status == "FINISHED" and tracked.data.tags["rayjobs.run_dir"] == f"s3://{HF_BUCKET}/runs/from-local"
+    assert tracked.data.params["train.num_workers"] == "2" and tracked.data.params["model.weights"] == str(pretrained)
+    history = client.get_metric_history(tracked.info.run_id, "eval_accuracy")
+    assert [(point.step, point.value) for point in history] == [
+        (int(row["epoch"]), pytest.approx(float(row["val_accuracy"]))) for row in rows]
+    assert {artifact.path for artifact in client.list_artifacts(tracked.info.run_id)} >= {"metrics.csv",
+                                                                                           "loss_curve.png"}

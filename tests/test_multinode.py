@@ -272,10 +272,10 @@ def test_training_survives_the_death_of_a_worker_node(multi_home, multi_cluster,
             job.communicate()
     assert job.returncode == ExitCode.SUCCEEDED, stdout[-3000:] + stderr[-2000:]
     assert "SUCCEEDED" in stderr
-    # More than one node did preprocessing. Which ones depends on Ray's view of free CPUs as each task is
-    # placed: on a loaded machine this 6-second stage has twice not reached the third node.
-    preprocessed = re.search(r"preprocess: wrote .* images/s, on (\d) nodes\)", stdout)
-    assert preprocessed and int(preprocessed[1]) >= 2, stdout[:3000]
+    # How many nodes encoded is not pinned: 240 small images take one worker about 2 s, often less than a
+    # worker on another node needs to start, and that node's lease then finds no chunk left (tasks on three
+    # nodes at once are test_job_runs_tasks_on_three_distinct_nodes, above).
+    assert re.search(r"preprocess: wrote .* 240 images \(.* images/s, on [123] nodes?\)", stdout), stdout[:3000]
     # Restored from a checkpoint on the nodes left, not restarted: every epoch once.
     assert re.search(r"Resuming run 'node-death' after epoch [1-3] from ", stdout), stdout[-3000:]
     assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4]

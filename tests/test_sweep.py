@@ -5,7 +5,9 @@ trains in its own run folder with its own values, a trial that fails is reported
 on, the best trial is chosen by the metric and its checkpoint goes on to inference, trials.csv and
 trials.png describe every trial, no placement group outlives the sweep, MLflow (a real server on
 loopback) has the sweep as a parent run with one child run per trial (not one per worker), and the
-same sweep submitted again runs no finished trial again and continues the same MLflow runs.
+same sweep submitted again runs no finished trial again and continues the same MLflow runs. The searchers
+(random, Optuna's TPE), ASHA and a driver killed mid-trial are checked with trials that report set
+figures instead of training (tests/support/sweep_trials.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tests.support.cli import REPO_ROOT
@@ -202,9 +205,63 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a
                 first.kill()
             first.wait()
 
-    again = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=2 * HANG_GUARD_S)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "Continuing the sweep" in again.stdout
-    trials = json.loads(again.stdout.split("TRIALS ", 1)[1].splitlines()[0])
+    # Its output goes to a file, which a hang guard's kill leaves for reading.
+    with open(tmp_path / "again.log", "w") as log:
+        returncode = subprocess.run(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=2 * HANG_GUARD_S).returncode
+    again = (tmp_path / "again.log").read_text(errors="replace")
+    assert returncode == 0, again[-6000:]
+    assert "Continuing the sweep" in again
+    trials = json.loads(again.split("TRIALS ", 1)[1].splitlines()[0])
     assert trials == [["trial-0000", "FINISHED", EPOCHS], ["trial-0001", "FINISHED", EPOCHS]]
     assert starts.read_text().split() == ["trial-0000", "trial-0001", "trial-0001"], "trial-0000 was not run again"
+
+
+def test_an_optuna_sweep_draws_each_trial_from_the_results_before_it(workload_ray, tmp_path):
+    optuna = pytest.importorskip("optuna", reason="optuna (the optuna extra, in dev) is not installed")
+    from jobs.sweep import SweepSpec
+    from jobs.workload_contract import Demand
+    from tests.support.sweep_trials import EPOCHS, report_the_learning_rate
+    from workloads.training.sweep import run_sweep
+
+    bounds = (1e-4, 1.0)
+    sweep = SweepSpec.model_validate({
+        "metric": "val_accuracy", "mode": "max", "search": "optuna", "samples": 4, "seed": 11, "max_concurrent": 1,
+        "parameters": {"workload.train.lr": {"loguniform": list(bounds)}}})
+    outcome = run_sweep(sweep, report_the_learning_rate, tmp_path / "run", Demand("training", 1, 1.0), EPOCHS)
+    drawn = [trial.values["workload.train.lr"] for trial in outcome.trials]
+    assert [(trial.status, trial.epochs) for trial in outcome.trials] == [("FINISHED", EPOCHS)] * 4
+    assert all(bounds[0] <= value <= bounds[1] for value in drawn)
+
+    # The same study replayed with Optuna alone, each trial told what the sweep's trial reported (its
+    # learning rate): the sweep drew exactly these values, so TPE saw every result before the next draw.
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
+        seed=11, n_startup_trials=sweep.random_trials_first()))
+    replayed = []
+    for _ in range(4):
+        trial = study.ask({"workload.train.lr": optuna.distributions.FloatDistribution(*bounds, log=True)})
+        replayed.append(trial.params["workload.train.lr"])
+        study.tell(trial, trial.params["workload.train.lr"])
+    assert drawn == replayed
+    assert outcome.best is max(outcome.trials, key=lambda trial: trial.best)
+
+
+def test_a_random_sweep_draws_every_parameter_from_its_distribution(workload_ray, tmp_path):
+    from jobs.sweep import SweepSpec
+    from jobs.workload_contract import Demand
+    from tests.support.sweep_trials import EPOCHS, report_the_learning_rate
+    from workloads.training.sweep import run_sweep
+
+    sweep = SweepSpec.model_validate({
+        "metric": "val_accuracy", "mode": "max", "search": "random", "samples": 3, "seed": 5,
+        "parameters": {"workload.train.lr": {"loguniform": [1e-4, 1.0]},
+                       "workload.train.weight_decay": {"choice": [0.0, 0.05]}}})
+    outcome = run_sweep(sweep, report_the_learning_rate, tmp_path / "run", Demand("training", 1, 1.0), EPOCHS)
+    assert [(trial.name, trial.status) for trial in outcome.trials] == [
+        (f"trial-{number:04d}", "FINISHED") for number in range(3)]
+    rates = [trial.values["workload.train.lr"] for trial in outcome.trials]
+    assert all(1e-4 <= rate <= 1.0 for rate in rates) and len(set(rates)) == 3, rates
+    assert {trial.values["workload.train.weight_decay"] for trial in outcome.trials} <= {0.0, 0.05}
+    assert outcome.best is max(outcome.trials, key=lambda trial: trial.best)
+    with open(tmp_path / "run" / "trials.csv", newline="") as handle:
+        assert [float(row["workload.train.lr"]) for row in csv.DictReader(handle)] == pytest.approx(rates)

@@ -126,6 +126,30 @@ def test_dry_run_prints_the_trial_plan(tmp_path):
     assert "RAYJOBS_SWEEP" in result.stdout
 
 
+def test_an_optuna_sweep_is_checked_like_the_others_and_its_plan_says_when_tpe_takes_over():
+    pytest.importorskip("optuna", reason="optuna (the optuna extra, in dev) is not installed")
+    from jobs.sweep import trial_plan
+
+    loaded = validate_spec_data(quickstart_with({**a_sweep(**{"workload.train.lr": {"loguniform": [1e-4, 1e-2]}}),
+                                                 "search": "optuna", "samples": 8}), QUICKSTART)
+    plan = trial_plan(loaded.spec.sweep, loaded.workload)
+    assert plan["trials"] == 8 and plan["search"] == "optuna (TPE; the first 4 trial(s) drawn at random)"
+    assert SweepSpec.model_validate({**a_sweep(**{"workload.train.lr": {"choice": [0.1]}}), "search": "optuna",
+                                     "samples": 40}).random_trials_first() == 10, "never more than Optuna's own ten"
+    (problem,) = problems_of({**a_sweep(**{"workload.train.lr": {"choice": [0.1, [0.2]]}}), "search": "optuna"})
+    assert "optuna chooses among numbers, strings, booleans and null only, not [0.2]" in problem
+
+
+def test_an_optuna_sweep_without_optuna_installed_is_refused_with_the_install_command(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "optuna"
+                        else real_find_spec(name, *args))
+    (problem,) = problems_of({**a_sweep(**{"workload.train.lr": {"choice": [0.1, 0.2]}}), "search": "optuna"})
+    assert problem.startswith("sweep.search: ") and "pip install 'rayjobs[optuna]'" in problem, problem
+
+
 def test_how_many_trials_run_at_once_comes_from_the_clusters_resources():
     from jobs.sweep import SweepDoesNotFit as BadInput
     from jobs.sweep import sweep_concurrency, trials_that_fit

@@ -278,14 +278,20 @@ def run(params: HFViTParams) -> dict:
 
     run_dir = params.run_dir
     scratch = tempfile.mkdtemp(prefix="rayjobs-hf-")
-    try:
-        result = fit(train_loop_per_worker, {"params": params.model_dump(mode="json"), "scratch": scratch},
-                     params.storage_root, params.run_name, params.train, "eval_accuracy")
-    finally:
-        # The Trainer's own output; every checkpoint that matters is in the run's storage by now.
-        shutil.rmtree(scratch, ignore_errors=True)
-    rows = epoch_rows(run_dir, result)
-    write_run_metrics(run_dir, rows)
+    from workloads.training.tracking import tracked_training
+
+    with tracked_training(run_dir, params.run_name, params.model_dump(mode="json")) as tracked:
+        try:
+            result = fit(train_loop_per_worker, {"params": params.model_dump(mode="json"), "scratch": scratch},
+                         params.storage_root, params.run_name, params.train, "eval_accuracy",
+                         [tracked.reporter()] if tracked else [])
+        finally:
+            # The Trainer's own output; every checkpoint that matters is in the run's storage by now.
+            shutil.rmtree(scratch, ignore_errors=True)
+        rows = epoch_rows(run_dir, result)
+        write_run_metrics(run_dir, rows)
+        if tracked:
+            tracked.finish([run_dir / METRICS_CSV, run_dir / LOSS_CURVE])
     best = None
     if getattr(result, "best_checkpoints", None):
         best_checkpoint, best_metrics = max(result.best_checkpoints, key=lambda item: item[1].get("eval_accuracy", 0))

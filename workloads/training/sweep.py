@@ -72,9 +72,35 @@ def tune_space(sweep: SweepSpec) -> dict[str, Any]:
     return {path: domain(distribution) for path, distribution in sweep.parameters.items()}
 
 
+def search_algorithm(sweep: SweepSpec, concurrency: int) -> Any:
+    """Tune's searcher for ``sweep.search``, holding at most ``concurrency`` trials at once."""
+    if sweep.search == "optuna":
+        from ray.tune.search import ConcurrencyLimiter
+        from ray.tune.search.optuna import OptunaSearch
+
+        # Tune turns the sweep's domains into Optuna's distributions; TPE draws each trial's values from
+        # the results of the trials that finished before it, so fewer at once means better-informed draws.
+        return ConcurrencyLimiter(OptunaSearch(sampler=optuna_sampler(sweep)), max_concurrent=concurrency)
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    # The generator keeps the limit itself: Tune ignores max_concurrent_trials beside it.
+    return BasicVariantGenerator(random_state=sweep.seed, max_concurrent=concurrency)
+
+
+def optuna_sampler(sweep: SweepSpec) -> Any:
+    """The TPE sampler of ``search: optuna``: random draws for the sweep's first trials, TPE after them."""
+    from optuna.samplers import TPESampler
+
+    return TPESampler(seed=sweep.seed, n_startup_trials=sweep.random_trials_first())
+
+
 def trial_name(trial: Any) -> str:
-    """``trial-0003``: a trial's name, the same when the sweep is restored (Tune numbers trials in order)."""
-    return f"trial-{int(str(trial.trial_id).rsplit('_', 1)[-1]):04d}"
+    """``trial-0003``: a trial's number in the order Tune made it, the same when the sweep is restored."""
+    number = int(str(trial.experiment_tag).split("_", 1)[0])
+    # Tune's experiment tag starts with the trial's number: counted from 0 by the generator of random and
+    # grid search (whose trial ids end in _NNNNN), from 1 by the generator that asks a searcher (Optuna).
+    counted_from_one = "_" not in str(trial.trial_id)
+    return f"trial-{number - counted_from_one:04d}"
 
 
 def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, StoragePath, list[Any]], None],
@@ -120,15 +146,12 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
             # workers' placement group, where a stop from Tune would kill the trainer mid-way through that.
             scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs + 1, grace_period=sweep.asha.grace_period,
                                       reduction_factor=sweep.asha.reduction_factor)
-        from ray.tune.search.basic_variant import BasicVariantGenerator
-
         tuner = tune.Tuner(
             resources,
             param_space=tune_space(sweep),
             tune_config=tune.TuneConfig(
                 metric=sweep.metric, mode=sweep.mode, num_samples=sweep.samples, scheduler=scheduler,
-                # The generator keeps the limit itself: Tune ignores max_concurrent_trials beside it.
-                search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=concurrency),
+                search_alg=search_algorithm(sweep, concurrency),
                 trial_name_creator=trial_name, trial_dirname_creator=trial_name,
                 # A trial stopped early ends its process, and with it its trainer, whose placement group
                 # Ray then removes; a reused process would keep both.

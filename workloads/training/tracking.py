@@ -14,10 +14,12 @@ next ones that go through.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 from ray.train import UserCallback
 
@@ -72,6 +74,20 @@ def job_tags() -> dict[str, str]:
     return tags
 
 
+@contextlib.contextmanager
+def tracked_training(run_dir: StoragePath, name: str, params: dict[str, Any],
+                     parent: MlflowRun | None = None) -> Iterator[MlflowRun | None]:
+    """The MLflow run of one training run for the block (None when the job tracks nothing): ended as ``FAILED``
+    when the block raises; the block ends it with :meth:`MlflowRun.finish` once the run's files are written."""
+    tracked = MlflowRun.open(run_dir, name, params, *((parent.run_id, parent.settings) if parent else ()))
+    try:
+        yield tracked
+    except Exception:
+        if tracked:
+            tracked.close("FAILED")
+        raise
+
+
 class MlflowRun:
     """One MLflow run, as the driver and the Train controller both write to it. Picklable."""
 
@@ -108,12 +124,25 @@ class MlflowRun:
             self._keep_unsent()
 
     def log_artifacts(self, paths: Iterable[StoragePath | None]) -> None:
-        """Upload the files among ``paths`` that exist (plots, ``metrics.csv``) to the run."""
-        for path in paths:
-            local = storage.local_path(path) if path is not None else None
-            if local is not None and local.is_file():
+        """Upload the files among ``paths`` that exist (plots, ``metrics.csv``), on local disk or in object
+        storage, to the run."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="rayjobs-mlflow-") as scratch:
+            for path in paths:
+                if path is None or not storage.exists(path):
+                    continue
+                local = storage.local_path(path)
+                if local is None:  # in object storage: MLflow's client uploads files from disk
+                    local = Path(scratch) / path.name
+                    local.write_bytes(storage.read_bytes(path))
                 self._call(lambda client, file=local: client.log_artifact(self.run_id, str(file)),
                            f"upload {local.name}")
+
+    def finish(self, artifacts: Iterable[StoragePath | None]) -> None:
+        """Upload ``artifacts`` (those that exist) and end the run as ``FINISHED``."""
+        self.log_artifacts(artifacts)
+        self.close("FINISHED")
 
     def close(self, status: str, tags: dict[str, str] | None = None) -> None:
         """End the run as ``FINISHED`` or ``FAILED``, sending what is still pending first."""

@@ -19,11 +19,16 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 import numpy as np
-import torch
 from PIL import Image
+
+# torch is imported inside the functions that use it: the preprocess stage's tasks and Ray Data's
+# coordinators load this module for the layout and the JPEG helpers alone, and importing torch
+# would cost each of those processes about 2 CPU-seconds.
+if TYPE_CHECKING:
+    import torch
 
 # ImageNet statistics: the values torchvision's pretrained models were trained with.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -90,6 +95,8 @@ def decode_one(data: bytes, layout: ImageLayout) -> np.ndarray:
 
 def decode_batch(column: Iterable[bytes], layout: ImageLayout) -> torch.Tensor:
     """A column of stored images → uint8 tensor ``N×C×H×W``."""
+    import torch
+
     column = list(column)
     if layout.encoding == "raw":
         # One copy for the whole batch instead of one array per image.
@@ -103,6 +110,8 @@ def decode_batch(column: Iterable[bytes], layout: ImageLayout) -> torch.Tensor:
 
 def augment_batch(images: torch.Tensor, augment: Augment, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random training augmentation of a uint8 ``N×C×H×W`` batch, drawn independently per image."""
+    import torch
+
     if augment == "none" or images.shape[0] == 0:
         return images
     if augment == "crop_flip":
@@ -118,6 +127,8 @@ def augment_batch(images: torch.Tensor, augment: Augment, generator: torch.Gener
 def _random_resized_crop(images: torch.Tensor, generator: torch.Generator | None,
                          scale: tuple[float, float] = (0.6, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
     """Inception-style crops (area share in ``scale``, aspect in ``ratio``) resized back to the input size."""
+    import torch
+
     n, _, height, width = images.shape
     area = torch.empty(n).uniform_(*scale, generator=generator) * height * width
     log_ratio = torch.empty(n).uniform_(float(np.log(ratio[0])), float(np.log(ratio[1])), generator=generator)
@@ -138,6 +149,7 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     RandomResizedCrop. Averaging 2×2 samples per pixel instead blurred every training
     image by about half a pixel, even uncropped ones, while validation images stayed sharp.
     """
+    import torch
     from torchvision.ops import roi_align
 
     n, _, height, width = images.shape
@@ -149,17 +161,22 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
 
 def _random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
     """Zero-pad by ``pad`` pixels and crop back at a random offset: the CIFAR/MNIST recipe."""
+    import torch
+
     n, _, height, width = images.shape
     padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
     offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator).tolist()
     return torch.stack([padded[i, :, dy:dy + height, dx:dx + width] for i, (dy, dx) in enumerate(offsets)])
 
 
-def normalize(images: torch.Tensor, layout: ImageLayout, memory_format=torch.contiguous_format) -> torch.Tensor:
+def normalize(images: torch.Tensor, layout: ImageLayout, memory_format: torch.memory_format | None = None
+              ) -> torch.Tensor:
     """uint8 ``N×C×H×W`` → float32 scaled to [0, 1] and standardized with the layout's mean and std."""
+    import torch
+
     mean = torch.tensor(layout.mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
     std = torch.tensor(layout.std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
-    return ((images.float() - mean) / std).contiguous(memory_format=memory_format)
+    return ((images.float() - mean) / std).contiguous(memory_format=memory_format or torch.contiguous_format)
 
 
 def fit_external_image(data: bytes, layout: ImageLayout) -> np.ndarray:

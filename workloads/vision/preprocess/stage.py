@@ -61,8 +61,10 @@ def _encode_chunk_on_a_node(payloads, image_size: int, jpeg_quality: int):
     return ray.get_runtime_context().get_node_id(), encode_chunk(payloads, image_size, jpeg_quality)
 
 
-# SPREAD: Ray's default placement prefers the driver's node until it is half busy; spread, the chunks go to
-# every node with a free CPU in turn, so a cluster's nodes share the stage from its first tasks.
+# SPREAD: Ray's default placement prefers the driver's node until it is half busy; spread, each new worker
+# lease goes to the next node with a free CPU, so a cluster's nodes share a large stage from its first tasks.
+# A leased worker takes the next chunk as soon as it is done, so a stage that one worker finishes before
+# another node's worker has started (a few hundred small images) runs on one node.
 _encode_chunk_remote = ray.remote(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")(_encode_chunk_on_a_node)
 
 

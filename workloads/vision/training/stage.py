@@ -138,25 +138,18 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
             raise TrainingError(shortfall)
         data_options = {"datasets": training_datasets(dataset_root, layout, cfg),
                         "dataset_config": ExactValidationDataConfig()}
-    from workloads.training.tracking import MlflowRun
+    from workloads.training.tracking import tracked_training
 
-    tracked = MlflowRun.open(run_dir, params.run_name, params.model_dump(mode="json"),
-                             *((tracking_parent.run_id, tracking_parent.settings) if tracking_parent else ()))
-    try:
+    with tracked_training(run_dir, params.run_name, params.model_dump(mode="json"), tracking_parent) as tracked:
         result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, "val_accuracy",
                      [*(callbacks or []), *([tracked.reporter()] if tracked else [])], **data_options)
         returned = getattr(result, "return_value", None) or {}
         if "diverged" in returned:
             raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
-    except TrainingError:
+        outcome = outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
+        outcome.worker_nodes = list(returned.get("worker_nodes", []))
         if tracked:
-            tracked.close("FAILED")
-        raise
-    outcome = outcome_from_disk(run_dir, list(returned.get("epochs_trained", [])), skipped=False)
-    outcome.worker_nodes = list(returned.get("worker_nodes", []))
-    if tracked:
-        tracked.log_artifacts([outcome.metrics_csv, outcome.loss_curve])
-        tracked.close("FINISHED")
+            tracked.finish([outcome.metrics_csv, outcome.loss_curve])
     return outcome
 
 
