@@ -24,11 +24,16 @@ def jobs_named(rj, name: str) -> list[dict]:
 
 @pytest.fixture
 def big_working_dir(tmp_path):
-    """48 MiB of incompressible files, so that hashing, zipping and uploading take seconds; removed afterwards."""
+    """A working_dir big enough to be announced, whose packaging stops at a named pipe nobody writes to.
+
+    Ray hashes a working_dir by opening each entry, and opening a named pipe waits for a writer. So
+    packaging holds at the pipe and the Ctrl-C always lands in mid-packaging, however loaded the
+    machine (with plain files, a busy machine could finish the upload before the signal arrived).
+    """
     working_dir = tmp_path / "big-working-dir"
     working_dir.mkdir()
-    for index in range(24):
-        (working_dir / f"blob-{index}.bin").write_bytes(os.urandom(2 * 1024**2))
+    (working_dir / "blob.bin").write_bytes(os.urandom(17 * 1024**2))
+    os.mkfifo(working_dir / "held-open.pipe")
     yield working_dir
     shutil.rmtree(working_dir, ignore_errors=True)
 
@@ -54,10 +59,10 @@ def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home
             process.wait()
     stderr = "".join(seen) + stderr
     assert process.returncode == 130, stderr
-    assert "rayjobs: interrupted: nothing was submitted" in stderr
-    assert "Aborted!" not in stdout + stderr
-    assert "Traceback" not in stderr
-    assert "submitted big-upload as" not in stderr
+    assert "rayjobs: interrupted: nothing was submitted" in stderr, stderr
+    assert "Aborted!" not in stdout + stderr, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    assert "submitted big-upload as" not in stderr, stderr
     assert jobs_named(rj, "big-upload") == []
 
 
