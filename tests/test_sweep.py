@@ -207,14 +207,29 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a
 
     # Its output goes to a file, which a hang guard's kill leaves for reading.
     with open(tmp_path / "again.log", "w") as log:
-        returncode = subprocess.run(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=2 * HANG_GUARD_S).returncode
+        try:
+            returncode = subprocess.run(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                        timeout=2 * HANG_GUARD_S).returncode
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the second driver had not finished the sweep after {2 * HANG_GUARD_S} s.\n"
+                        f"{what_holds_this_ray()}\nits output:\n"
+                        f"{(tmp_path / 'again.log').read_text(errors='replace')[-6000:]}")
     again = (tmp_path / "again.log").read_text(errors="replace")
     assert returncode == 0, again[-6000:]
     assert "Continuing the sweep" in again
     trials = json.loads(again.split("TRIALS ", 1)[1].splitlines()[0])
     assert trials == [["trial-0000", "FINISHED", EPOCHS], ["trial-0001", "FINISHED", EPOCHS]]
     assert starts.read_text().split() == ["trial-0000", "trial-0001", "trial-0001"], "trial-0000 was not run again"
+
+
+def what_holds_this_ray() -> str:
+    """The in-process Ray's free resources and its placement groups not yet removed, for a hang's report."""
+    import ray
+
+    groups = [(group["placement_group_id"][:8], group["state"], group["bundles"])
+              for group in ray.util.placement_group_table().values() if group["state"] != "REMOVED"]
+    free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+    return f"CPUs free: {free} of {total}; placement groups not removed: {groups}"
 
 
 def test_an_optuna_sweep_draws_each_trial_from_the_results_before_it(workload_ray, tmp_path):
