@@ -180,7 +180,8 @@ def test_vit_fine_tuned_from_local_weights_learns_writes_its_run_to_s3_and_to_ml
     printed = capsys.readouterr().out
     assert "72 train and 24 eval images" in printed
     keys = object_keys(s3_endpoint, HF_BUCKET, "runs/from-local/")
-    assert "runs/from-local/metrics.csv" in keys and "runs/from-local/loss_curve.png" in keys, keys
+    assert {"runs/from-local/metrics.csv", "runs/from-local/loss_curve.png",
+            "runs/from-local/tensorboard/events.out.tfevents.rayjobs"} <= set(keys), keys
     best = re.search(rf"Best checkpoint: s3://{HF_BUCKET}/(runs/from-local/checkpoint_\S+/checkpoint) ", printed)
     assert best, printed[-3000:]
 

@@ -146,15 +146,22 @@ def test_an_unreachable_endpoint_fails_without_hanging(aws_env, monkeypatch):
 # --------------------------------------------------------------------------- run files and datasets in S3
 
 
-def test_metrics_and_loss_curve_are_written_to_s3(bucket, s3_endpoint):
+def test_metrics_loss_curve_and_tensorboard_events_are_written_to_s3(bucket, s3_endpoint, tmp_path):
+    from tests.support.tensorboard_events import tensorboard_scalars
     from workloads.training.metrics import read_metrics_csv, write_run_metrics
 
     run_dir = ObjectPath(f"s3://{bucket}/runs/curve")
     rows = [{"epoch": e, "train_loss": 2.0 / e, "val_loss": 2.5 / e, "val_accuracy": 0.2 * e} for e in (1, 2)]
     write_run_metrics(run_dir, rows)
-    assert object_keys(s3_endpoint, bucket, "runs/curve/") == ["runs/curve/loss_curve.png", "runs/curve/metrics.csv"]
+    assert object_keys(s3_endpoint, bucket, "runs/curve/") == [
+        "runs/curve/loss_curve.png", "runs/curve/metrics.csv", "runs/curve/tensorboard/events.out.tfevents.rayjobs"]
     assert read_metrics_csv(run_dir / "metrics.csv") == [{**row, "epoch": float(row["epoch"])} for row in rows]
     assert storage.read_bytes(run_dir / "loss_curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "events.out.tfevents.rayjobs").write_bytes(
+        storage.read_bytes(run_dir / "tensorboard" / "events.out.tfevents.rayjobs"))
+    assert tensorboard_scalars(events)["val_loss"] == [(1, 2.5), (2, 1.25)]
 
 
 def _mnist_data(tmp_path: Path, output_dir: str, **extra):

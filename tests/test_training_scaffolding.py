@@ -52,3 +52,24 @@ def test_the_summary_names_the_node_of_every_training_rank():
     assert worker_nodes_line(["a" * 56, "b" * 56]) == (
         "Training workers: rank 0 on node aaaaaaaa, rank 1 on node bbbbbbbb (2 nodes)")
     assert worker_nodes_line(["c" * 56]) == "Training workers: rank 0 on node cccccccc (1 node)"
+
+
+def test_tensorboard_shows_every_epoch_and_a_reload_sees_each_new_epoch_once(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.support.tensorboard_events import tensorboard_scalars
+    from workloads.training.metrics import write_tensorboard_events
+
+    rows = [{"epoch": epoch, "train_loss": 2.0 / epoch, "val_accuracy": 0.25 * epoch} for epoch in (1, 2)]
+    written = write_tensorboard_events(tmp_path, rows)
+    assert written == tmp_path / "tensorboard" / "events.out.tfevents.rayjobs"
+    assert tensorboard_scalars(tmp_path / "tensorboard") == {"train_loss": [(1, 2.0), (2, 1.0)],
+                                                             "val_accuracy": [(1, 0.25), (2, 0.5)]}
+    # TensorBoard, left open on the run, reads on from where it stopped: the file rewritten after the next
+    # epoch adds that epoch once, and stays the folder's only event file.
+    watching = EventAccumulator(str(tmp_path / "tensorboard"))
+    watching.Reload()
+    write_tensorboard_events(tmp_path, [*rows, {"epoch": 3, "train_loss": 0.5, "val_accuracy": 0.75}])
+    watching.Reload()
+    assert [(event.step, event.value) for event in watching.Scalars("train_loss")] == [(1, 2.0), (2, 1.0), (3, 0.5)]
+    assert [path.name for path in (tmp_path / "tensorboard").iterdir()] == ["events.out.tfevents.rayjobs"]

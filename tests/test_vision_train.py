@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tensorboard_events import tensorboard_scalars
 from tests.support.tiny_run import CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS, copy_run, dataset_info, tiny_params
 from tests.support.tiny_run import write_tiny_data
 from workloads.training.metrics import read_metrics_csv
@@ -162,6 +163,9 @@ def test_artifacts_and_checkpoint_contents(tiny_run):
                for r in rows)
     assert outcome.loss_curve.stat().st_size > 1000
     assert outcome.best_checkpoint.parent == outcome.run_dir
+    # TensorBoard has every epoch once, the one before the lost worker included.
+    assert tensorboard_scalars(outcome.run_dir / "tensorboard")["val_accuracy"] == [
+        (int(row["epoch"]), pytest.approx(row["val_accuracy"])) for row in rows]
 
     latest = outcome.run_dir / "checkpoint_epoch_0002"
     state = torch.load(latest / "state.pt", map_location="cpu", weights_only=False)

@@ -1,9 +1,12 @@
-"""What a training run leaves beside its checkpoints: ``metrics.csv``, ``loss_curve.png``, and its final metrics line."""
+"""What a training run leaves beside its checkpoints: ``metrics.csv``, ``loss_curve.png``, TensorBoard's event
+file, and its final metrics line."""
 
 from __future__ import annotations
 
 import csv
 import io
+import struct
+import time
 from typing import Mapping, Sequence
 
 from workloads import storage
@@ -11,6 +14,10 @@ from workloads.storage import StoragePath
 
 METRICS_CSV = "metrics.csv"
 LOSS_CURVE = "loss_curve.png"
+TENSORBOARD_DIR = "tensorboard"
+# TensorBoard reads every file whose name holds "tfevents". One fixed name lets each epoch replace the
+# file whole (object storage cannot append), and a resumed run rewrites it rather than adding a second.
+TENSORBOARD_EVENTS = "events.out.tfevents.rayjobs"
 
 
 def pyplot():
@@ -38,6 +45,37 @@ def write_metrics_csv(path: StoragePath, rows: Sequence[Mapping[str, float]], fi
                 writer.writerow({key: int(row[key]) if key == "epoch" else row[key] for key in fields})
 
     storage.write_with(path, write)
+
+
+def write_tensorboard_events(run_dir: StoragePath, rows: Sequence[Mapping[str, float]]) -> StoragePath:
+    """Every row's metrics as TensorBoard scalars, the epoch as their step, in ``run_dir/tensorboard/``.
+
+    The file is written whole and atomically each time, so ``tensorboard --logdir`` on a run folder (or on a
+    sweep's ``trials/``) shows the curves as they grow. TensorBoard's record format: each event is
+    length, masked CRC-32C of the length, the serialized event, masked CRC-32C of the event.
+    """
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.record_writer import masked_crc32c
+
+    now = time.time()
+    events = [Event(wall_time=now, step=0, file_version="brain.Event:2")]
+    for row in rows:
+        values = [Summary.Value(tag=key, simple_value=float(value)) for key, value in row.items() if key != "epoch"]
+        events.append(Event(wall_time=now, step=int(row["epoch"]), summary=Summary(value=values)))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
+            for event in events:
+                data = event.SerializeToString()
+                header = struct.pack("<Q", len(data))
+                handle.write(header + struct.pack("<I", masked_crc32c(header)) + data
+                             + struct.pack("<I", masked_crc32c(data)))
+
+    path = run_dir / TENSORBOARD_DIR / TENSORBOARD_EVENTS
+    storage.make_folder(path.parent)
+    storage.write_with(path, write)
+    return path
 
 
 def read_metrics_csv(path: StoragePath) -> list[dict[str, float]]:
@@ -76,10 +114,12 @@ def plot_loss_curve(metrics_csv: StoragePath, out_path: StoragePath) -> StorageP
 
 
 def write_run_metrics(run_dir: StoragePath, rows: Sequence[Mapping[str, float]]) -> None:
-    """``metrics.csv`` (the columns of the first row) and ``loss_curve.png`` in ``run_dir``; nothing without rows."""
+    """``metrics.csv`` (the columns of the first row), ``loss_curve.png`` and TensorBoard's event file in
+    ``run_dir``; nothing without rows."""
     if rows:
         write_metrics_csv(run_dir / METRICS_CSV, rows, list(rows[0]))
         plot_loss_curve(run_dir / METRICS_CSV, run_dir / LOSS_CURVE)
+        write_tensorboard_events(run_dir, rows)
 
 
 def final_metrics_line(final: Mapping[str, float], fields: Sequence[str] | None = None) -> str:

@@ -2,8 +2,8 @@
 :func:`train_one_epoch`, :func:`evaluate` and :func:`save_checkpoint`, tied together by
 :func:`train_loop_per_worker`.
 
-Rank 0 writes the checkpoint (``state.pt``, ``meta.json``) and ``metrics.csv`` after every
-epoch; every rank reports the epoch's metrics to Ray Train, which keeps the checkpoints.
+Rank 0 writes the checkpoint (``state.pt``, ``meta.json``), ``metrics.csv`` and TensorBoard's
+event file after every epoch; every rank reports the epoch's metrics to Ray Train, which keeps the checkpoints.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 from workloads import storage
 from workloads.rayjobs_observe import emit
 from workloads.storage import StoragePath
-from workloads.training.metrics import METRICS_CSV, read_metrics_csv, write_metrics_csv
+from workloads.training.metrics import (METRICS_CSV, read_metrics_csv, write_metrics_csv,
+                                       write_tensorboard_events)
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout, normalize
@@ -336,6 +337,7 @@ def save_checkpoint(worker: Worker, epoch: int, metrics: dict, history: list[dic
         if worker.rank == 0:
             history = [r for r in history if r["epoch"] < epoch + 1] + [metrics]
             write_metrics_csv(worker.run_dir / METRICS_CSV, history, METRIC_FIELDS)
+            write_tensorboard_events(worker.run_dir, history)
             torch.save(checkpoint_state(worker.unwrapped_model, worker.optimizer, worker.scheduler, epoch, cfg,
                                         worker.layout, worker.classes), Path(tmp) / STATE_FILE)
             (Path(tmp) / META_FILE).write_text(json.dumps(metrics, indent=2), encoding="utf-8")
