@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import struct
 import time
 from typing import Mapping, Sequence
 
@@ -51,12 +50,11 @@ def write_tensorboard_events(run_dir: StoragePath, rows: Sequence[Mapping[str, f
     """Every row's metrics as TensorBoard scalars, the epoch as their step, in ``run_dir/tensorboard/``.
 
     The file is written whole and atomically each time, so ``tensorboard --logdir`` on a run folder (or on a
-    sweep's ``trials/``) shows the curves as they grow. TensorBoard's record format: each event is
-    length, masked CRC-32C of the length, the serialized event, masked CRC-32C of the event.
+    sweep's ``trials/``) shows the curves as they grow.
     """
     from tensorboardX.proto.event_pb2 import Event
     from tensorboardX.proto.summary_pb2 import Summary
-    from tensorboardX.record_writer import masked_crc32c
+    from tensorboardX.record_writer import RecordWriter
 
     now = time.time()
     events = [Event(wall_time=now, step=0, file_version="brain.Event:2")]
@@ -65,12 +63,12 @@ def write_tensorboard_events(run_dir: StoragePath, rows: Sequence[Mapping[str, f
         events.append(Event(wall_time=now, step=int(row["epoch"]), summary=Summary(value=values)))
 
     def write(tmp: str) -> None:
-        with open(tmp, "wb") as handle:
+        writer = RecordWriter(tmp)
+        try:
             for event in events:
-                data = event.SerializeToString()
-                header = struct.pack("<Q", len(data))
-                handle.write(header + struct.pack("<I", masked_crc32c(header)) + data
-                             + struct.pack("<I", masked_crc32c(data)))
+                writer.write(event.SerializeToString())
+        finally:
+            writer.close()
 
     path = run_dir / TENSORBOARD_DIR / TENSORBOARD_EVENTS
     storage.make_folder(path.parent)
