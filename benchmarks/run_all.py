@@ -2,12 +2,15 @@
 
     python benchmarks/run_all.py [--quick] [--only NAME ...] [--no-write] [--write-quick] [--results DIR]
     python benchmarks/run_all.py --render DIR      # rewrite the tables from an earlier run's JSON results
+    python benchmarks/run_all.py --check           # which tables and quoted figures the code has outgrown
 
 Each benchmark runs as a subprocess with ``--json PATH`` and leaves its result there; the
 table between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in docs/benchmarks.md is
 then replaced by the new one, with the commit, date, cores and load average it was measured
-at. The prose around the markers is left as it is. A benchmark that fails or is skipped
-keeps its old table.
+at, and the hash of the code it measured (``benchmarks/stamps.py``). A figure quoted in prose
+(``<!-- figure:NAME.KEY -->…<!-- /figure -->`` in the README and docs/) is filled from the
+same results. The prose around the markers is left as it is. A benchmark that fails or is
+skipped keeps its old table.
 
 ``--quick`` runs every benchmark at tiny sizes, one round: it proves that each one still runs
 and writes its result, and its figures mean nothing. So it writes no tables unless
@@ -33,8 +36,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.common import Stamp, command_line, markdown_table  # noqa: E402
+from benchmarks.stamps import (QUICK_RUN_LEAD, check_docs, fill_quoted_figures, sources_digest,  # noqa: E402
+                               table_stamp)
 
 DOCS = REPO_ROOT / "docs" / "benchmarks.md"
+# Where prose may quote a benchmark's figure between <!-- figure:NAME.KEY --> markers.
+FIGURE_DOCS = ("README.md", "docs")
 LEARNING_DATA = REPO_ROOT.parent / "shared" / "data" / "food101-64px-dev"
 
 
@@ -55,6 +62,18 @@ class Benchmark:
     name: str
     runs: list[Run]
     minutes: float  # a full run's duration on 2 idle cores, estimated from its sizes, for --list
+    # What the figures depend on besides the scripts run and benchmarks/common.py: files or whole folders,
+    # relative to the project root. A change to any of them makes the table stale (--check).
+    measures: tuple[str, ...] = ()
+
+    def sources(self) -> list[str]:
+        """Every path whose content the table's figures depend on."""
+        scripts = [f"benchmarks/{run.script}" for run in self.runs]
+        return sorted({*scripts, "benchmarks/common.py", *self.measures})
+
+    def digest(self, root: Path = REPO_ROOT) -> str:
+        """The hash of the content of :meth:`sources` as they are now."""
+        return sources_digest(root, self.sources())
 
     def missing(self) -> str | None:
         """Why this benchmark cannot run on this machine, or None."""
@@ -65,61 +84,71 @@ class Benchmark:
         return None
 
 
+# The client, and what it ships with every job (the run record's keeper, the progress callback).
+CLIENT = ("jobs", "runner", "workloads/rayjobs_observe")
+# A quickstart submitted with `rayjobs submit` and followed: every package takes part.
+QUICKSTART_END_TO_END = ("jobs", "runner", "workloads", "specs/quickstart.yaml")
+
 BENCHMARKS = [
-    Benchmark("cli_latency", [Run("cli_latency.py", ["--runs", "5"], ["--runs", "1"])], 2),
-    Benchmark("refusal_latency", [Run("refusal_latency.py", ["--rounds", "5"], ["--rounds", "1"])], 1),
+    Benchmark("cli_latency", [Run("cli_latency.py", ["--runs", "5"], ["--runs", "1"])], 2, CLIENT),
+    Benchmark("refusal_latency", [Run("refusal_latency.py", ["--rounds", "5"], ["--rounds", "1"])], 1,
+              ("jobs", "runner", "tests/corpus/specs")),
     Benchmark("preprocess_throughput", [
         Run("preprocess_throughput.py", ["--runs", "5"], ["--runs", "1", "--images", "60"]),
         Run("preprocess_throughput.py", ["--runs", "3", "--images", "2400"]),
-    ], 3),
+    ], 3, ("workloads", "tests/support/images.py")),
     Benchmark("train_throughput", [
         Run("train_throughput.py", [], ["--rounds", "1", "--images", "64", "--size", "32", "--batch", "16"]),
-    ], 6),
+    ], 6, ("workloads", "benchmarks/plain_torch.py")),
     Benchmark("inference_throughput", [
         Run("inference_throughput.py", [], ["--rounds", "1", "--images", "300", "--task-images", "4", "--size", "32"]),
         Run("inference_throughput.py", ["--size", "64"]),
         Run("inference_throughput.py", ["--size", "224", "--images", "2000", "--task-images", "20", "--rounds", "2"]),
-    ], 17),
+    ], 17, ("workloads", "benchmarks/train_throughput.py", "benchmarks/plain_torch.py")),
     Benchmark("ingest_throughput", [
         Run("ingest_throughput.py", [], ["--rounds", "1", "--images", "128", "--size", "32", "--epochs", "2"]),
-    ], 9),
+    ], 9, ("workloads", "benchmarks/train_throughput.py", "benchmarks/plain_torch.py")),
     Benchmark("learning_quality", [
         Run("learning_quality.py", ["--seeds", "0", "1", "2"], ["--seeds", "0", "--epochs", "2"], timeout_s=3 * 3600),
-    ], 31),
+    ], 31, ("jobs", "workloads", "specs/food101.yaml")),
     Benchmark("multinode_training", [
         Run("multinode_training.py", ["--rounds", "3", "--epochs", "4"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=20"]),
-    ], 9),
+    ], 9, QUICKSTART_END_TO_END),
     Benchmark("quickstart_s3", [
         Run("quickstart_s3.py", ["--rounds", "3"],
             ["--rounds", "1", "--set", "workload.train.epochs=1", "--set", "workload.data.synthetic_per_class=20"]),
-    ], 8),
+    ], 8, (*QUICKSTART_END_TO_END, "tests/support/s3_server.py")),
     Benchmark("progress_overhead", [
         Run("progress_overhead.py", ["--rounds", "3", "--epochs", "4"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
-    ], 9),
+    ], 9, QUICKSTART_END_TO_END),
     Benchmark("sweep_overhead", [
         Run("sweep_overhead.py", ["--rounds", "3", "--epochs", "3"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
-    ], 9),
+    ], 9, QUICKSTART_END_TO_END),
     Benchmark("sweep_real_photos", [
         Run("sweep_real_photos.py", ["--image-size", "32"],
             ["--epochs", "1", "--trials", "2", "--image-size", "24"], timeout_s=3600),
-    ], 15),
+    ], 15, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py")),
     Benchmark("sweep_asha", [
         Run("sweep_asha.py", [], ["--epochs", "2", "--trials", "2", "--image-size", "24"], timeout_s=3600),
-    ], 12),
+    ], 12, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py",
+            "benchmarks/sweep_real_photos.py")),
+    Benchmark("queue_admission", [
+        Run("queue_admission.py", ["--rounds", "5", "--waiting", "6"], ["--rounds", "1", "--waiting", "2"]),
+    ], 6, CLIENT),
     Benchmark("follower_events", [
         # 2,000 events in 5 minutes: six times the rate of the same events over a 30-minute run.
         Run("follower_events.py", ["--events", "2000", "--seconds", "300"], ["--events", "50", "--seconds", "5"]),
-    ], 11),
+    ], 11, CLIENT),
     Benchmark("runs_listing", [
         Run("runs_listing.py", ["--rounds", "5"], ["--rounds", "1", "--local", "20", "--s3", "10"]),
-    ], 2),
+    ], 2, ("jobs", "runner", "tests/support/s3_server.py")),
     Benchmark("long_log", [
         Run("long_log.py", ["--rounds", "2"],
             ["--rounds", "1", "--megabytes", "4", "--seconds", "8", "--warmup-megabytes", "0.5"]),
-    ], 19),
+    ], 19, (*CLIENT, "tests/support/fault_proxy.py")),
 ]
 
 
@@ -200,7 +229,11 @@ def stamp_line(result: dict) -> str:
 
 
 def render(results: list[dict]) -> str:
-    """The generated block of one benchmark: the table, its notes, and a stamp per run."""
+    """The generated block of one benchmark: the table, its notes, a stamp per run, and the hash of the code measured.
+
+    The hash is left out when a result lacks it (written before results carried one) or when the runs
+    measured different code (a file changed between them): ``--check`` then calls the table unstamped.
+    """
     rows = [row for result in results for row in result["rows"]]
     parts = [markdown_table(results[0]["columns"], rows)]
     notes = [note for result in results for note in result.get("notes", [])]
@@ -209,10 +242,14 @@ def render(results: list[dict]) -> str:
     stamps = [stamp_line(result) for result in results]
     lead = "Measured with"
     if any(result.get("quick") for result in results):
-        lead = ("**Quick run** (tiny sizes, one round: it checks the harness, and its figures mean nothing), "
+        lead = (f"{QUICK_RUN_LEAD} (tiny sizes, one round: it checks the harness, and its figures mean nothing), "
                 "measured with")
     parts.append(f"{lead} {stamps[0]}" if len(stamps) == 1 else f"{lead}:\n" + "\n".join(f"- {s}" for s in stamps))
-    return "\n\n".join(parts)
+    digests = {result.get("sources_sha256") for result in results}
+    block = "\n\n".join(parts)
+    if len(digests) == 1 and None not in digests:
+        block += "\n" + table_stamp(digests.pop())
+    return block
 
 
 def write_sections(docs: Path, blocks: dict[str, str]) -> list[str]:
@@ -253,6 +290,8 @@ def main() -> int:
                         help="run nothing: rewrite the tables from the JSON results in DIR")
     parser.add_argument("--docs", type=Path, default=DOCS, help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help="list the benchmarks and their commands")
+    parser.add_argument("--check", action="store_true", help="run nothing: name the tables and quoted figures "
+                        "whose measured code has changed since (exit 1 if any), in well under a second")
     args = parser.parse_args()
     selected = [b for b in BENCHMARKS if not args.only or b.name in args.only]
 
@@ -267,7 +306,12 @@ def main() -> int:
         print(f"total: about {sum(b.minutes for b in selected):g} min for a full run on 2 idle cores")
         return 0
 
+    if args.check:
+        return check_docs(args.docs, REPO_ROOT, {b.name: b.digest() for b in selected}, FIGURE_DOCS,
+                          skipped=[b.name for b in BENCHMARKS if b not in selected])
+
     blocks: dict[str, str] = {}
+    measured: dict[str, list[dict]] = {}
     failed: list[str] = []
     quick = args.quick
     if args.render:
@@ -278,6 +322,7 @@ def main() -> int:
                 continue
             quick = quick or any(result.get("quick") for result in results)
             blocks[benchmark.name] = render(results)
+            measured[benchmark.name] = results
     else:
         results_dir = args.results or Path(tempfile.mkdtemp(prefix="rayjobs-bench-results-"))
         results_dir.mkdir(parents=True, exist_ok=True)
@@ -297,8 +342,11 @@ def main() -> int:
             try:
                 for index, (run, arguments) in enumerate(runs):
                     print(f"\n== {benchmark.name}: benchmarks/{run.script} {' '.join(arguments)}", flush=True)
+                    # Hashed as the run starts: the code a run measures is the code it started with.
+                    digest = benchmark.digest()
                     result = run_one(run, arguments, results_dir / f"{benchmark.name}-{index}.json")
                     result["quick"] = args.quick
+                    result["sources_sha256"] = digest
                     (results_dir / f"{benchmark.name}-{index}.json").write_text(
                         json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
                     results.append(result)
@@ -310,6 +358,7 @@ def main() -> int:
             timings.append(f"{benchmark.name}: {time.monotonic() - begun:.0f} s")
             try:
                 blocks[benchmark.name] = render(results)
+                measured[benchmark.name] = results
             except (KeyError, TypeError, ValueError) as exc:
                 print(f"== {benchmark.name}: its results could not be rendered: {exc!r}", flush=True)
                 failed.append(benchmark.name)
@@ -326,6 +375,9 @@ def main() -> int:
         for name in missing:
             print(f"no <!-- bench:{name} --> markers in {args.docs}: its table was not written")
         print(f"\nrewrote {len(blocks) - len(missing)} table(s) in {args.docs}")
+        # A quick run's figures mean nothing, and a --docs elsewhere is a trial: the prose is left alone.
+        if not quick and args.docs == DOCS:
+            fill_quoted_figures(REPO_ROOT, FIGURE_DOCS, measured)
     if failed:
         print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0

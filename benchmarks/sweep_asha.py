@@ -35,6 +35,7 @@ def sweep_block(trials: int, seed: int, scheduler: object) -> dict:
     """The sweep both sides run; only the scheduler differs."""
     return {"metric": "val_accuracy", "mode": "max", "search": "random", "samples": trials, "seed": seed,
             "scheduler": scheduler, "max_concurrent": 1,
+            "refit": False,  # the trials are what ASHA changes; a refit would add the same run to both sides
             "parameters": {"workload.train.lr": {"loguniform": LR_RANGE},
                            "workload.train.weight_decay": {"choice": [0.0, 0.05]}}}
 

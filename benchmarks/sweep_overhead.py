@@ -48,7 +48,8 @@ def write_specs(scratch: Path) -> dict[bool, Path]:
     specs = {}
     for swept in (False, True):
         if swept:
-            document["sweep"] = {"metric": "val_accuracy", "mode": "max",
+            # No refit: Tune around one trainer is what is measured, not a second training run.
+            document["sweep"] = {"metric": "val_accuracy", "mode": "max", "refit": False,
                                  "parameters": {"workload.train.lr": {"choice": [lr]}}}
         path = scratch / f"quickstart-{'sweep' if swept else 'plain'}.yaml"
         path.write_text(yaml.safe_dump(document, sort_keys=False))

@@ -1,38 +1,78 @@
-"""Keeping secrets out of what rayjobs prints."""
+"""Keeping secrets out of what rayjobs prints and writes.
+
+A secret env var's value is replaced by ``****`` in any copy of a submission, a job's info or a spec,
+and that value is then masked wherever else it turns up (the entrypoint, another field, the job's
+log), as is the password of any URL. The masking itself lives in ``workloads/rayjobs_observe/masking.py``
+(standard library only), which the job runs on the cluster too: both sides mask by one rule.
+"""
 
 from __future__ import annotations
 
 import copy
-import re
-from typing import Any
+from typing import Any, Iterable
 
 from jobs.keys import METADATA_SECRETS
+from workloads.rayjobs_observe.masking import SecretMask, looks_secret, mask_url_userinfo
 
+# What a secret env var's value becomes in a copy; `rayjobs rerun` takes such a value from its own environment.
 MASK = "****"
 
-_SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_KEY$|^KEY$|AUTH)", re.IGNORECASE
-)
+
+def secret_names(env_vars: dict[str, Any], marked: Iterable[str]) -> list[str]:
+    """The env vars of ``env_vars`` that hold secrets: those ``marked`` (a spec's ``secret_env_vars``) and
+    those whose names look secret."""
+    marked = set(marked)
+    return [name for name in env_vars if name in marked or looks_secret(name)]
 
 
-def looks_secret(name: str) -> bool:
-    """Whether an environment variable's name suggests its value is a secret."""
-    return bool(_SECRET_NAME.search(name))
+def marked_secrets(job: dict[str, Any]) -> list[str]:
+    """The spec's own ``secret_env_vars`` of a submission or job info: they travel in the job's metadata."""
+    return [name for name in ((job.get("metadata") or {}).get(METADATA_SECRETS) or "").split(",") if name]
+
+
+def job_mask(job: dict[str, Any], marked: Iterable[str] | None = None) -> SecretMask:
+    """The mask of one job's secrets, from its ``runtime_env.env_vars`` as submitted.
+
+    Args:
+        job: a submission, a job's info from the cluster (Ray returns the runtime_env it was given),
+            or a spec document.
+        marked: names to treat as secret besides those that look secret (default: the job's metadata list).
+    """
+    env_vars = (job.get("runtime_env") or {}).get("env_vars") or {}
+    names = secret_names(env_vars, marked_secrets(job) if marked is None else marked)
+    return SecretMask.from_environ(env_vars, names)
 
 
 def masked(job: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a submission or job info that is safe to print: secret-looking env var values replaced."""
-    # The spec's own list travels in the job's metadata, so `status` and `list` honour it too.
-    marked = ((job.get("metadata") or {}).get(METADATA_SECRETS) or "").split(",")
-    return masked_runtime_env(job, marked)
+    """A copy of a submission or job info that is safe to print: secret env var values replaced, and those
+    values and URL passwords masked in every other field (entrypoint, message, metadata)."""
+    return masked_runtime_env(job, marked_secrets(job))
 
 
-def masked_runtime_env(document: dict[str, Any], secret_names: list[str]) -> dict[str, Any]:
-    """A copy of ``document`` (anything with a ``runtime_env``) with the values of secret env vars replaced:
-    those named in ``secret_names`` and those whose names look secret."""
+def masked_runtime_env(document: dict[str, Any], marked: list[str]) -> dict[str, Any]:
+    """A copy of ``document`` (anything with a ``runtime_env``) with its secrets masked.
+
+    The values of secret env vars (those named in ``marked`` and those whose names look secret) become
+    ``****``; wherever else one of those values appears, and in every URL's password, ``***``.
+    """
+    mask = job_mask(document, marked)
     result = copy.deepcopy(document)
     env_vars = (result.get("runtime_env") or {}).get("env_vars") or {}
-    for name in env_vars:
-        if name in secret_names or looks_secret(name):
-            env_vars[name] = MASK
-    return result
+    for name in secret_names(env_vars, marked):
+        env_vars[name] = MASK
+    return masked_strings(result, mask)
+
+
+def masked_strings(document: Any, mask: SecretMask) -> Any:
+    """``document`` (JSON-like) with ``mask`` applied to every string in it; keys are kept."""
+    if isinstance(document, str):
+        return mask.mask_text(document)
+    if isinstance(document, dict):
+        return {key: masked_strings(value, mask) for key, value in document.items()}
+    if isinstance(document, (list, tuple)):
+        return [masked_strings(value, mask) for value in document]
+    return document
+
+
+__all__ = ["MASK", "SecretMask", "job_mask", "looks_secret", "marked_secrets", "mask_url_userinfo", "masked",
+           "masked_runtime_env", "masked_strings", "secret_names"]

@@ -24,11 +24,13 @@ from pydantic import (
 
 from jobs.address import normalize_address
 from jobs.errors import did_you_mean
-from jobs.object_store import uri_scheme
+from jobs.notify import NotifyTarget, unsent_notifications
+from jobs.object_store import S3Location, uri_scheme
+from jobs.retry import PERMANENT_CAUSES, RETRYABLE_CAUSES, RetryBackoff
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 from jobs.strict import StrictModel
 from jobs.sweep import SweepSpec
-from jobs.tracking import TrackingSpec
+from jobs.tracking import TrackingSpec, unrecorded_tracking
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -257,12 +259,36 @@ class JobSpec(StrictModel):
         "~/rayjobs-results.")
     record_every_s: float = Field(30.0, ge=1, description="Seconds between uploads of the run record while the "
                                   "job runs (and once at its end).")
+    code_path: str | None = Field(
+        None, description="s3://BUCKET/PREFIX where the job's local working_dir and py_modules are uploaded as "
+        "content-addressed zips (once per content) instead of through the dashboard, whose uploads stop at "
+        "100 MiB; every node then downloads them from there, so the cluster's own processes need the bucket's "
+        "credentials. Default: a working_dir too large for the dashboard goes to the run's object storage "
+        "(record_path or the workload's storage_path) when that is s3://, and everything else through the "
+        "dashboard.", examples=["s3://my-bucket/rayjobs-code"])
+    queue: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="The cluster queue the job waits in before it "
+        "starts: it runs when the queue has fewer jobs running than its limit (rayjobs queue set NAME "
+        "--max-running N, kept on the cluster), no job ahead of it waits, and the cluster has free what it needs. "
+        "The job waits in its own wrapper, holding no resources. Default: no queue, the job starts at once.",
+        examples=["team-a"])
+    priority: int = Field(0, ge=-1000, le=1000, description="Order in the queue: higher first, then the time of "
+                          "submission.")
+    needs: dict[str, ResourceAmount] | None = Field(
+        None, description="What the job will use while it runs, in Ray's resource names ({CPU: 4, GPU: 1}), for "
+        "the queue to wait until the cluster has it free. Default: what the workload declares (its widest stage's "
+        "workers) plus the entrypoint's own resources; give it for your own script.", examples=[{"CPU": 4}])
     max_retries: int = Field(0, ge=0, le=100, description="Submit again when an attempt fails (see retry_on).")
     retry_on: list[str] = Field(
         default_factory=lambda: list(INFRASTRUCTURE_FAILURES),
         description="Failures that trigger a retry: Ray error types, 'exit_code:N' for one driver exit code, "
-        "or JOB_ENTRYPOINT_COMMAND_ERROR for any. Default: infrastructure failures only, not your code's exits.",
+        "JOB_ENTRYPOINT_COMMAND_ERROR for any, or a cause rayjobs reads from the log (" + ", ".join(RETRYABLE_CAUSES)
+        + "). Default: infrastructure failures only, not your code's exits. A missing module or refused "
+        "credentials are never retried.",
     )
+    retry_backoff: RetryBackoff = Field(
+        default_factory=RetryBackoff, description="The wait before each retry: initial_s (default 10), doubled at "
+        "each retry up to max_s (default 300).")
     secret_env_vars: list[str] = Field(
         default_factory=list,
         description="runtime_env.env_vars names to mask in every output, besides names that look secret.",
@@ -272,6 +298,11 @@ class JobSpec(StrictModel):
     )
     tracking: TrackingSpec | None = Field(
         None, description="Where the job records its training runs: tracking.mlflow (tracking_uri, experiment).")
+    notify: list[NotifyTarget] | None = Field(
+        None, description="Where the job itself sends word of how it went (Apprise URLs: Slack, Teams, Discord, "
+        "email, ntfy, JSON webhooks…), and on which events; sent from the cluster, so it works with --no-wait and "
+        "from KubeRay. Needs the run record (record: true, and code uploaded from a local working_dir or "
+        "py_modules), and Apprise on the cluster.")
     sweep: SweepSpec | None = Field(
         None, description="A hyperparameter sweep of the workload's fields, run as one job with Ray Tune: "
         "each trial trains with its own values, the best trial's checkpoint goes on to inference.")
@@ -297,12 +328,33 @@ class JobSpec(StrictModel):
     @classmethod
     def _retry_on(cls, value: list[str]) -> list[str]:
         for item in value:
-            if item in RAY_ERROR_TYPES or re.fullmatch(r"exit_code:-?\d+", item):
+            if item in RAY_ERROR_TYPES or item in RETRYABLE_CAUSES or re.fullmatch(r"exit_code:-?\d+", item):
                 continue
-            hint = did_you_mean(item, RAY_ERROR_TYPES)
-            raise ValueError(f"{item!r} is not a Ray error type or exit_code:N{hint}; error types: "
-                             + ", ".join(RAY_ERROR_TYPES))
+            if item in PERMANENT_CAUSES:
+                raise ValueError(f"{item!r} is never retried: {PERMANENT_CAUSES[item]}; fix it and submit again")
+            hint = did_you_mean(item, RAY_ERROR_TYPES + RETRYABLE_CAUSES)
+            raise ValueError(f"{item!r} is not a Ray error type, a failure cause or exit_code:N{hint}; error types: "
+                             + ", ".join(RAY_ERROR_TYPES) + "; causes: " + ", ".join(RETRYABLE_CAUSES))
         return value
+
+    @model_validator(mode="after")
+    def _notify_has_a_sender(self) -> JobSpec:
+        if (problem := unsent_notifications(self)) is not None:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _tracking_has_an_observer(self) -> JobSpec:
+        if (problem := unrecorded_tracking(self)) is not None:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _queued_jobs_keep_a_record(self) -> JobSpec:
+        if self.queue is not None and not self.record:
+            raise ValueError("queue needs the run record's keeper, in which a queued job waits for its turn; "
+                             "remove record: false (or the queue)")
+        return self
 
     @model_validator(mode="after")
     def _secrets_are_env_vars(self) -> JobSpec:
@@ -311,6 +363,14 @@ class JobSpec(StrictModel):
         if unknown:
             raise ValueError(f"secret_env_vars names {', '.join(unknown)}, which runtime_env.env_vars does not set")
         return self
+
+    @field_validator("code_path")
+    @classmethod
+    def _code_path(cls, value: str | None) -> str | None:
+        # Ray's nodes fetch remote packages themselves; of the stores rayjobs can write to, that is S3.
+        if value is not None:
+            S3Location.parse(value)
+        return value.rstrip("/") if value is not None else None
 
     @field_validator("address")
     @classmethod

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.keys import (EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, RECORD_ENV_VAR,
                        SWEEP_ENV_VAR, TRACKING_ENV_VAR, WORKLOAD_ENV_VAR)
+from jobs.notify import NOTIFY_ENV_VAR, job_notify_settings, notify_document
 from jobs.object_store import uri_scheme
 from jobs.provenance import code_provenance
+from jobs.queueing import queue_config, queue_metadata
 from jobs.secrets import masked_runtime_env
+from jobs.retry import PERMANENT_CAUSES
 from jobs.workload_contract import workload_needs
 
 if TYPE_CHECKING:
@@ -31,6 +35,10 @@ DEFAULT_EXCLUDES = [
 # processes can import it by this name whatever its working_dir holds.
 OBSERVE_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "workloads" / "rayjobs_observe"
 OBSERVE_CALLBACK = "rayjobs_observe.train_callback.ProgressCallback"
+# Records a user's own Ray Train script in MLflow when the spec has `tracking:` (the workloads record their own).
+TRACKING_CALLBACK = "rayjobs_observe.tracking_callback.TrackingCallback"
+# Set by `rayjobs rerun` on the new run: the folder of the run it reruns, copied into its record's links.
+METADATA_RERUN_OF = "rayjobs.rerun_of"
 TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
 TRAIN_STATE_ENV_VAR = "RAY_TRAIN_ENABLE_STATE_TRACKING"
 # The run record's keeper, which runs the spec's entrypoint (see workloads/rayjobs_observe/record.py).
@@ -78,6 +86,8 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
             env_vars[TRACKING_ENV_VAR] = json.dumps(spec.tracking.model_dump(mode="json", exclude_none=True),
                                                     sort_keys=True)
     ships_code = bool(local_runtime_paths(runtime_env))
+    if loaded.workload is None and ships_code and spec.tracking is not None and spec.tracking.mlflow is not None:
+        add_tracking_callback(runtime_env, spec.tracking.model_dump(mode="json", exclude_none=True))
     if ships_code and spec.progress:
         add_progress_channel(runtime_env)
     if dict(local_runtime_paths(runtime_env)).get("working_dir"):
@@ -96,13 +106,27 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
     submission = {key: value for key, value in submission.items() if value is not None}
     metadata = dict(spec.metadata or {})
     metadata[METADATA_NAME] = spec.name
-    metadata[METADATA_SPEC_HASH] = spec_hash(submission)
+    # Relative paths in a spec start at its folder (the working folder for a spec given as data).
+    spec_dir = loaded.path.parent.resolve() if loaded.path else Path.cwd()
+    metadata[METADATA_SPEC_HASH] = spec_hash(submission, spec_dir)
     if spec.secret_env_vars:
         metadata[METADATA_SECRETS] = ",".join(spec.secret_env_vars)
+    metadata.update(queue_metadata(loaded))
     submission["metadata"] = metadata
-    if ships_code and spec.record:
+    if keeps_record(loaded, ships_code):
         add_run_record(submission, loaded, metadata[METADATA_SPEC_HASH])
     return submission
+
+
+def keeps_record(loaded: LoadedSpec, ships_code: bool) -> bool:
+    """Whether the job runs under the record's keeper: it uploads code, names where its record goes, or is queued.
+
+    A job that uploads nothing and names no record_path keeps no record by default: its request stays a
+    plain one, and the observer's package (a few dozen KiB, sent once per cluster) goes only where asked for.
+    A queued job always gets the keeper, in which it waits for its turn.
+    """
+    spec = loaded.spec
+    return spec.record and (ships_code or spec.record_path is not None or spec.queue is not None)
 
 
 def ship_observe_package(runtime_env: dict[str, Any]) -> None:
@@ -117,9 +141,11 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
 
     The record's folder is the workload's run folder (``<storage_path>/<run_name>``) when it has one,
     else a folder under ``record_path`` named after the job. Secrets are masked in the spec it holds.
+    When the progress channel is on, the keeper, not this client, installs the Ray Train callback
+    (``progress`` in its config): it sees the cluster's Ray version before the entrypoint starts.
     """
     spec = loaded.spec
-    runtime_env = submission["runtime_env"]
+    runtime_env = submission.setdefault("runtime_env", {})
     ship_observe_package(runtime_env)
     config: dict[str, Any] = {
         "name": spec.name,
@@ -128,12 +154,34 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
         "spec": masked_runtime_env(resolved_spec(loaded), spec.secret_env_vars),
         "code": code_provenance(dict(local_runtime_paths(runtime_env)).get("working_dir")),
     }
+    env_vars = runtime_env.setdefault("env_vars", {})
+    named = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
+    if OBSERVE_CALLBACK in named:
+        # The keeper names the callback itself, on the cluster, once it knows the cluster's Ray is one the
+        # callback is tested on; the job's own callbacks stay as the spec set them, first.
+        config["progress"] = True
+        named.remove(OBSERVE_CALLBACK)
+        if named:
+            env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(named)
+        else:
+            del env_vars[TRAIN_CALLBACKS_ENV_VAR]
     run_dir = workload_needs(loaded.workload).run_location
     if run_dir is not None:
         config["run_dir"] = run_dir
     else:
         config["base"] = spec.record_path or DEFAULT_RECORD_PATH
-    runtime_env.setdefault("env_vars", {})[RECORD_ENV_VAR] = json.dumps(config, sort_keys=True, default=str)
+    queued = queue_config(loaded)
+    if queued is not None:
+        config["queue"] = queued
+    rerun_of = (spec.metadata or {}).get(METADATA_RERUN_OF)
+    if rerun_of:
+        config["links"] = {"rerun_of": rerun_of}
+    if spec.notify:  # the URLs' tokens travel in a variable every output masks; the record shows them masked
+        config["notify"] = config["spec"]["notify"] = notify_document(spec.notify, masked=True)
+        env_vars[NOTIFY_ENV_VAR] = job_notify_settings(spec.notify, spec.stall_after_s, spec.max_retries + 1)
+    # Ray expands $NAME in every env var's value on the cluster: the spec's `echo $API_TOKEN` would reach the
+    # record with the token in it. JSON's own escape for "$" reads back the same and leaves nothing to expand.
+    env_vars[RECORD_ENV_VAR] = json.dumps(config, sort_keys=True, default=str).replace("$", "\\u0024")
     submission["entrypoint"] = f"{RECORD_COMMAND} {shlex.quote(submission['entrypoint'])}"
 
 
@@ -159,12 +207,25 @@ def resolved_spec(loaded: LoadedSpec) -> dict[str, Any]:
 
 
 
+def add_tracking_callback(runtime_env: dict[str, Any], tracking: dict[str, Any]) -> None:
+    """Have Ray Train record every run of a user's own script in MLflow (``tracking``: the spec's block),
+    through the observer's callback in the Train controller (validation refuses a spec that ships no code)."""
+    ship_observe_package(runtime_env)
+    env_vars = runtime_env.setdefault("env_vars", {})
+    env_vars[TRACKING_ENV_VAR] = json.dumps(tracking, sort_keys=True)
+    callbacks = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
+    if TRACKING_CALLBACK not in callbacks:
+        env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [TRACKING_CALLBACK])
+
+
 def add_progress_channel(runtime_env: dict[str, Any]) -> None:
     """Ship the progress channel with a job and have Ray Train build its callback in every ``TorchTrainer``.
 
     Only jobs that already upload code get it (a working_dir or py_modules): a job without code of
     its own has no training script to follow, and stays a request that needs no upload at all.
-    Callbacks and a dedup pattern the spec sets are kept beside rayjobs' own.
+    Callbacks and a dedup pattern the spec sets are kept beside rayjobs' own. A job that keeps its run
+    record has the callback moved into the record keeper's hands by :func:`add_run_record`; one that
+    keeps none (``record: false``) names it here, and the callback then checks the Ray version itself.
     """
     ship_observe_package(runtime_env)
     env_vars = runtime_env.setdefault("env_vars", {})
@@ -179,24 +240,80 @@ def add_progress_channel(runtime_env: dict[str, Any]) -> None:
         env_vars[DEDUP_ALLOW_ENV_VAR] = f"(?:{allowed})|{EVENT_MARKER}"
 
 
-def spec_hash(submission: dict[str, Any]) -> str:
-    """A short, stable hash of what a submission would run (metadata excluded)."""
+def spec_hash(submission: dict[str, Any], spec_dir: Path | None = None) -> str:
+    """A short, stable hash of what a submission would run (metadata excluded), wherever it was submitted from.
+
+    What decides a run is hashed, not where its files sit: a local working_dir or py_modules entry counts
+    by its content (Ray's own package hash: the files it would upload), and a path under ``spec_dir``
+    (the spec's folder, where relative paths in the spec start) counts by its place in that folder. The
+    same spec in two checkouts of one commit has one hash; a changed file gives another.
+    """
     content = {key: value for key, value in submission.items() if key not in ("metadata", "submission_id")}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    if content.get("runtime_env"):
+        content["runtime_env"] = _runtime_env_by_content(content["runtime_env"])
+    text = json.dumps(content, sort_keys=True, default=str)
+    if spec_dir is not None:
+        text = _paths_relative_to(text, spec_dir)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def should_retry(info: dict[str, Any], retry_on: list[str]) -> bool:
+def _runtime_env_by_content(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """``runtime_env`` with each local path that Ray uploads replaced by the hash of what it holds."""
+    excludes = list(runtime_env.get("excludes") or [])
+    local = dict(local_runtime_paths(runtime_env))
+    result = dict(runtime_env)
+    if local.get("working_dir"):
+        result["working_dir"] = _content_hash(runtime_env["working_dir"], excludes)
+    if runtime_env.get("py_modules"):
+        result["py_modules"] = [module if uri_scheme(module) is not None else _content_hash(module, excludes)
+                                for module in runtime_env["py_modules"]]
+    return result
+
+
+def _content_hash(path: str, excludes: list[str]) -> str:
+    """``content:<hash>`` of a local folder (as Ray names its package) or file; the path itself if unreadable."""
+    from jobs import ray_internals
+
+    local = Path(path)
+    try:
+        if local.is_dir():
+            # Ray names each .gitignore it leaves out at INFO: a hash is no upload, and says nothing.
+            with ray_internals.quieter(ray_internals.PACKAGING_LOGGER):
+                return "content:" + ray_internals.package_name(local, excludes)
+        if local.is_file():
+            return "content:" + hashlib.sha256(local.read_bytes()).hexdigest()
+    except OSError:
+        pass
+    # Missing or unreadable: the submission fails on it with Ray's own message; the hash needs no more.
+    return path
+
+
+def _paths_relative_to(text: str, spec_dir: Path) -> str:
+    """``text`` (JSON, possibly holding JSON in its strings) with the spec folder's path in any path under it
+    replaced by ``<spec-dir>``."""
+    plain = str(spec_dir)
+    once = json.dumps(plain)[1:-1]
+    forms = sorted({plain, once, json.dumps(once)[1:-1]}, key=len, reverse=True)
+    # Only a whole folder name: /work/a is not the start of /work/ab.
+    pattern = re.compile("(?:" + "|".join(map(re.escape, forms)) + r')(?=[/\\"])')
+    return pattern.sub("<spec-dir>", text)
+
+
+def should_retry(info: dict[str, Any], retry_on: list[str], cause: str | None = None) -> bool:
     """Whether a FAILED job's error matches the spec's ``retry_on`` list.
 
     Args:
         info: the job's record (``error_type``, ``driver_exit_code``).
-        retry_on: Ray error types, or ``exit_code:N`` for a driver that exited with N.
+        retry_on: Ray error types, ``exit_code:N`` for a driver that exited with N, or failure causes.
+        cause: the failure's cause read from its log (``runner.follow.diagnosis``), when one was.
 
     Returns:
-        True if the failure should be submitted again.
+        True if the failure should be submitted again; never for a cause in ``PERMANENT_CAUSES``.
     """
+    if cause in PERMANENT_CAUSES:
+        return False
     error_type = info.get("error_type") or ""
-    if error_type in retry_on:
+    if error_type in retry_on or (cause is not None and cause in retry_on):
         return True
     exit_code = info.get("driver_exit_code")
     return error_type == "JOB_ENTRYPOINT_COMMAND_ERROR" and exit_code is not None and \

@@ -109,6 +109,13 @@ class SweepSpec(StrictModel):
                            "the best trial afterwards (the infer stage).")
     parameters: dict[str, Distribution] = Field(min_length=1, description="Swept fields by spec path "
                                                 "(workload.train.lr) and where their values come from.")
+    refit: bool = Field(True, description="After the trials, train the best trial's values once more on the whole "
+                        "training split (scikit-learn's refit); that run's last checkpoint goes to inference. false: "
+                        "the best trial's own best checkpoint by the sweep's metric does.")
+    on_change: Literal["refuse", "restart"] = Field(
+        "refuse", description="A sweep submitted again to the same run continues where it stopped; when its "
+        "definition changed since, refuse: the job stops and names each changed field; restart: the earlier "
+        "sweep's trials are deleted and the new sweep starts from its first trial.")
 
     @field_validator("search")
     @classmethod
@@ -186,6 +193,8 @@ def trial_plan(sweep: SweepSpec, workload: Any) -> dict[str, Any]:
                       if sweep.asha else "none"),
         "at_once": (str(sweep.max_concurrent) if sweep.max_concurrent != "auto"
                     else "auto: as many as the cluster holds, worked out when the job starts"),
+        "refit": ("yes: the best values train once more on the whole training split, and that run goes to inference"
+                  if sweep.refit else "no: the best trial's own checkpoint goes to inference"),
     }
     if sweep.search == "grid":
         plan["grid_points"] = sweep.grid()
@@ -206,7 +215,35 @@ def plan_text(plan: dict[str, Any]) -> str:
         lines.append(f"#   each trial: {plan['per_trial']}, at most {plan['epochs_at_most']} epoch(s)")
     lines.append(f"#   scheduler: {plan['scheduler']}; at once: {plan['at_once']}")
     lines.append(f"#   trials compared on: {plan['chosen_on']}")
+    lines.append(f"#   refit: {plan['refit']}")
     return "\n".join(lines) + "\n"
+
+
+# In a sweep's run folder: its definition, and Ray Tune's state (which a sweep submitted again continues).
+SWEEP_DEFINITION = "sweep.json"
+TUNE_DIR = "tune"
+# What a sweep submitted again may change: both take effect on the continued sweep.
+_CHANGEABLE_ON_RESTORE = ("refit", "on_change")
+
+
+def stored_definition(sweep: SweepSpec) -> dict[str, Any]:
+    """What a sweep keeps of itself in its run folder, to tell a later submission whether it is the same sweep."""
+    dumped = sweep.model_dump(mode="json", exclude_none=True)
+    return {key: value for key, value in dumped.items() if key not in _CHANGEABLE_ON_RESTORE}
+
+
+def definition_changes(stored: dict[str, Any], sweep: SweepSpec) -> list[str]:
+    """Each field of ``sweep`` that differs from the ``stored`` definition, as ``sweep.FIELD: OLD -> NEW``."""
+    current = stored_definition(sweep)
+    changes = []
+    for key in sorted(set(stored) | set(current)):
+        if key == "parameters":
+            old, new = stored.get(key) or {}, current.get(key) or {}
+            changes += [f"sweep.parameters.{path}: {old.get(path, 'absent')} -> {new.get(path, 'absent')}"
+                        for path in sorted(set(old) | set(new)) if old.get(path) != new.get(path)]
+        elif stored.get(key) != current.get(key):
+            changes.append(f"sweep.{key}: {stored.get(key)!r} -> {current.get(key)!r}")
+    return changes
 
 
 def workload_field(path: str) -> tuple[str, ...]:
@@ -312,6 +349,15 @@ def trials_that_fit(per_trial: Demand, resources: dict[str, float]) -> int:
     return min(fits) if fits else 1
 
 
+def trial_needs_text(per_trial: Demand) -> str:
+    """``8 CPUs (8 workers × 1 CPU; the trial's Train controller reserves none)``: what one trial reserves."""
+    parts = [f"{per_trial.count * per_trial.cpus:g} CPUs"]
+    if per_trial.gpus:
+        parts.append(f"{per_trial.count * per_trial.gpus:g} GPUs")
+    each = f"{per_trial.cpus:g} CPU" + (f" and {per_trial.gpus:g} GPU" if per_trial.gpus else "")
+    return f"{' and '.join(parts)} ({per_trial.count} workers × {each}; the trial's Train controller reserves none)"
+
+
 def sweep_concurrency(sweep: SweepSpec, per_trial: Demand, resources: dict[str, float]) -> int:
     """Trials to run at once on a cluster of ``resources`` (summed over its nodes).
 
@@ -319,8 +365,7 @@ def sweep_concurrency(sweep: SweepSpec, per_trial: Demand, resources: dict[str, 
         SweepDoesNotFit: no trial fits, or ``max_concurrent`` asks for more than fit at once.
     """
     fits = trials_that_fit(per_trial, resources)
-    needs = f"{per_trial.count} workers × {per_trial.cpus:g} CPU" + (
-        f" and {per_trial.gpus} GPU" if per_trial.gpus else "")
+    needs = trial_needs_text(per_trial)
     has = f"{resources.get('CPU', 0):g} CPUs" + (f" and {resources.get('GPU', 0):g} GPUs" if per_trial.gpus else "")
     if fits < 1:
         raise SweepDoesNotFit(f"one trial of the sweep needs {needs}, and the cluster has {has}: no trial fits")

@@ -1,12 +1,15 @@
 """A spec's ``tracking`` block: where the job records its training runs for people to find them (MLflow).
 
-Checked on the client like the rest of the spec. The job receives it in ``RAYJOBS_TRACKING`` and
-records through :mod:`workloads.training.tracking`. Imports pydantic only.
+Checked on the client like the rest of the spec. The job receives it in ``RAYJOBS_TRACKING``. A built-in
+workload records through :mod:`workloads.training.tracking`; a user's own Ray Train script through the
+callback rayjobs ships with its code (``workloads/rayjobs_observe/tracking_callback.py``), which runs in
+the Train controller. Imports pydantic only.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -40,3 +43,29 @@ class TrackingSpec(StrictModel):
 
     mlflow: MlflowTracking | None = Field(None, description="One MLflow run per training run (a sweep: a parent run "
                                           "and one child run per trial), with parameters, metrics per epoch, plots.")
+
+
+# Ray Train's switch between its v1 and v2 APIs; only v2 builds the callbacks named in the job's environment.
+TRAIN_V2_ENV_VAR = "RAY_TRAIN_V2_ENABLED"
+
+
+def unrecorded_tracking(spec: Any) -> str | None:
+    """Why a spec's ``tracking`` block would record nothing, or None when it will be recorded.
+
+    A workload records its own runs. A user's script is recorded by a callback shipped with the code the
+    job uploads, which Ray Train v2 builds in its controller: a spec that uploads no code, or turns v2
+    off, would silently record nothing.
+    """
+    if spec.tracking is None or spec.tracking.mlflow is None or spec.workload is not None:
+        return None
+    runtime_env = spec.runtime_env
+    paths = [runtime_env.working_dir, *(runtime_env.py_modules or [])] if runtime_env is not None else []
+    if not any(path and uri_scheme(path) is None for path in paths):
+        return ("tracking needs code uploaded with the job (a local runtime_env.working_dir or py_modules): a "
+                "script's Ray Train runs are recorded by a callback rayjobs ships with uploaded code, and this "
+                "spec uploads none, so nothing would be recorded")
+    env_vars = (runtime_env.env_vars if runtime_env is not None else None) or {}
+    if str(env_vars.get(TRAIN_V2_ENV_VAR, "1")).strip().lower() in ("0", "false", "no", "off"):
+        return (f"tracking records a script's runs from Ray Train v2's controller, and runtime_env.env_vars sets "
+                f"{TRAIN_V2_ENV_VAR} to turn v2 off; remove that variable or the tracking block")
+    return None

@@ -71,6 +71,8 @@ class _Builder:
                 merged.append(value_node)
                 continue
             key = self.build(key_node, (*path, "<key>"))
+            if isinstance(key, bool) and key_node.style is None:
+                key = key_node.value  # YAML 1.1 reads a plain `on:` key (notify's) as true; a spec's keys are names
             if not isinstance(key, str):
                 raise self.fail(f"keys must be text, got {key!r}; quote it", key_node, path)
             line = key_node.start_mark.line + 1

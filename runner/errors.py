@@ -11,7 +11,7 @@ from jobs.status import JobStatus
 
 
 class ExitCode(IntEnum):
-    """What a ``rayjobs`` command exits with; the README's "Exit codes" table explains each."""
+    """What a ``rayjobs`` command exits with; "Exit codes" in docs/troubleshooting.md explains each."""
 
     SUCCEEDED = 0
     FAILED = 1  # the job ran and failed (or, for `stop`, could not be stopped)

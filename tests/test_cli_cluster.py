@@ -71,7 +71,7 @@ def test_json_output_keeps_stdout_parsable(rj, tmp_path):
     summary = json.loads(result.stdout)
     assert summary["status"] == "SUCCEEDED" and summary["exit_code"] == 0
     assert "from-the-job" in result.stderr
-    # Under stable keys (README); a job that trains nothing has reported nothing.
+    # Under stable keys (docs/live-view.md); a job that trains nothing has reported nothing.
     assert summary["progress"] == {"stage": None, "epoch": None, "epochs": None, "iterations": 0, "metrics": {},
                                    "attempts": 0, "nodes": None, "restarts": [], "training_state": None,
                                    "seconds_per_epoch": None, "counts": {}, "events": 0, "step": None,

@@ -168,15 +168,14 @@ def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path):
     assert local.status("broken") is None
 
 
+@pytest.mark.timeout(HANG_GUARD_S)  # it must not wait for the fake ray's 300 s sleep
 def test_start_timeout_kills_what_was_started(tmp_path):
     fake_ray = tmp_path / "hanging-ray"
     fake_ray.write_text("#!/bin/sh\necho still booting\nsleep 300\n")
     fake_ray.chmod(0o755)
     before = {p.pid for p in psutil_module().process_iter()}
-    started = time.monotonic()
     with pytest.raises(ClusterError, match="did not get its dashboard ready within 1 s.*still booting"):
         local.start(name="hangs", ray_executable=str(fake_ray), timeout_s=1)
-    assert time.monotonic() - started < HANG_GUARD_S  # it did not wait for the 300 s sleep
 
     def survivors() -> list[str]:
         return [

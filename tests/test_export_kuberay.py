@@ -6,7 +6,6 @@ import io
 import json
 import re
 import socket
-import time
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -23,93 +22,19 @@ from runner.cli.app import app
 from jobs.workload_contract import Demand
 from runner.export.kuberay import WorkerGroup, size_worker_group
 from tests.support.cli import REPO_ROOT, run_rayjobs
+from tests.support.kuberay import (KUBERAY_SAMPLES, RAYJOB_CRD, assert_operator_rules, assert_valid_rayjob,
+                                   closed_schema, export, schema_errors)
 from tests.support.s3_server import create_bucket
 from tests.support.s3_server import s3_client as _s3_client
 from tests.support.waiting import HANG_GUARD_S
 
-# KubeRay's CRD and samples, copied into the project (SOURCE.md there says from where).
-KUBERAY_DIR = Path(__file__).parent / "data" / "kuberay"
-RAYJOB_CRD = KUBERAY_DIR / "ray.io_rayjobs.yaml"
-KUBERAY_SAMPLES = KUBERAY_DIR / "samples"
 REMOTE_WORKING_DIR = "runtime_env.working_dir=s3://bucket/_ray_pkg_0123456789abcdef.zip"
-SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
-DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 @pytest.fixture(scope="session")
 def rayjob_schema() -> jsonschema.protocols.Validator:
     """The v1 RayJob schema of KubeRay's CRD, with unknown fields made errors (as kubeconform does)."""
-    crd = yaml.load(RAYJOB_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
-    _close_objects(schema)
-    return jsonschema.Draft7Validator(schema)
-
-
-def _close_objects(node: Any) -> None:
-    if isinstance(node, dict):
-        if "properties" in node and "additionalProperties" not in node:
-            node["additionalProperties"] = False
-        for value in node.values():
-            _close_objects(value)
-    elif isinstance(node, list):
-        for value in node:
-            _close_objects(value)
-
-
-def schema_errors(manifest: dict[str, Any], schema: jsonschema.protocols.Validator) -> list[str]:
-    """Every schema error as `dotted.path: message`, in path order."""
-    errors = sorted(schema.iter_errors(manifest), key=lambda error: list(map(str, error.absolute_path)))
-    return [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors]
-
-
-def assert_valid_rayjob(manifest: dict[str, Any], schema: jsonschema.protocols.Validator) -> None:
-    """A v1 RayJob that passes the CRD's schema, then the checks made outside it (`assert_operator_rules`)."""
-    errors = schema_errors(manifest, schema)
-    assert not errors, "\n".join(errors)
-    assert_operator_rules(manifest)
-
-
-def assert_operator_rules(manifest: dict[str, Any]) -> None:
-    """What the API server and KubeRay's operator check beyond the schema before the operator acts on a RayJob."""
-    # The schema types both as plain strings, yet the API server routes on them: a wrong pair never reaches KubeRay.
-    # Checked here rather than with the schema so that the exports tested without it check them too.
-    assert (manifest.get("apiVersion"), manifest.get("kind")) == ("ray.io/v1", "RayJob")
-    name = manifest["metadata"]["name"]
-    assert len(name) <= 47 and DNS_1035_LABEL.match(name)
-    spec = manifest["spec"]
-    selected = (spec.get("clusterSelector") or {}).get("ray.io/cluster")
-    assert ("rayClusterSpec" in spec) != bool(selected), "exactly one of rayClusterSpec and clusterSelector"
-    if spec.get("ttlSecondsAfterFinished", 0) > 0:
-        assert spec.get("shutdownAfterJobFinishes") is True
-    if "activeDeadlineSeconds" in spec:
-        assert spec["activeDeadlineSeconds"] > 0
-    if spec.get("backoffLimit", 0) > 0:
-        assert not selected and spec.get("submissionMode") != "InteractiveMode"
-    if spec.get("suspend"):
-        assert spec.get("shutdownAfterJobFinishes") and not selected
-    assert spec.get("submissionMode", "K8sJobMode") in SUBMISSION_MODES
-    if "runtimeEnvYAML" in spec:
-        assert isinstance(yaml.safe_load(spec["runtimeEnvYAML"]), dict)
-    if "entrypointResources" in spec:
-        resources = json.loads(spec["entrypointResources"])
-        assert all(isinstance(amount, (int, float)) for amount in resources.values())
-    if "rayClusterSpec" in spec:
-        cluster = spec["rayClusterSpec"]
-        assert cluster["headGroupSpec"]["template"]["spec"]["containers"]
-        names = [group["groupName"] for group in cluster.get("workerGroupSpecs", [])]
-        assert len(names) == len(set(names))
-        for group in cluster.get("workerGroupSpecs", []):
-            assert group["template"]["spec"]["containers"]
-            assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
-
-
-def export(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
-    """Run `rayjobs export kuberay ARGS…` in-process: exit code, the parsed manifest (if any), stderr."""
-    result = CliRunner().invoke(app, ["export", "kuberay", *args], env=env)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    manifest = yaml.safe_load(result.stdout) if result.exit_code == 0 else None
-    return result.exit_code, manifest, result.stderr
+    return closed_schema(RAYJOB_CRD)
 
 
 def runtime_env_of(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -486,14 +411,41 @@ def test_upload_with_refused_credentials_exits_7(project_spec, aws_env, monkeypa
     assert "testing" not in stderr
 
 
+@pytest.mark.timeout(HANG_GUARD_S)
 def test_upload_to_an_unreachable_endpoint_fails_without_hanging(project_spec, aws_env, monkeypatch):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port}")
-    started = time.monotonic()
     code, _, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/x")
     assert code == 4, stderr
-    assert time.monotonic() - started < HANG_GUARD_S
     assert f"cannot reach the object store at http://127.0.0.1:{closed_port}" in stderr
     assert len(stderr.strip().splitlines()) == 1
+
+
+def test_a_queued_spec_joins_its_kueue_local_queue_with_its_priority_class(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--set", "queue=team-a",
+                                    "--priority-class", "nightly")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    assert manifest["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a",
+                                              "kueue.x-k8s.io/priority-class": "nightly"}
+    assert "LocalQueue team-a" in stderr
+
+
+def test_a_numeric_priority_without_a_priority_class_is_named_not_dropped_silently(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--set", "queue=team-a",
+                                    "--set", "priority=5")
+    assert code == 0, stderr
+    assert manifest["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert "priority 5 is not exported" in stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--priority-class", "nightly"], "--priority-class needs a queued spec"),
+    (["--set", "queue=team-a", "--priority-class", "Not_A_Name"], "is not a Kubernetes object name"),
+])
+def test_a_priority_class_is_refused_where_kueue_could_not_use_it(args, message):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, *args)
+    assert code == 2 and manifest is None
+    assert message in stderr

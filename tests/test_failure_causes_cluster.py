@@ -1,8 +1,9 @@
 """Failures brought about for real, each named with what to do (runner/follow/diagnosis.py).
 
 They run on a cluster of their own (2 CPUs, started through the CLI), beside the session's: each is a job
-that waits on a timeout or a restart more than it computes. The causes this machine cannot bring about
-are named from recorded log lines in tests/test_diagnosis.py.
+that waits on a timeout or a restart more than it computes. A full disk and refused object-store credentials
+need no cluster: tests/test_diagnosis.py brings them about in its own process; the causes this machine
+cannot bring about at all are named there from recorded log lines.
 """
 
 from __future__ import annotations

@@ -17,10 +17,11 @@ def test_retry_on_exit_code_resubmits_with_linked_attempts(rj, tmp_path):
     # Fails with exit code 3 the first time, succeeds the second.
     entrypoint = (f"python -c \"import os, sys; m='{marker}'; first = not os.path.exists(m); "
                   f"open(m, 'w').close(); print('attempt', 'first' if first else 'again'); sys.exit(3 if first else 0)\"")
-    spec = write_spec(tmp_path, "flaky", f"entrypoint: {entrypoint}\nmax_retries: 2\nretry_on: ['exit_code:3']\n")
+    spec = write_spec(tmp_path, "flaky", f"entrypoint: {entrypoint}\nmax_retries: 2\nretry_on: ['exit_code:3']\n"
+                                         "retry_backoff: {initial_s: 1}\n")
     result = rj("submit", str(spec), "--output", "json")
     assert result.returncode == 0, result.stderr
-    assert "submitting attempt 2 of 3" in result.stderr
+    assert "submitting attempt 2 of 3 in 1s (retry_backoff)" in result.stderr
     second_id = json.loads(result.stdout)["submission_id"]
     status = rj("status", second_id)
     assert "attempts:" in status.stdout
@@ -32,11 +33,16 @@ def test_retry_on_exit_code_resubmits_with_linked_attempts(rj, tmp_path):
     assert info["metadata"]["rayjobs.parent"] == lines[0].split()[1]
 
 
-def test_user_code_failure_is_not_retried_by_default(rj, tmp_path):
-    spec = write_spec(tmp_path, "no-retry", "entrypoint: python -c \"import sys; sys.exit(3)\"\nmax_retries: 2\n")
+def test_a_missing_module_is_never_retried(rj, tmp_path):
+    # retry_on takes any failure of the entrypoint, and max_retries allows three more attempts: a module that
+    # is missing now is missing then too, so it fails once. (Exit codes outside retry_on: tests/test_run_policy.py.)
+    spec = write_spec(tmp_path, "no-retry", "entrypoint: python -c \"import rayjobs_no_such_module\"\n"
+                                            "max_retries: 3\nretry_on: [JOB_ENTRYPOINT_COMMAND_ERROR]\n")
     result = rj("submit", str(spec))
     assert result.returncode == 1
     assert "submitting attempt" not in result.stderr
+    assert ("not retried, although max_retries is 3: the failure is module_missing, and a missing module is "
+            "missing again in the next attempt") in result.stderr
 
 
 def test_fixed_submission_id_attaches_or_conflicts(rj, tmp_path):

@@ -65,3 +65,68 @@ def test_an_entrypoint_that_does_not_run_its_workload_is_warned_about(tmp_path, 
     assert (note is not None) is warned
     if warned:
         assert "python -m workloads.hello" in note and "the workload section is ignored" in note
+
+
+def _quickstart_sweep(tmp_path, *overrides: str):
+    import yaml
+
+    from tests.support.cli import REPO_ROOT
+
+    document = yaml.safe_load((REPO_ROOT / "specs" / "quickstart.yaml").read_text())
+    document["runtime_env"]["working_dir"] = str(REPO_ROOT)
+    document["sweep"] = {"metric": "val_accuracy", "mode": "max", "search": "grid",
+                         "parameters": {"workload.train.lr": {"choice": [0.001, 0.01]},
+                                        "workload.train.weight_decay": {"choice": [0.0, 0.05]}}}
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump(document))
+    return load_spec(spec, list(overrides))
+
+
+def test_a_sweep_whose_trial_needs_more_cpus_than_the_cluster_has_is_refused_with_the_figures(tmp_path):
+    from runner.client.preflight import check_sweep_fits
+
+    loaded = _quickstart_sweep(tmp_path, "workload.train.num_workers=8")
+    with pytest.raises(BadInput) as refused:
+        check_sweep_fits(FakeApi([{"CPU": 2.0, "memory": 8 * 2**30}]), loaded, warn=print)
+    assert ("one trial of the sweep needs 8 CPUs (8 workers × 1 CPU; the trial's Train controller reserves none), "
+            "and the cluster has 2 CPUs: no trial fits (its largest node has 2)") in str(refused.value)
+    assert refused.value.exit_code == 2
+    check_sweep_fits(FakeApi([{"CPU": 2.0}]), _quickstart_sweep(tmp_path), warn=print)  # 2 workers fit
+
+
+def test_a_sweep_whose_one_worker_fits_no_node_is_refused_although_the_cluster_has_enough_in_all(tmp_path):
+    from runner.client.preflight import check_sweep_fits
+
+    loaded = _quickstart_sweep(tmp_path, "workload.train.num_workers=1", "workload.train.cpus_per_worker=3")
+    with pytest.raises(BadInput, match=r"one worker of a trial asks for CPU 3, but the largest of the cluster's 2 "
+                                       r"node\(s\) offers CPU 2: no trial can start"):
+        check_sweep_fits(FakeApi([{"CPU": 2.0}, {"CPU": 2.0}]), loaded, warn=print)
+
+
+def test_an_edited_sweep_sent_to_a_local_cluster_whose_run_folder_holds_the_earlier_one_is_refused(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from jobs.sweep import stored_definition
+    from runner.client.preflight import check_sweep_unchanged
+
+    runs = tmp_path / "runs"
+    earlier = _quickstart_sweep(tmp_path, f"workload.storage_path={runs}")
+    run_dir = runs / earlier.workload.run_name
+    (run_dir / "tune").mkdir(parents=True)
+    (run_dir / "tune" / "experiment_state-2026-11-25.json").write_text("{}")
+    (run_dir / "sweep.json").write_text(json.dumps(stored_definition(earlier.spec.sweep)))
+    local = FakeApi([{"CPU": 2.0}])
+    local.connection = SimpleNamespace(local_cluster="default")
+
+    check_sweep_unchanged(local, earlier)  # the same sweep continues
+    edited = _quickstart_sweep(tmp_path, f"workload.storage_path={runs}", "sweep.mode=min")
+    with pytest.raises(BadInput, match=r"these changes would be ignored: sweep.mode: 'max' -> 'min'\. Set "
+                                       r"sweep.on_change: restart") as refused:
+        check_sweep_unchanged(local, edited)
+    assert refused.value.exit_code == 2
+    check_sweep_unchanged(local, _quickstart_sweep(tmp_path, f"workload.storage_path={runs}", "sweep.mode=min",
+                                                   "sweep.on_change=restart"))
+    remote = FakeApi([{"CPU": 2.0}])
+    remote.connection = SimpleNamespace(local_cluster=None)
+    check_sweep_unchanged(remote, edited)  # another machine's disk: the job checks it there

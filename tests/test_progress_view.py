@@ -23,7 +23,6 @@ CHATTER = [
     "(TrainController pid=12038) Requesting resources: {'CPU': 1.0} * 2",
     "(TrainController pid=12038) - (ip=127.0.0.1, pid=12152) world_rank=0, local_rank=0, node_rank=0",
     "(RayTrainWorker pid=12152) Checkpoint successfully created at: Checkpoint(filesystem=local, path=/tmp/x)",
-    "Parquet dataset sampling:   0%|          | 0.00/1.00\rParquet dataset sampling: 100%|##########| 1.00/1.00",
     "/venv/lib/python3.11/site-packages/ray/data/_internal/execution/operators/task_pool_map_operator.py:319: "
     "UserWarning: The maximum number of concurrent tasks for 'ReadParquet' is set to 2",
     "  warnings.warn(",
@@ -127,7 +126,7 @@ def test_progress_pace_eta_and_restarts():
     progress.update({"event": "restart", "time": 31, "attempt": 1, "reason": reason})
     progress.update({"event": "attempt", "time": 35, "attempt": 2, "nodes": 1, "workers": []})
     assert progress.seconds_per_epoch() is None  # a new attempt: the pace starts again
-    assert progress.as_dict()["restarts"] == [{"attempt": 1, "reason": reason, "time": 31.0}]
+    assert progress.as_dict()["restarts"] == [{"attempt": 1, "reason": reason, "time": 31.0, "run": None}]
     assert progress.as_dict()["attempts"] == 2
     assert short_reason(reason) == "SystemExit: 1"
 

@@ -54,9 +54,9 @@ def _private_ray_names(tree: ast.AST) -> set[str]:
     return {name for name in names if "._private" in name or "._internal" in name or name == "_do_request"}
 
 
-# Runs inside jobs that may have no copy of `jobs/` (a user's own working_dir): the progress channel's
-# Ray Train callback implements Ray Train's own callback interfaces, which only exist privately.
-ON_CLUSTER_INTERNALS = REPO_ROOT / "workloads" / "rayjobs_observe" / "train_callback.py"
+# Runs inside jobs that may have no copy of `jobs/` (a user's own working_dir): the observer's own uses of
+# Ray's private code (Ray Train's callback interfaces, the GCS client of the queue) stay in its own module.
+ON_CLUSTER_INTERNALS = REPO_ROOT / "workloads" / "rayjobs_observe" / "ray_internals.py"
 
 
 def test_the_progress_callbacks_interfaces_are_where_ray_keeps_them():

@@ -12,6 +12,7 @@ from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.errors import BadInput, ClusterUnreachable
 from runner.errors import ExitCode
+from runner.follow import retry_policy
 from runner.follow.policy import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
 from runner.client.submission import SubmitInterrupted
 from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
@@ -19,9 +20,24 @@ from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient,
 HINT = f" --address {FAKE_ADDRESS}"
 
 
+class FakeClock:
+    """Stands in for the wait before a retry: records each wait and moves its own time on instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
 @pytest.fixture(autouse=True)
-def fast(monkeypatch):
+def clock(monkeypatch) -> FakeClock:
     speed_up_following(monkeypatch)
+    fake = FakeClock()
+    monkeypatch.setattr(retry_policy, "sleep", fake.sleep)
+    return fake
 
 
 class Run:
@@ -94,8 +110,8 @@ def test_retry_links_attempts_through_metadata(tmp_path):
     assert second["metadata"][METADATA_ATTEMPT] == "2"
     assert second["metadata"][METADATA_PARENT] == "raysubmit_fake1"
     assert second["metadata"][METADATA_SPEC_HASH] == first["metadata"][METADATA_SPEC_HASH]
-    assert ("rayjobs: attempt 1 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 2 of 3"
-            in run.note_lines)
+    assert ("rayjobs: attempt 1 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 2 of 3 "
+            "in 10s (retry_backoff)" in run.note_lines)
     # A retry skips the pre-flight: the first attempt already passed it.
     assert [call[0] for call in client.calls if call[0] in ("submit", "node_resources")] == ["submit", "submit"]
 
@@ -265,3 +281,102 @@ def test_follow_job_on_its_own(tmp_path):
     assert (result.exit_code, result.attempts) == (ExitCode.FAILED, ["raysubmit_other"])
     assert logs.getvalue() == "boom\n"
     assert "last lines" not in notes.getvalue()
+
+
+def test_backoff_doubles_each_retry_up_to_its_cap(tmp_path, clock):
+    client = FakeClient(*[_failing() for _ in range(5)])
+    run = Run(tmp_path, client, "max_retries: 4\nretry_on: ['exit_code:3']\nretry_backoff: {initial_s: 2, max_s: 5}\n")
+    assert run.result.exit_code == ExitCode.FAILED and len(run.result.attempts) == 5
+    assert clock.waits == [2, 4, 5, 5]
+    assert clock.now == 16
+    assert "rayjobs: attempt 3 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 4 of 5 " \
+        "in 5s (retry_backoff)" in run.note_lines
+
+
+def test_backoff_schedule_and_its_defaults():
+    from jobs.retry import RetryBackoff
+
+    assert [RetryBackoff().delay_s(retry) for retry in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
+    assert [RetryBackoff(initial_s=0).delay_s(retry) for retry in (1, 2)] == [0, 0]
+    with pytest.raises(ValueError, match=r"max_s \(1\) is shorter than initial_s \(2\)"):
+        RetryBackoff(initial_s=2, max_s=1)
+
+
+def test_no_backoff_retries_at_once(tmp_path, clock):
+    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 1\nretry_on: ['exit_code:3']\nretry_backoff: {initial_s: 0}\n")
+    assert run.result.exit_code == ExitCode.SUCCEEDED and clock.waits == []
+    assert "rayjobs: attempt 1 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 2 of 2" \
+        in run.note_lines
+
+
+def test_ctrl_c_during_the_backoff_submits_nothing_more(tmp_path, monkeypatch):
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retry_policy, "sleep", interrupted)
+    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 1\nretry_on: ['exit_code:3']\n")
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.INTERRUPTED, ["raysubmit_fake1"])
+    assert len(client.submitted) == 1
+    assert run.note_lines[-1] == "rayjobs: interrupted while waiting to retry: no attempt 2 was submitted"
+
+
+def _failing_with(log: bytes, exit_code: int = 1) -> Script:
+    return Script(["RUNNING", "FAILED"], log=log, error_type="JOB_ENTRYPOINT_COMMAND_ERROR",
+                  driver_exit_code=exit_code, message=f"Job entrypoint command failed with exit code {exit_code}")
+
+
+COLLECTIVE_TIMEOUT_LOG = (b"(RayTrainWorker pid=7) [E ProcessGroupGloo.cpp:143] Timed out waiting 1800000ms for recv "
+                          b"operation to complete\n")
+MISSING_MODULE_LOG = b"Traceback (most recent call last):\nModuleNotFoundError: No module named 'no_such_module'\n"
+
+
+def test_a_cause_read_from_the_log_is_retried_when_named(tmp_path, clock):
+    client = FakeClient(_failing_with(COLLECTIVE_TIMEOUT_LOG), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 2\nretry_on: [collective_timeout]\nretry_backoff: {initial_s: 1}\n")
+    assert (run.result.exit_code, len(run.result.attempts)) == (ExitCode.SUCCEEDED, 2)
+    assert "rayjobs: attempt 1 failed with collective_timeout (in retry_on); submitting attempt 2 of 3 in 1s " \
+        "(retry_backoff)" in run.note_lines
+    assert clock.waits == [1]
+
+
+def test_a_cause_not_named_is_not_retried(tmp_path):
+    client = FakeClient(_failing_with(COLLECTIVE_TIMEOUT_LOG), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 2\nretry_on: [host_out_of_memory]\n")
+    assert (run.result.exit_code, len(run.result.attempts)) == (ExitCode.FAILED, 1)
+
+
+def test_a_missing_module_is_never_retried_whatever_the_spec_says(tmp_path, clock):
+    client = FakeClient(_failing_with(MISSING_MODULE_LOG), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 3\nretry_on: [JOB_ENTRYPOINT_COMMAND_ERROR, 'exit_code:1']\n")
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.FAILED, ["raysubmit_fake1"])
+    assert run.result.diagnosis is not None and run.result.diagnosis.cause == "module_missing"
+    assert "rayjobs: not retried, although max_retries is 3: the failure is module_missing, and a missing module " \
+        "is missing again in the next attempt" in run.note_lines
+    assert clock.waits == []
+
+
+@pytest.mark.parametrize("named, message", [
+    ("module_missing", "'module_missing' is never retried: a missing module is missing again in the next attempt"),
+    ("storage_credentials", "'storage_credentials' is never retried: refused credentials are refused again"),
+    ("host_out_of_memry", "(did you mean 'host_out_of_memory'?)"),
+])
+def test_retry_on_refuses_what_no_retry_can_fix_and_misspelled_causes(tmp_path, named, message):
+    from jobs.errors import SpecError
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(f"name: demo\nentrypoint: python job.py\nmax_retries: 2\nretry_on: [{named}]\n")
+    with pytest.raises(SpecError) as refused:
+        load_spec(spec_file)
+    assert message in str(refused.value) and "retry_on" in str(refused.value)
+
+
+def test_every_cause_the_diagnosis_names_is_classified_for_retries():
+    from jobs.retry import PERMANENT_CAUSES, RETRYABLE_CAUSES
+    from runner.follow.diagnosis import CAUSES
+
+    diagnosed = {cause.name for cause in CAUSES} | {"max_failures_used_up"}
+    classified = set(RETRYABLE_CAUSES) | set(PERMANENT_CAUSES)
+    assert not set(RETRYABLE_CAUSES) & set(PERMANENT_CAUSES)
+    assert diagnosed == classified, "classify each cause in jobs/spec.py: RETRYABLE_CAUSES or PERMANENT_CAUSES"

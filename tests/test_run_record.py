@@ -89,7 +89,43 @@ def test_the_record_holds_the_log_byte_for_byte_the_events_and_the_outcome(tmp_p
     assert document["code"]["git"]["commit"] == "f" * 40
     assert document["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert document["versions"]["ray"], "the cluster's Ray version"
-    assert document["spec"]["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "****"
+
+
+def test_the_record_holds_the_spec_as_the_client_masked_it(tmp_path):
+    """The spec in run.json is the one ``rayjobs submit`` hands the job, masked on the way: no value of a secret
+    variable, there or copied into the entrypoint, and no URL's password."""
+    from jobs.loader import load_spec
+    from jobs.submission import build_submission
+
+    token, password = "tok-" + os.urandom(8).hex(), "pw-" + os.urandom(8).hex()
+    (tmp_path / "project").mkdir()
+    spec = tmp_path / "project" / "job.yaml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: rec
+        entrypoint: python train.py --token {token} --db https://me:{password}@db.invalid/x
+        runtime_env:
+          working_dir: .
+          env_vars:
+            AWS_SECRET_ACCESS_KEY: {token}
+            DATABASE_URL: https://me:{password}@db.invalid/x
+        tracking:
+          mlflow:
+            tracking_uri: https://me:{password}@mlflow.invalid
+            experiment: rec
+        """))
+    submission = build_submission(load_spec(spec))
+    config = json.loads(submission["runtime_env"]["env_vars"][RECORD_ENV_VAR])
+    config.pop("base", None)
+    config["run_dir"] = str(tmp_path / "run")
+    keeper = run_keeper(python_command("print('done')"), tmp_path / "job-driver.log", keeper_env(config))
+    assert keeper.wait(timeout=HANG_GUARD_S) == 0
+
+    run_json = (tmp_path / "run" / RUN_FILE).read_text()
+    assert token not in run_json and password not in run_json
+    shown = read_run(Folder(str(tmp_path / "run")))["spec"]
+    assert shown["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "****"
+    assert shown["entrypoint"] == "python train.py --token *** --db https://me:***@db.invalid/x"
+    assert shown["tracking"]["mlflow"]["tracking_uri"] == "https://me:***@mlflow.invalid"
 
 
 def test_the_log_is_uploaded_while_the_job_runs_and_in_parts(tmp_path):

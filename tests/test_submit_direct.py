@@ -137,3 +137,51 @@ def test_direct_submission_does_not_import_ray():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+class PackageRest(Rest):
+    """The direct path's calls, with a cluster's package store: names it holds, and the bytes sent to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packages: dict[str, bytes] = {}
+
+    def ensure_package(self, name: str, data: bytes) -> bool:
+        self.calls.append(("ensure_package", name))
+        if name in self.packages:
+            return False
+        self.packages[name] = data
+        return True
+
+
+def test_a_job_that_only_keeps_a_record_ships_the_observer_without_rays_client(tmp_path):
+    import io
+    import zipfile
+
+    from jobs.loader import load_spec
+    from jobs.submission import OBSERVE_PACKAGE_DIR, build_submission
+
+    spec = tmp_path / "plain.yaml"
+    spec.write_text(f"name: plain\nentrypoint: echo hi\nrecord_path: {tmp_path / 'records'}\n")
+    submission = build_submission(load_spec(spec, []))
+    assert submission["runtime_env"]["py_modules"] == [str(OBSERVE_PACKAGE_DIR)]
+    assert not needs_ray_client(submission), "the record alone keeps a job on the direct path"
+    rest = PackageRest()
+    for _ in range(2):
+        submit_job(CONNECTION, submission, rest=rest)
+    (name,) = rest.packages
+    sent = [request for call, request in rest.calls if call == "create_job"]
+    assert [request["runtime_env"]["py_modules"] for request in sent] == [[f"gcs://{name}"]] * 2
+    assert [call for call, _ in rest.calls].count("ensure_package") == 2 and len(rest.packages) == 1
+    names = zipfile.ZipFile(io.BytesIO(rest.packages[name])).namelist()
+    assert "rayjobs_observe/record.py" in names and not any("__pycache__" in entry for entry in names)
+
+
+def test_a_job_with_neither_code_nor_record_path_stays_a_bare_request(tmp_path):
+    from jobs.loader import load_spec
+    from jobs.submission import build_submission
+
+    spec = tmp_path / "bare.yaml"
+    spec.write_text("name: bare\nentrypoint: echo hi\n")
+    submission = build_submission(load_spec(spec, []))
+    assert "runtime_env" not in submission and submission["entrypoint"] == "echo hi"

@@ -2,11 +2,12 @@
 
 One small grid sweep of the quickstart on generated images proves what a user relies on: each trial
 trains in its own run folder with its own values, a trial that fails is reported while the sweep goes
-on, the best trial is chosen by the metric and its checkpoint goes on to inference, trials.csv and
-trials.png describe every trial, no placement group outlives the sweep, MLflow (a real server on
-loopback) has the sweep as a parent run with one child run per trial (not one per worker), and the
-same sweep submitted again runs no finished trial again and continues the same MLflow runs. The searchers
-(random, Optuna's TPE), ASHA and a driver killed mid-trial are checked with trials that report set
+on, the best trial is chosen by the sweep's metric and mode and its checkpoint, chosen by the same, goes
+on to inference, trials.csv and trials.png describe every trial, no placement group outlives the sweep,
+MLflow (a real server on loopback) has the sweep as a parent run with one child run per trial (not one
+per worker), and the same sweep submitted again, now with refit, runs no finished trial again, trains
+the best values on the whole training split and infers with that run. The searchers (random, Optuna's
+TPE), ASHA, refit, an edited sweep and a driver killed mid-trial are checked with trials that report set
 figures instead of training (tests/support/sweep_trials.py).
 """
 
@@ -37,7 +38,8 @@ def sweep_spec(tmp_path: Path) -> tuple[dict, Path]:
     workload["data"].update(output_dir=str(tmp_path / "data"), synthetic_per_class=10, image_size=16)
     workload["train"].update(epochs=EPOCHS, batch_size=16)
     workload["infer"].update(num_actors=1)
-    document["sweep"] = {"metric": "val_accuracy", "mode": "max", "search": "grid",
+    # Chosen by the lowest loss, without a refit: the best trial's own checkpoint goes to inference.
+    document["sweep"] = {"metric": "val_loss", "mode": "min", "search": "grid", "refit": False,
                          "parameters": {"workload.train.lr": {"choice": [GOOD_LR, DIVERGING_LR]}}}
     return document, tmp_path / "runs" / "swept"
 
@@ -50,7 +52,7 @@ def run_sweep_in_process(document: dict) -> dict:
     return run_stages(loaded.workload, loaded.spec.sweep)
 
 
-def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the_best(workload_ray, mlflow_tracking,
+def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_infers_with_the_best_and_refits_when_asked(workload_ray, mlflow_tracking,
                                                                                      monkeypatch, tmp_path, capsys):
     import ray
 
@@ -74,13 +76,13 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert sweep.best is good and good.run_dir == run_dir / "trials" / "trial-0000"
     rows = read_metrics_csv(good.run_dir / "metrics.csv")
     assert [int(row["epoch"]) for row in rows] == list(range(1, EPOCHS + 1))
-    assert good.best == max(row["val_accuracy"] for row in rows)
+    assert good.best == min(row["val_loss"] for row in rows)
 
     with open(run_dir / "trials.csv", newline="") as handle:
         table = list(csv.DictReader(handle))
     assert [(row["trial"], float(row["workload.train.lr"]), row["status"], row["epochs"]) for row in table] == [
         ("trial-0000", GOOD_LR, "FINISHED", str(EPOCHS)), ("trial-0001", DIVERGING_LR, "FAILED", "0")]
-    assert abs(float(table[0]["best_val_accuracy"]) - good.best) < 1e-5
+    assert abs(float(table[0]["best_val_loss"]) - good.best) < 1e-5
     assert (run_dir / "trials.png").stat().st_size > 1000
 
     # Trials trained on part of the training split and were compared on the rest, class by class; the
@@ -97,11 +99,16 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert "Trials train on 60 of the 80 training images and are compared on the other 20" in printed
     assert f"Test accuracy of the best trial: {produced['infer']['accuracy']:.4f}" in printed
 
-    # Inference used the best trial's best checkpoint, in that trial's folder, on the validation split.
+    # Inference used the best trial's checkpoint of the lowest val_loss, in that trial's folder, on the
+    # validation split.
+    from workloads.vision.training.model import list_checkpoints
+
     assert produced["infer"]["rows"] == 20
+    lowest_loss = min(list_checkpoints(good.run_dir), key=lambda item: item[1]["val_loss"])[0]
+    assert produced["infer"]["checkpoint"] == str(lowest_loss)
     assert (good.run_dir / "predictions").is_dir() and (good.run_dir / "inference_metrics.json").exists()
-    assert f"Trial trial-0000: epoch {EPOCHS}/{EPOCHS}, val_accuracy {good.best:.4f}" in printed, "Tune had the report"
-    assert f"Best trial: trial-0000 (val_accuracy {good.best:.4f})" in printed
+    assert f"Trial trial-0000: epoch {EPOCHS}/{EPOCHS}, val_loss {good.best:.4f}" in printed, "Tune had the report"
+    assert f"Best trial: trial-0000 (val_loss {good.best:.4f})" in printed
     assert printed.index("trial-0000  0.01") < printed.index("trial-0001  1e+06"), "the table is best first"
 
     # No trial's placement group outlives the sweep (Ray removes a group a little after its trainer ends).
@@ -125,8 +132,10 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert {artifact.path for artifact in client.list_artifacts(parent.info.run_id)} == {"trials.csv", "trials.png"}
     assert parent.data.tags["rayjobs.best_trial"] == "trial-0000"
 
-    # The same sweep again (its train stage alone): Tune's state in the run folder says what is done.
-    document["workload"]["stages"] = ["train"]
+    # The same sweep again, now with a refit (which a continued sweep honours): Tune's state in the run folder
+    # says what is done, and the best values train once more, on every training image.
+    document["workload"]["stages"] = ["train", "infer"]
+    document["sweep"]["refit"] = True
     again = run_sweep_in_process(document)
     printed = capsys.readouterr().out
     assert "Continuing the sweep" in printed and "Trial trial-0000 started" not in printed
@@ -134,7 +143,21 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_and_infers_with_the
     assert [(trial.name, trial.status) for trial in again["sweep"].trials] == [
         ("trial-0000", "FINISHED"), ("trial-0001", "FAILED")]
     assert read_metrics_csv(good.run_dir / "metrics.csv") == rows
-    assert len(client.search_runs([experiment_id])) == 3, "the sweep's MLflow run is continued, not started again"
+    refit = again["sweep"].refit
+    assert refit.run_dir == run_dir / "refit" and refit.values == {"workload.train.lr": GOOD_LR}
+    refit_rows = read_metrics_csv(refit.run_dir / "metrics.csv")
+    assert len(refit_rows) == EPOCHS and refit.score == refit_rows[-1]["val_loss"]
+    assert json.loads(next((refit.run_dir).glob("checkpoint_*/meta.json")).read_text())["val_rows"] == 20
+    assert again["infer"]["checkpoint"] == str(list_checkpoints(refit.run_dir)[-1][0])
+    assert (refit.run_dir / "predictions").is_dir()
+    assert (f"Refit on the whole training split: val_loss {refit.score:.4f} on the validation split after {EPOCHS} "
+            f"epoch(s); trial-0000 was chosen with val_loss {good.best:.4f} on the held-out share") in printed
+    assert "Test accuracy of the refit run (the best values trained on the whole training split): " in printed
+    with open(run_dir / "trials.csv", newline="") as handle:
+        last = list(csv.DictReader(handle))[-1]
+    assert (last["trial"], float(last["workload.train.lr"]), float(last["validation_val_loss"])) == (
+        "refit", GOOD_LR, pytest.approx(refit.score, rel=1e-5))
+    assert len(client.search_runs([experiment_id])) == 4, "the sweep's MLflow run is continued; the refit is new"
 
 
 def test_the_held_out_share_is_taken_from_every_class_seeded_and_leaves_each_class_rows_to_train_on():
@@ -169,7 +192,7 @@ def test_asha_stops_a_trial_that_is_behind_at_its_first_rung(workload_ray, tmp_p
             ("trial-0000", "False"), ("trial-0001", "True")]
 
 
-def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a_finished_trial_again(
+def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_and_the_trial_resumes_from_its_checkpoint(
         workload_ray, s3_endpoint, aws_env, tmp_path):
     import signal
     import subprocess
@@ -178,6 +201,7 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a
     from tests.support.ray_instances import driver_env_joining_this_ray
     from tests.support.s3_server import create_bucket
     from tests.support.sweep_trials import EPOCHS, SWEEP_DRIVER
+    from jobs import ray_internals
     from tests.support.waiting import HANG_GUARD_S
     from workloads import storage
 
@@ -194,11 +218,21 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a
         return any("TERMINATED" in storage.read_text(path) for path in storage.list_files(tune_state, ".json")
                    if path.name.startswith("experiment_state"))
 
+    # What Ray Train restores a run from: its record of the checkpoints, written once a report is taken in.
+    interrupted_trial_snapshot = storage.storage_path(run_dir) / "trials" / "trial-0001" / (
+        ray_internals.checkpoint_snapshot_filename())
+
+    def checkpoint_of_the_first_epoch_recorded() -> bool:
+        return storage.exists(interrupted_trial_snapshot) and "checkpoint_" in storage.read_text(
+            interrupted_trial_snapshot)
+
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_for_condition(stalled.exists, timeout_s=HANG_GUARD_S)  # trial-0001 is in its second epoch
+            # trial-0001 is in its second epoch, after two trainers' start-ups
+            wait_for_condition(stalled.exists, timeout_s=2 * HANG_GUARD_S)
             wait_for_condition(finished_trial_in_the_bucket, timeout_s=HANG_GUARD_S)
+            wait_for_condition(checkpoint_of_the_first_epoch_recorded, timeout_s=HANG_GUARD_S)
             first.send_signal(signal.SIGKILL)  # as when the job's node is lost
         finally:
             if first.poll() is None:
@@ -219,7 +253,11 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_without_running_a
     assert "Continuing the sweep" in again
     trials = json.loads(again.split("TRIALS ", 1)[1].splitlines()[0])
     assert trials == [["trial-0000", "FINISHED", EPOCHS], ["trial-0001", "FINISHED", EPOCHS]]
-    assert starts.read_text().split() == ["trial-0000", "trial-0001", "trial-0001"], "trial-0000 was not run again"
+    assert starts.read_text().splitlines() == ["trial-0000 from epoch 1", "trial-0001 from epoch 1",
+                                               "trial-0001 from epoch 2"], "trial-0000 was not run again; " \
+        "trial-0001 continued after the checkpoint of its first epoch"
+    trial_metrics = storage.read_text(storage.storage_path(run_dir) / "trials" / "trial-0001" / "metrics.csv")
+    assert [line.split(",")[0] for line in trial_metrics.splitlines()[1:]] == ["1", "2", "3"]
 
 
 def what_holds_this_ray() -> str:
@@ -280,3 +318,40 @@ def test_a_random_sweep_draws_every_parameter_from_its_distribution(workload_ray
     assert outcome.best is max(outcome.trials, key=lambda trial: trial.best)
     with open(tmp_path / "run" / "trials.csv", newline="") as handle:
         assert [float(row["workload.train.lr"]) for row in csv.DictReader(handle)] == pytest.approx(rates)
+
+
+def test_a_sweep_refits_its_best_values_and_refuses_an_edited_definition_unless_told_to_restart(workload_ray,
+                                                                                                tmp_path):
+    from jobs.sweep import SweepSpec
+    from jobs.workload_contract import Demand
+    from tests.support.sweep_trials import EPOCHS, refit_at_half_the_learning_rate, report_the_learning_rate
+    from workloads.entry import BadInput
+    from workloads.training.sweep import check_definition, run_sweep
+
+    definition = {"metric": "val_accuracy", "mode": "max", "search": "grid",
+                  "parameters": {"workload.train.lr": {"choice": [0.3, 0.6]}}}
+    run_dir = tmp_path / "run"
+    outcome = run_sweep(SweepSpec.model_validate(definition), report_the_learning_rate, run_dir,
+                        Demand("training", 1, 1.0), EPOCHS, refit_at_half_the_learning_rate)
+    assert outcome.best.name == "trial-0001" and outcome.best.best == 0.6
+    refit = outcome.refit
+    assert (refit.values, refit.run_dir, refit.epochs, refit.score) == ({"workload.train.lr": 0.6}, run_dir / "refit",
+                                                                         EPOCHS, 0.3)
+    with open(run_dir / "trials.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["trial"], row["best_val_accuracy"], row["validation_val_accuracy"]) for row in rows] == [
+        ("trial-0000", "0.3", ""), ("trial-0001", "0.6", ""), ("refit", "", "0.3")]
+
+    # Edited, then submitted to the same run: refused, naming each change, before anything is touched.
+    edited = {**definition, "mode": "min", "parameters": {"workload.train.lr": {"choice": [0.3, 0.9]}}}
+    with pytest.raises(BadInput) as refused:
+        check_definition(SweepSpec.model_validate(edited), run_dir)
+    assert "sweep.mode: 'max' -> 'min'" in str(refused.value)
+    assert "sweep.parameters.workload.train.lr: {'choice': [0.3, 0.6]} -> {'choice': [0.3, 0.9]}" in str(refused.value)
+    assert "sweep.on_change: restart" in str(refused.value) and (run_dir / "trials" / "trial-0001").is_dir()
+    check_definition(SweepSpec.model_validate({**definition, "refit": False}), run_dir)  # honoured, not an edit
+
+    # Asked to restart: the earlier trials go, and the new sweep starts from its first trial.
+    check_definition(SweepSpec.model_validate({**edited, "on_change": "restart"}), run_dir)
+    assert not any((run_dir / name).exists() for name in ("tune", "trials", "refit", "trials.csv"))
+    assert json.loads((run_dir / "sweep.json").read_text())["mode"] == "min"

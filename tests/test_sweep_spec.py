@@ -18,7 +18,7 @@ from jobs.workload_contract import Demand
 from tests.support.cli import REPO_ROOT, run_rayjobs
 
 QUICKSTART = REPO_ROOT / "specs" / "quickstart.yaml"
-README_SWEEP = re.compile(r"```yaml\n(sweep:\n.*?)```", re.DOTALL)
+DOCUMENTED_SWEEP = re.compile(r"```yaml\n(sweep:\n.*?)```", re.DOTALL)
 
 
 def quickstart_with(sweep: dict) -> dict:
@@ -37,9 +37,9 @@ def a_sweep(**parameters: dict) -> dict:
     return {"metric": "val_accuracy", "mode": "max", "parameters": parameters}
 
 
-def test_the_readme_sweep_block_fits_onto_the_quickstart_spec():
-    block = README_SWEEP.search((REPO_ROOT / "README.md").read_text())
-    assert block, "the README shows a sweep block to copy"
+def test_the_documented_sweep_block_fits_onto_the_quickstart_spec():
+    block = DOCUMENTED_SWEEP.search((REPO_ROOT / "docs" / "sweeps.md").read_text())
+    assert block, "docs/sweeps.md shows a sweep block to copy"
     loaded = validate_spec_data(quickstart_with(yaml.safe_load(block[1])["sweep"]), QUICKSTART)
     assert loaded.spec.sweep is not None and loaded.spec.sweep.trial_count() >= 2
 
@@ -161,7 +161,7 @@ def test_how_many_trials_run_at_once_comes_from_the_clusters_resources():
     assert sweep_concurrency(sweep, per_trial, {"CPU": 16.0}) == 3, "never more than the sweep's trials"
     assert sweep_concurrency(sweep, per_trial, {"CPU": 4.0}) == 2
     with pytest.raises(BadInput, match=r"max_concurrent is 3, and the cluster holds 2 trial\(s\) at once: one trial "
-                                       r"needs 2 workers × 1 CPU, the cluster has 4 CPUs"):
+                                       r"needs 2 CPUs \(2 workers × 1 CPU; .*\), the cluster has 4 CPUs"):
         sweep_concurrency(sweep.model_copy(update={"max_concurrent": 3}), per_trial, {"CPU": 4.0})
     with pytest.raises(BadInput, match="no trial fits"):
         sweep_concurrency(sweep, Demand("training", count=2, cpus=1.0, gpus=1), {"CPU": 8.0})
@@ -180,7 +180,8 @@ def test_a_sweep_the_cluster_cannot_hold_is_refused_at_submit_before_anything_is
     client = FakeClient()
     client.nodes = [{"CPU": 2.0}, {"CPU": 2.0}]  # 4 CPUs over two nodes: two trials of 2 workers × 1 CPU
     with pytest.raises(BadInput, match=r"sweep.max_concurrent is 3, and the cluster holds 2 trial\(s\) at once: one "
-                                       r"trial needs 2 workers × 1 CPU, the cluster has 4 CPUs, so lower "):
+                                       r"trial needs 2 CPUs \(2 workers × 1 CPU; .*\), the cluster has 4 CPUs "
+                                       r"\(its largest node has 2\), so lower "):
         submit_or_attach(client, build_submission(loaded), name="quickstart", loaded=loaded)
     assert not client.called("submit")
 
@@ -224,3 +225,42 @@ def test_the_job_gets_the_checked_sweep(monkeypatch):
     assert load_sweep() == loaded.spec.sweep
     monkeypatch.delenv(SWEEP_ENV_VAR)
     assert load_sweep() is None
+
+
+def test_a_stored_sweep_and_an_edited_one_differ_by_each_changed_field_and_refit_is_no_edit():
+    from jobs.sweep import definition_changes, stored_definition
+
+    first = a_sweep(**{"workload.train.lr": {"choice": [0.1, 0.2]}})
+    stored = stored_definition(SweepSpec.model_validate(first))
+    honoured = {**first, "refit": False, "on_change": "restart"}
+    assert definition_changes(stored, SweepSpec.model_validate(honoured)) == []
+    edited = {**a_sweep(**{"workload.train.lr": {"loguniform": [1e-4, 1e-2]},
+                           "workload.train.weight_decay": {"choice": [0.0]}}), "samples": 3}
+    assert definition_changes(stored, SweepSpec.model_validate(edited)) == [
+        "sweep.parameters.workload.train.lr: {'choice': [0.1, 0.2]} -> {'loguniform': [0.0001, 0.01]}",
+        "sweep.parameters.workload.train.weight_decay: absent -> {'choice': [0.0]}",
+        "sweep.samples: 1 -> 3"]
+
+
+def test_a_sweep_without_refit_trains_nothing_more(tmp_path):
+    from workloads.training.sweep import SweepOutcome, TrialOutcome, refit_best
+
+    sweep = SweepSpec.model_validate({**a_sweep(**{"workload.train.lr": {"choice": [0.1]}}), "refit": False})
+    best = TrialOutcome("trial-0000", {"workload.train.lr": 0.1}, "FINISHED", 1, 0.5, tmp_path / "trials" / "t")
+    outcome = SweepOutcome([best], best, tmp_path / "trials.csv", None)
+    assert refit_best(sweep, outcome, lambda *args: pytest.fail("refit ran"), tmp_path) is None
+
+
+def test_the_checkpoint_to_infer_with_is_the_best_by_the_sweeps_metric_and_mode(tmp_path):
+    import json
+
+    from workloads.vision.training.model import META_FILE, STATE_FILE, best_checkpoint
+
+    for epoch, accuracy, loss in ((1, 0.5, 0.9), (2, 0.7, 1.2), (3, 0.6, 0.4)):
+        folder = tmp_path / f"checkpoint_epoch_{epoch:04d}"
+        folder.mkdir()
+        (folder / STATE_FILE).write_bytes(b"state")
+        (folder / META_FILE).write_text(json.dumps({"epoch": epoch, "val_accuracy": accuracy, "val_loss": loss}))
+    assert best_checkpoint(tmp_path)[1]["epoch"] == 2
+    assert best_checkpoint(tmp_path, "val_loss", "min")[1]["epoch"] == 3
+    assert best_checkpoint(tmp_path, "val_loss", "max")[1]["epoch"] == 2

@@ -18,8 +18,9 @@ import typer
 from jobs.keys import METADATA_ATTEMPT
 from jobs.ray_env import prepare_ray_env
 from jobs.status import JobStatus, is_terminal
-from runner.cli.cluster import cluster_app
+from runner.cli.cluster import cluster_app, ensure_local_cluster
 from runner.cli.export import export_app
+from runner.cli.queue import queue as queue_command, queued_text, waiting_in_queue, with_queue_place
 from runner.cli.runs import is_run_location, print_saved_log
 from runner.cli.runs import register as register_run_commands
 from runner.cli.specs import register as register_spec_commands
@@ -48,6 +49,7 @@ app = typer.Typer(
 )
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(export_app, name="export")
+app.command("queue")(queue_command)
 
 STOP_WAIT_S = 60.0
 # A dashboard restarting or a proxy hiccup should not fail `rayjobs status`; a dead cluster should, soon.
@@ -127,7 +129,7 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait:
             return
         target = connection.target(loaded.spec.address, spec_address_source)
         if local and target.address is None:
-            _ensure_local_cluster(target.cluster_name)
+            ensure_local_cluster(target.cluster_name)
         client = make_client(connection.resolve(loaded.spec.address, spec_address_source))
     except KeyboardInterrupt:
         _say("interrupted: nothing was submitted")
@@ -157,18 +159,6 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait:
 
 
 
-def _ensure_local_cluster(name: str) -> None:
-    """Start the named local cluster unless it runs; a failed start ends the command like `cluster up` (exit 4)."""
-    from runner import local
-
-    if local.find_running(name) is not None:
-        return
-    down = "rayjobs cluster down" + ("" if name == local.DEFAULT_CLUSTER_NAME else f" --name {name}")
-    _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
-    started = local.start(name=name)
-    _say(f"local cluster '{name}' is up at {started.dashboard_url}")
-
-
 @app.command()
 @handles_errors
 @with_connection_options
@@ -176,8 +166,10 @@ def rerun(
     run: Annotated[str, typer.Argument(metavar="RUN", help="A recorded run's folder, local or s3://.",
                                        show_default=False)],
     set_: SetOption = None,
-    force: Annotated[bool, typer.Option("--force", help="Submit even when the working_dir's code is no longer what "
-                                        "the run recorded (with a warning).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Submit even when the working_dir's or py_modules' code is "
+                                        "no longer what the run recorded (with a warning).")] = False,
+    continue_run: Annotated[bool, typer.Option("--continue", help="Continue the same run (its folder; a workload "
+                                               "resumes from its last checkpoint) instead of a new one.")] = False,
     connection: ConnectionOptions = ConnectionOptions(),
     no_wait: NoWaitOption = False,
     dry_run: DryRunOption = False,
@@ -187,27 +179,28 @@ def rerun(
     give_up_after: GiveUpOption = 60.0,
     raw: RawOption = False,
 ) -> None:
-    """Submit the spec a run recorded again, refusing when its working_dir's code has changed since."""
-    from runner.runs.rerun import recorded_spec
+    """Run a recorded run's spec again as a new run beside it, linked both ways (--continue: the same run)."""
+    from runner.cli.runs import checked_rerun
 
     check_output(output)
-    loaded, warning = recorded_spec(run, set_ or [], force=force)
-    if warning:
-        _say(f"warning: {warning}")
+    loaded = checked_rerun(run, set_ or [], connection, force=force, continue_run=continue_run, dry_run=dry_run)
     submit_loaded(loaded, connection, no_wait=no_wait, dry_run=dry_run, output=output, local=local,
                    stop_on_interrupt=False, quiet=quiet, no_preflight=False, give_up_after=give_up_after, raw=raw)
 
 
-def _job_and_its_log(connection: ConnectionOptions, job_id: str) -> tuple[JobsApi, dict, RunProgress, FailureReader]:
-    """The cluster client, the job's record, and what the end of its log says (progress, failure reader)."""
-    from runner.follow.log_view import read_log
+def _job_and_its_log(connection: ConnectionOptions, job_id: str) \
+        -> tuple[JobsApi, dict, RunProgress, FailureReader, dict | None]:
+    """The cluster client, the job's record, and what the end of its log says (progress, failure reader, and
+    the job's place in its queue while it waits there)."""
+    from runner.cli.render import read_job_log
 
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     info = client.get_job(job_id)
     # The end of the log holds the latest progress: every report names the run's planned length.
     node_id = info.get("driver_node_id")
-    progress, failure = read_log(client.job_log(job_id, STATUS_LOG_LINES, driver_node_id=node_id) if node_id else "")
-    return client, info, progress, failure
+    text = client.job_log(job_id, STATUS_LOG_LINES, driver_node_id=node_id) if node_id else ""
+    progress, failure = read_job_log(info, text)
+    return client, info, progress, failure, waiting_in_queue(info, text)
 
 
 @app.command()
@@ -224,15 +217,18 @@ def status(
     from runner.cli.render import attempts_report, progress_report, status_report
 
     check_output(output)
-    client, info, progress, failure = _job_and_its_log(connection, job_id)
+    client, info, progress, failure, queued = _job_and_its_log(connection, job_id)
     diagnosis = failure.diagnose(progress) if info.get("status") == JobStatus.FAILED else None
     train_runs, train_runs_error = _train_runs(client, info, progress)
     if output == "json":
         typer.echo(json.dumps({**masked(info), "progress": progress.as_dict(),
                                "diagnosis": diagnosis.as_dict() if diagnosis else None,
-                               "train_runs": train_runs, "train_runs_error": train_runs_error}, indent=2))
+                               "train_runs": train_runs, "train_runs_error": train_runs_error,
+                               "queue": queued}, indent=2))
     else:
         typer.echo(status_report(info))
+        if queued is not None:
+            typer.echo(queued_text(queued))
         if progress.events or diagnosis is not None:
             typer.echo(progress_report(progress, diagnosis))
         if train_runs:
@@ -287,8 +283,8 @@ def logs(
         options = RunOptions(give_up_after_s=give_up_after, raw=raw, live=False if raw else None)
         result = follow_job(make_client(client.connection), job_id, options=options, log_tail_on_failure=False)
         raise typer.Exit(int(result.exit_code))
-    text = client.job_log(job_id, tail)
-    sys.stdout.write(text)
+    from jobs.secrets import job_mask  # Ray returns the job's runtime_env: its secrets' values are known here
+    sys.stdout.write(job_mask(client.get_job(job_id)).mask_text(client.job_log(job_id, tail)))
     sys.stdout.flush()
 
 
@@ -304,7 +300,7 @@ def stack(
     from runner.follow.stacks import job_stacks
 
     check_output(output)
-    client, info, progress, _ = _job_and_its_log(connection, job_id)
+    client, info, progress, _, _ = _job_and_its_log(connection, job_id)
     if is_terminal(info.get("status")):
         raise BadInput(f"job {job_id} is {info.get('status')}: only a running job has stacks to show")
     stacks = job_stacks(client, info, progress)
@@ -363,7 +359,7 @@ def list_jobs(
         raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use PENDING, RUNNING, SUCCEEDED, FAILED "
                        "or STOPPED")
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
-    jobs = [job for job in client.list_jobs() if not wanted or job.get("status") in wanted]
+    jobs = [with_queue_place(client, job) for job in client.list_jobs() if not wanted or job.get("status") in wanted]
     typer.echo(json.dumps([masked(job) for job in jobs], indent=2) if output == "json" else jobs_table(jobs))
 
 

@@ -90,3 +90,15 @@ def cluster_status(name: ClusterNameOption = "default", output: OutputOption = "
                f"auth:      {'token (' + running.token_file + ')' if running.token_file else 'none'}\n"
                f"pid:       {running.pid}\nlog:       {running.log_file}")
     typer.echo(nodes_text(nodes, nodes_error))
+
+
+def ensure_local_cluster(name: str) -> None:
+    """Start the named local cluster unless it runs; a failed start ends the command like `cluster up` (exit 4)."""
+    from runner import local
+
+    if local.find_running(name) is not None:
+        return
+    down = "rayjobs cluster down" + ("" if name == local.DEFAULT_CLUSTER_NAME else f" --name {name}")
+    _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
+    started = local.start(name=name)
+    _say(f"local cluster '{name}' is up at {started.dashboard_url}")

@@ -6,6 +6,7 @@ notes and warnings go to stderr as ``rayjobs: …`` lines.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Optional
 
 import typer
@@ -30,19 +31,44 @@ def kuberay(
     upload_to: Annotated[Optional[str], typer.Option("--upload-to", metavar="s3://BUCKET/PREFIX", help="Package "
                          "the local working_dir (and py_modules folders) as Ray does and upload it there; the "
                          "manifest names the uploaded zip.", show_default=False)] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", metavar="CRON", help="Print a RayCronJob that "
+                        "runs the RayJob on this cron schedule (five fields, e.g. \"0 3 * * *\"); needs the "
+                        "operator's RayCronJob feature gate.", show_default=False)] = None,
+    priority_class: Annotated[Optional[str], typer.Option("--priority-class", metavar="NAME", help="For a spec "
+                              "with queue: the Kueue WorkloadPriorityClass of the RayJob (its queue becomes the "
+                              "kueue.x-k8s.io/queue-name label).", show_default=False)] = None,
+    time_zone: Annotated[Optional[str], typer.Option("--time-zone", metavar="ZONE", help="With --schedule: the "
+                         "IANA time zone of the schedule (e.g. Europe/Paris; default: the operator's).",
+                         show_default=False)] = None,
 ) -> None:
-    """Print a KubeRay RayJob manifest (YAML) for SPEC: `rayjobs export kuberay SPEC | kubectl apply -f -`."""
+    """Print a KubeRay RayJob manifest (YAML) for SPEC: `rayjobs export kuberay SPEC | kubectl apply -f -`.
+
+    With --schedule, a RayCronJob whose job template is that RayJob.
+    """
     from jobs.keys import METADATA_SPEC_HASH
     from jobs.loader import load_spec
     from jobs.submission import build_submission
     from jobs.submission import local_runtime_paths
     from runner.export.kuberay import build_rayjob, manifest_yaml
+    from runner.errors import BadInput
     from runner.export.packaging import S3Location, upload_local_paths
+    from runner.export.schedule import build_raycronjob, check_schedule, check_time_zone
 
+    # Checked before the spec and any upload: a schedule refused after an upload would have wasted it.
+    zone_note = None
+    if schedule is not None:
+        schedule = check_schedule(schedule)
+        if time_zone is not None:
+            zone_note = check_time_zone(time_zone)
+    elif time_zone is not None:
+        raise BadInput(f"--time-zone {time_zone} is given without --schedule: it is the time zone of a schedule, "
+                       "so give both (e.g. --schedule \"0 3 * * *\" --time-zone Europe/Paris) or neither")
     if upload_to is not None:
         S3Location.parse(upload_to)
     loaded = load_spec(spec_file, set_ or [])
-    submission = build_submission(loaded)
+    # On Kubernetes, Kueue queues the RayJob itself (the labels build_rayjob adds): the job does not also wait
+    # in a queue of its own cluster.
+    submission = build_submission(dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"queue": None})))
     if cluster is not None and image is not None:
         _say("warning: --image is not used with --cluster: the existing cluster's image runs the job")
     runtime_env = submission.get("runtime_env") or {}
@@ -51,7 +77,11 @@ def kuberay(
             submission["runtime_env"] = upload_local_paths(runtime_env, upload_to, say=_say)
         else:
             _say("note: --upload-to is not needed: the runtime_env names no local files")
-    export = build_rayjob(loaded, submission, cluster=cluster, image=image)
+    export = build_rayjob(loaded, submission, cluster=cluster, image=image, priority_class=priority_class)
+    if schedule is not None:
+        export = build_raycronjob(export, schedule, time_zone)
+        if zone_note:
+            export.warnings.append(zone_note)
     for note in export.notes:
         _say(f"note: {note}")
     for warning in export.warnings:

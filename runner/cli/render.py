@@ -6,11 +6,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
+from jobs.secrets import job_mask
 from jobs.submission import user_entrypoint
 from runner.follow.messages import duration_s, format_duration, job_id_of, plain_table
 
 if TYPE_CHECKING:
-    from runner.follow.diagnosis import Diagnosis
+    from runner.follow.diagnosis import Diagnosis, FailureReader
     from runner.follow.follower import Outcome
     from runner.follow.progress import RunProgress
 
@@ -28,16 +29,17 @@ def format_time(ms: int | float | None) -> str:
 
 
 def status_report(info: dict[str, Any]) -> str:
-    """A few aligned lines describing one job."""
+    """A few aligned lines describing one job (its secrets masked in its entrypoint and message)."""
+    mask = job_mask(info)
     rows = [
         ("job", job_id_of(info)),
         ("status", info.get("status", "?")),
         ("name", job_name_of(info)),
-        ("entrypoint", user_entrypoint(info.get("entrypoint") or "")),
+        ("entrypoint", mask.mask_text(user_entrypoint(info.get("entrypoint") or ""))),
         ("started", format_time(info.get("start_time"))),
         ("ended", format_time(info.get("end_time"))),
         ("duration", format_duration(duration_s(info))),
-        ("message", (info.get("message") or "").strip()),
+        ("message", mask.mask_text((info.get("message") or "").strip())),
         ("error type", info.get("error_type") or ""),
         ("driver exit code", "" if info.get("driver_exit_code") is None else str(info["driver_exit_code"])),
     ]
@@ -47,14 +49,14 @@ def status_report(info: dict[str, Any]) -> str:
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> str:
-    """A plain table of jobs, newest first."""
+    """A plain table of jobs, newest first (a job still waiting in its queue, ``queue`` set, as QUEUED (position))."""
     header = ("ID", "STATUS", "NAME", "STARTED", "DURATION", "ENTRYPOINT")
     rows = [header]
     for info in sorted(jobs, key=lambda job: job.get("start_time") or 0, reverse=True):
-        entrypoint = user_entrypoint(info.get("entrypoint") or "").replace("\n", " ")
+        entrypoint = job_mask(info).mask_text(user_entrypoint(info.get("entrypoint") or "")).replace("\n", " ")
         rows.append((
             job_id_of(info),
-            info.get("status") or "?",
+            f"QUEUED ({info['queue']['position']})" if info.get("queue") else info.get("status") or "?",
             job_name_of(info) or "-",
             format_time(info.get("start_time")),
             format_duration(duration_s(info)),
@@ -83,12 +85,22 @@ def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, ad
                 diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one JSON document ``rayjobs submit --output json`` prints when it has followed a job to its end."""
     info = followed.info or {}
+    # Ray's message of a failed job holds the end of its log.
+    message = job_mask(info).mask_text(info["message"]) if info.get("message") else info.get("message")
     return {
         "submission_id": job_id, "status": followed.status, "exit_code": int(exit_code), "summary": summary,
-        "error_type": info.get("error_type"), "message": info.get("message"), "start_time": info.get("start_time"),
+        "error_type": info.get("error_type"), "message": message, "start_time": info.get("start_time"),
         "end_time": info.get("end_time"), "address": address, "attempts": attempts, "progress": progress,
         "diagnosis": diagnosis,
     }
+
+
+def read_job_log(info: dict[str, Any], text: str) -> tuple[RunProgress, FailureReader]:
+    """What the end of a job's log says (its progress, the lines that may name why it failed), read after its
+    secrets are masked: a failure's evidence is a line of the log, and is printed."""
+    from runner.follow.log_view import read_log
+
+    return read_log(job_mask(info).mask_text(text))
 
 
 def dry_run_text(submission: dict[str, Any], address: str | None, sweep_plan: dict[str, Any] | None = None) -> str:

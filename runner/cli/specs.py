@@ -42,18 +42,29 @@ def schema(
                         "parameters instead (e.g. vision).", show_default=False)] = None,
 ) -> None:
     """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml)."""
+    try:
+        document = schema_document(workload)
+    except ValueError as exc:
+        _fail(str(exc), ExitCode.BAD_INPUT)
+    typer.echo(json.dumps(document, indent=2))
+
+
+def schema_document(workload: str | None = None) -> dict:
+    """The JSON Schema ``rayjobs schema`` prints: of a spec, or of workload ``workload``'s parameters.
+
+    The documentation's spec reference is generated from this too, so editors and the docs never disagree.
+
+    Raises:
+        ValueError: an unknown workload kind, or one whose model cannot be loaded.
+    """
     from jobs.spec import JobSpec
     from jobs.workload_kinds import workload_model
 
     if workload is None:
         document = JobSpec.model_json_schema()
         document["title"] = "rayjobs spec"
-    else:
-        try:
-            document = workload_model(workload).model_json_schema()
-        except ValueError as exc:
-            _fail(str(exc), ExitCode.BAD_INPUT)
-    typer.echo(json.dumps(document, indent=2))
+        return document
+    return workload_model(workload).model_json_schema()
 
 
 def register(app: typer.Typer) -> None:

@@ -95,3 +95,21 @@ def bypass_proxy_for_loopback(env: dict[str, str] | os._Environ = os.environ) ->
         missing = [host for host in _NO_PROXY_FOR_LOOPBACK if host not in listed]
         if missing:
             env[name] = ",".join(listed + missing)
+
+
+def through_proxy_note(url: str) -> str:
+    """`` (through the proxy …)`` when a request to ``url`` goes through a proxy, else ""."""
+    proxy = proxy_for(url)
+    return Unanswered("", proxy).proxy_note() if proxy else ""
+
+
+def ssl_context_for(verify: bool | str) -> ssl.SSLContext:
+    """The TLS context of a connection: verified by the system's CAs, by a CA bundle file, or not at all (False)."""
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return ssl.create_default_context()

@@ -24,7 +24,7 @@ from typing import Any
 
 from runner.client.backoff import retrying
 from runner.client.connection import Connection, resolve_connection
-from runner.client.http import Answer, Unanswered, fetch, is_loopback_host, proxy_for
+from runner.client.http import Answer, Unanswered, fetch, is_loopback_host, ssl_context_for, through_proxy_note
 from runner.errors import (AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable, JobNotFound, NoLogApi,
                            NotADashboard, ProfilingDisabled)
 from runner.client.log_resume import LogChunk, ResumePlan, resumed_chunks
@@ -78,7 +78,7 @@ class JobsApi:
         # One-shot commands (status, list, stop, ...) ride out a brief outage; the follower has its
         # own give-up policy, so its client does not retry underneath it.
         self.retry_for_s = retry_for_s
-        self._ssl_context = _ssl_context(connection.verify) if connection.address.startswith("https") else None
+        self._ssl_context = ssl_context_for(connection.verify) if connection.address.startswith("https") else None
 
     @property
     def _proxies_apply(self) -> bool:
@@ -131,6 +131,23 @@ class JobsApi:
         from runner.client.submission import submit_job
 
         return submit_job(self.connection, submission, warn=warn, progress=progress, rest=self)
+
+    def ensure_package(self, name: str, data: bytes) -> bool:
+        """Store a runtime_env package as ``gcs://NAME`` on the cluster unless it is there; returns whether it sent it
+        (the requests Ray's client makes for a py_modules entry, ``/api/packages/gcs/NAME``, without Ray)."""
+        path, where = f"/api/packages/gcs/{_quote(name)}", f"the Ray dashboard at {self.connection.address}"
+        for method, body in (("GET", None), ("PUT", data)):
+            try:
+                answer = fetch(self.connection.address + path, method=method, headers=dict(self.connection.headers),
+                               body=body, timeout_s=self.timeout_s, ssl_context=self._ssl_context)
+            except Unanswered as exc:
+                raise self._unanswered(exc, where) from None
+            if method == "GET" and answer.status in (200, 404):
+                if answer.status == 200:
+                    return False
+            elif answer.status >= 400:
+                raise self._http_error(answer, path, None, where)
+        return True
 
     def create_job(self, request: dict[str, Any]) -> str:
         """POST a job request (the JSON body Ray's client would send) and return the job's submission id.
@@ -313,7 +330,7 @@ class JobsApi:
             snippet = answer.body[:80].decode("utf-8", "replace").strip().replace("\n", " ")
             raise NotADashboard(f"{where} answered {method} {path} with something that is not Ray's job API "
                                 f"({snippet!r}…); check the address and port (the dashboard is usually :8265)"
-                                f"{_through_proxy(self.connection.address + path)}") from None
+                                f"{through_proxy_note(self.connection.address + path)}") from None
 
     def _unanswered(self, exc: Unanswered, where: str) -> ClusterUnreachable:
         reason, via = exc.reason, exc.proxy_note()
@@ -347,7 +364,7 @@ class JobsApi:
         if code == 404 and job_id is not None and "does not exist" in text:
             return JobNotFound(f"no job {job_id!r} on the cluster at {self.connection.address} "
                                "(`rayjobs list` shows the jobs there)")
-        via = _through_proxy(self.connection.address + path)
+        via = through_proxy_note(self.connection.address + path)
         if code == 404:
             return NotADashboard(f"{where} has no Ray job API at {self.connection.address + path}; check the "
                                  f"address and port{via}")
@@ -359,11 +376,6 @@ class JobsApi:
         return ClusterRequestFailed(f"{where} failed the request ({code}): {last_line(text)}{via}")
 
 
-
-
-def _through_proxy(url: str) -> str:
-    proxy = proxy_for(url)
-    return Unanswered("", proxy).proxy_note() if proxy else ""
 
 
 def _quote(job_id: str) -> str:
@@ -384,13 +396,3 @@ def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:500] if lines else "no details given"
 
-
-def _ssl_context(verify: bool | str) -> ssl.SSLContext:
-    if verify is False:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    if isinstance(verify, str):
-        return ssl.create_default_context(cafile=verify)
-    return ssl.create_default_context()

@@ -89,29 +89,82 @@ def _refuse_unless_autoscaling(api: Any, problem: str, advice: str, warn: Callab
 def check_sweep_fits(api: Any, loaded: Any, warn: Callable[[str], None]) -> None:
     """Refuse a sweep the cluster cannot run as asked: no trial fits, or fewer at once than ``max_concurrent``.
 
-    One trial needs the workload's training workers (its Tune controller reserves no CPU). The cluster's
-    resources are summed over its alive nodes, as the job counts them. A cluster that autoscales gets
-    a warning instead, and one that cannot answer is not a reason to refuse.
+    One trial needs the workload's training workers (its Tune trial and Train controller reserve no CPU).
+    The cluster's resources are summed over its alive nodes, as the job counts them, and one worker must
+    fit on one node. A cluster that autoscales gets a warning instead, and one that cannot answer is not
+    a reason to refuse.
+
+    A local cluster's sweep is also checked against the sweep already in its run folder
+    (:func:`check_sweep_unchanged`).
 
     Raises:
-        BadInput: the sweep does not fit, with the figures, and the cluster cannot grow.
+        BadInput: the sweep does not fit, with the figures, and the cluster cannot grow; or it was edited.
     """
+    check_sweep_unchanged(api, loaded)
     sweep = loaded.spec.sweep
     training = next((demand for demand in workload_needs(loaded.workload).demands if demand.phase == "training"),
                     None)
     nodes = _nodes_or_none(api) if sweep is not None and training is not None else None
     if not nodes:
         return
-    resources: dict[str, float] = {}
-    for node in nodes:
-        for name, amount in node.items():
-            resources[name] = resources.get(name, 0) + amount
+    resources = cluster_totals(nodes)
+    advice = ("so lower sweep.max_concurrent (or set it to auto), ask less of each trial (workload.train.num_workers, "
+              "cpus_per_worker, use_gpu), or use a bigger cluster")
+    largest = max(node.get("CPU", 0) for node in nodes)
     try:
         sweep_concurrency(sweep, training, resources)
     except SweepDoesNotFit as refused:
-        _refuse_unless_autoscaling(api, str(refused), "so lower sweep.max_concurrent (or set it to auto), ask less "
-                                   "of each trial (workload.train.num_workers, cpus_per_worker, use_gpu), or use a "
-                                   "bigger cluster", warn)
+        _refuse_unless_autoscaling(api, f"{refused} (its largest node has {largest:g})", advice, warn)
+        return
+    worker = {name: float(amount) for name, amount in
+              {"CPU": training.cpus, "GPU": training.gpus, **training.resources}.items() if amount}
+    best = unmet_on_every_node(worker, nodes)
+    if best is not None:
+        wanted = ", ".join(f"{name} {_amount(name, value)}" for name, value in worker.items())
+        offered = ", ".join(f"{name} {_amount(name, value)}" for name, value in best.items())
+        _refuse_unless_autoscaling(api, f"one worker of a trial asks for {wanted}, but the largest of the cluster's "
+                                   f"{len(nodes)} node(s) offers {offered}: no trial can start", advice, warn)
+
+
+def check_sweep_unchanged(api: Any, loaded: Any) -> None:
+    """Refuse, naming each changed field, a sweep sent to a local cluster whose run folder (on this machine's disk)
+    holds a continuable sweep of another definition: the job would continue that one and ignore the edit.
+
+    Elsewhere the run folder is not this machine's to read, and the job itself refuses the same way.
+    """
+    import json
+    from pathlib import Path
+
+    from jobs.sweep import SWEEP_DEFINITION, TUNE_DIR, definition_changes
+
+    sweep = loaded.spec.sweep
+    location = workload_needs(loaded.workload).run_location if sweep is not None else None
+    connection = getattr(api, "connection", None)
+    if (location is None or not is_local_location(location) or sweep.on_change != "refuse"
+            or getattr(connection, "local_cluster", None) is None):
+        return
+    run_dir = Path(location.removeprefix("file://")).expanduser()
+    stored = run_dir / SWEEP_DEFINITION
+    if not stored.is_file() or not any((run_dir / TUNE_DIR).glob("experiment_state*.json")):
+        return
+    try:
+        changes = definition_changes(json.loads(stored.read_text(encoding="utf-8")), sweep)
+    except (OSError, ValueError):
+        return  # a courtesy check: the job refuses a changed sweep too
+    if changes:
+        raise BadInput(f"the sweep in {run_dir} was started with another definition, and a sweep submitted again "
+                       f"continues the one there, so these changes would be ignored: {'; '.join(changes)}. Set "
+                       "sweep.on_change: restart to delete its trials and start this sweep from its first trial, "
+                       "use a new run_name, or submit the sweep as it was")
+
+
+def cluster_totals(nodes: list[dict[str, float]]) -> dict[str, float]:
+    """Each resource summed over the cluster's alive nodes, as a job that spreads its workers counts them."""
+    totals: dict[str, float] = {}
+    for node in nodes:
+        for name, amount in node.items():
+            totals[name] = totals.get(name, 0) + amount
+    return totals
 
 
 def _amount(name: str, value: float) -> str:
@@ -174,3 +227,25 @@ def entrypoint_note(loaded: Any) -> str | None:
         return None
     return (f"workload '{loaded.workload_kind}' runs as `python -m {module}`, but the entrypoint is "
             f"`{loaded.spec.entrypoint}`: unless that runs it, the workload section is ignored")
+
+
+def check_queue_fits(api: Any, needs: dict[str, float], queue: str, warn: Callable[[str], None]) -> None:
+    """Refuse a queued job whose ``needs`` the whole cluster does not have: it would wait in its queue forever.
+
+    Raises:
+        BadInput: the cluster's alive nodes together have less of some resource than the job needs, and the
+            cluster cannot grow. A cluster that cannot answer is not a reason to refuse.
+    """
+    nodes = _nodes_or_none(api) if needs else None
+    if not nodes:
+        return
+    totals = cluster_totals(nodes)
+    short = {name: amount for name, amount in needs.items() if totals.get(name, 0) < amount}
+    if not short:
+        return
+    wanted = ", ".join(f"{name} {_amount(name, amount)}" for name, amount in short.items())
+    offered = ", ".join(f"{name} {_amount(name, totals.get(name, 0))}" for name in short)
+    _refuse_unless_autoscaling(
+        api, f"the job needs {wanted} to run, but the cluster's {len(nodes)} node(s) have {offered} in all",
+        f"so it would wait in queue {queue} forever. Lower the spec's needs (or the workload's workers), "
+        "or use a bigger cluster", warn)

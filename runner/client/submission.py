@@ -11,19 +11,22 @@ Reached through the cluster client, ``runner.client.jobs_api.JobsApi.submit``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import io
 import logging
 import os
 import re
 import secrets
 import string
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from jobs import ray_internals
 from jobs.ray_env import prepare_ray_env
-from jobs.submission import local_runtime_paths
+from jobs.submission import OBSERVE_PACKAGE_DIR, local_runtime_paths
 from runner.client.http import bypass_proxy_for_loopback
 from runner.client.connection import Connection
 from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable
@@ -49,6 +52,8 @@ class JobRequests(Protocol):
     def version(self) -> dict[str, Any]: ...
 
     def create_job(self, request: dict[str, Any]) -> str: ...
+
+    def ensure_package(self, name: str, data: bytes) -> bool: ...
 
 
 def working_dir_size(working_dir: str, excludes: list[str]) -> int:
@@ -131,8 +136,31 @@ def submit_job(connection: Connection, submission: dict[str, Any],
 
 
 def needs_ray_client(submission: dict[str, Any]) -> bool:
-    """Whether the job request needs Ray's client: a runtime_env with more than env_vars (to upload or check)."""
-    return any(key != "env_vars" for key in submission.get("runtime_env") or {})
+    """Whether the job request needs Ray's client: a runtime_env with more than env_vars (to upload or check).
+
+    The observer's own package in py_modules is no reason: it is small, and sent without Ray
+    (:func:`observer_package`), so a job that keeps a record but uploads no code stays a plain request.
+    """
+    runtime_env = submission.get("runtime_env") or {}
+    if any(key not in ("env_vars", "py_modules") for key in runtime_env):
+        return True
+    return "py_modules" in runtime_env and runtime_env["py_modules"] != [str(OBSERVE_PACKAGE_DIR)]
+
+
+def observer_package() -> tuple[str, bytes]:
+    """The observer's package as Ray's py_modules expects it (its folder at the zip's top) and its
+    content-addressed name: the same files always give the same name, so a cluster gets it once."""
+    files = sorted(path for path in OBSERVE_PACKAGE_DIR.rglob("*.py") if "__pycache__" not in path.parts)
+    buffer = io.BytesIO()
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in files:
+            name = f"{OBSERVE_PACKAGE_DIR.name}/{path.relative_to(OBSERVE_PACKAGE_DIR).as_posix()}"
+            data = path.read_bytes()
+            digest.update(name.encode() + b"\0" + data)
+            # A fixed time stamp, so that the zip's bytes depend on the files alone.
+            archive.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    return f"_ray_pkg_{digest.hexdigest()[:32]}.zip", buffer.getvalue()
 
 
 def job_request(submission: dict[str, Any]) -> dict[str, Any]:
@@ -142,13 +170,24 @@ def job_request(submission: dict[str, Any]) -> dict[str, Any]:
     client, it sends env_vars unchanged (empty ones not at all), runtime_env and metadata always
     (empty when unset), and no field that is None.
     """
-    env_vars = (submission.get("runtime_env") or {}).get("env_vars")
-    body = {**submission, "runtime_env": {"env_vars": dict(env_vars)} if env_vars else {},
-            "metadata": dict(submission.get("metadata") or {})}
+    runtime_env = submission.get("runtime_env") or {}
+    env_vars = runtime_env.get("env_vars")
+    sent: dict[str, Any] = {"env_vars": dict(env_vars)} if env_vars else {}
+    if runtime_env.get("py_modules"):
+        sent["py_modules"] = list(runtime_env["py_modules"])
+    body = {**submission, "runtime_env": sent, "metadata": dict(submission.get("metadata") or {})}
     return {key: value for key, value in body.items() if value is not None}
 
 
 def _submit_directly(rest: JobRequests, address: str, submission: dict[str, Any], watch: _JobRequestWatch) -> str:
+    modules = (submission.get("runtime_env") or {}).get("py_modules") or []
+    if str(OBSERVE_PACKAGE_DIR) in modules:
+        name, data = observer_package()
+        rest.ensure_package(name, data)
+        runtime_env = {**submission["runtime_env"],
+                       "py_modules": [f"gcs://{name}" if module == str(OBSERVE_PACKAGE_DIR) else module
+                                      for module in modules]}
+        submission = {**submission, "runtime_env": runtime_env}
     request = job_request(submission)
     for fields, since, refusal in _FIELDS_SINCE:
         if any(request.get(name) for name in fields):
@@ -175,7 +214,8 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
         if size >= UPLOAD_WARN_BYTES:
             warn(f"working_dir {working_dir} holds {size / 2**20:.0f} MiB to upload (before compression); the "
                  f"dashboard refuses uploads over {UPLOAD_LIMIT_BYTES // 2**20} MiB. Leave data out with "
-                 "runtime_env.excludes or a .rayignore file")
+                 "runtime_env.excludes or a .rayignore file, or send the code through object storage with "
+                 "code_path: s3://BUCKET/PREFIX")
 
     from ray.exceptions import AuthenticationError
 
@@ -204,7 +244,8 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
         if "status code 413" in text:
             raise BadInput(f"the working_dir upload is larger than the dashboard accepts "
                            f"({UPLOAD_LIMIT_BYTES // 2**20} MiB); leave data out with runtime_env.excludes or "
-                           ".rayignore, or ship it separately") from None
+                           ".rayignore, or send the code through object storage with code_path: "
+                           "s3://BUCKET/PREFIX (Ray's nodes download it from there)") from None
         if "status code 400" in text:
             raise BadInput(f"the cluster rejected the job: {_ray_reason(text)}") from None
         if "status code 401" in text or "status code 403" in text:

@@ -24,7 +24,7 @@ import yaml
 from jobs.keys import RECORD_ENV_VAR
 from jobs.loader import LoadedSpec
 from jobs.object_store import uri_scheme
-from jobs.secrets import looks_secret
+from jobs.secrets import SecretMask, looks_secret
 from jobs.submission import local_runtime_paths
 from jobs.sweep import SweepSpec
 from jobs.workload_contract import Demand, workload_needs
@@ -37,6 +37,10 @@ MAX_RAYJOB_NAME_LENGTH = 47
 MAX_RAYCLUSTER_NAME_LENGTH = 53
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 INT32_MAX = 2**31 - 1
+# Kueue's labels: the LocalQueue a workload joins, and its WorkloadPriorityClass.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUBERNETES_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # Time to read logs and inspect the cluster after the job ends, before the operator deletes it.
 TTL_AFTER_FINISHED_S = 600
@@ -76,7 +80,7 @@ def ray_image(ray_version: str, python: tuple[int, int], gpu: bool) -> str:
 
 
 def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str | None = None,
-                 image: str | None = None) -> Export:
+                 image: str | None = None, priority_class: str | None = None) -> Export:
     """The RayJob manifest for a validated spec and the submission ``build_submission`` made of it.
 
     Args:
@@ -84,6 +88,7 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
         submission: its submission, with every local path in the runtime_env already replaced by a URI.
         cluster: an existing RayCluster to run on (``clusterSelector``); default: a cluster of the job's own.
         image: the container image of that own cluster; default: ``rayproject/ray`` for this Ray and Python.
+        priority_class: the Kueue WorkloadPriorityClass of a queued spec (``kueue.x-k8s.io/priority-class``).
 
     Returns:
         The manifest, with notes (choices made) and warnings (spec fields KubeRay cannot honour).
@@ -105,6 +110,8 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
 
     result = Export({})
     job: dict[str, Any] = {"entrypoint": submission["entrypoint"]}
+    env_vars = runtime_env.get("env_vars") or {}
+    secret_values = {name: env_vars[name] for name in env_vars if name in spec.secret_env_vars or looks_secret(name)}
     secrets = _replace_secrets(runtime_env, set(spec.secret_env_vars))
     if secrets:
         result.warnings.append(
@@ -117,6 +124,7 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
     if "submission_id" in submission:
         job["jobId"] = submission["submission_id"]
     job["metadata"] = dict(submission["metadata"])
+    _refuse_copied_secrets(job, secret_values)
     if spec.entrypoint_num_cpus is not None:
         job["entrypointNumCpus"] = _number(spec.entrypoint_num_cpus)
     if spec.entrypoint_num_gpus is not None:
@@ -153,10 +161,34 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
     result.manifest = {
         "apiVersion": RAYJOB_API_VERSION,
         "kind": "RayJob",
-        "metadata": {"name": spec.name},
+        "metadata": {"name": spec.name, **kueue_labels(loaded, priority_class, result)},
         "spec": job,
     }
     return result
+
+
+def kueue_labels(loaded: LoadedSpec, priority_class: str | None, result: Export) -> dict[str, Any]:
+    """Where Kueue reads a spec's queue: ``labels`` with the LocalQueue and, if given, the priority class.
+
+    On Kubernetes, Kueue admits a RayJob (it creates it suspended and lets it go when its queue has room);
+    a spec's numeric ``priority`` has no meaning there, since Kueue orders by WorkloadPriorityClass.
+    """
+    spec = loaded.spec
+    if spec.queue is None:
+        if priority_class is not None:
+            raise BadInput("--priority-class needs a queued spec: set queue: NAME (the Kueue LocalQueue) in it")
+        return {}
+    if priority_class is not None and not KUBERNETES_NAME.match(priority_class):
+        raise BadInput(f"--priority-class {priority_class!r} is not a Kubernetes object name (lowercase letters, "
+                       "digits and '-', at most 63)")
+    labels = {KUEUE_QUEUE_LABEL: spec.queue}
+    if priority_class is not None:
+        labels[KUEUE_PRIORITY_LABEL] = priority_class
+    elif spec.priority:
+        result.warnings.append(f"priority {spec.priority} is not exported: Kueue orders by a WorkloadPriorityClass; "
+                               "give its name with --priority-class")
+    result.notes.append(f"Kueue admits this RayJob through LocalQueue {spec.queue} (label {KUEUE_QUEUE_LABEL})")
+    return {"labels": labels}
 
 
 def check_rayjob_name(name: str) -> None:
@@ -281,6 +313,19 @@ def _replace_secrets(runtime_env: dict[str, Any], marked: set[str]) -> list[str]
     for name in names:
         env_vars[name] = f"${{{name}}}"
     return names
+
+
+def _refuse_copied_secrets(job: dict[str, Any], secret_values: dict[str, str]) -> None:
+    """Raise BadInput when a secret's value, swapped for a placeholder in env_vars, is still written elsewhere
+    in the RayJob (its entrypoint, another variable): a manifest is a file, often committed."""
+    written = [job["entrypoint"], job.get("runtimeEnvYAML") or ""]
+    copied = [name for name, value in secret_values.items()
+              if any(form in text for form in SecretMask([value]).values for text in written)]
+    if copied:
+        raise BadInput(f"the value of secret environment variable {', '.join(copied)} is also written elsewhere in "
+                       "the spec (its entrypoint or another variable), so the manifest would hold it in plain text. "
+                       f"Refer to the variable instead (${copied[0]} in the entrypoint: Ray sets the job's "
+                       "environment variables for it), then export again")
 
 
 def _local_record_location(runtime_env: dict[str, Any]) -> str | None:

@@ -85,12 +85,17 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
     uploaded: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="rayjobs-package-") as scratch:
         for field_name, directory, include_parent_dir, patterns in jobs:
-            name, package = package_directory(directory, patterns, include_parent_dir, Path(scratch))
+            with ray_internals.quieter(ray_internals.PACKAGING_LOGGER):
+                name = ray_internals.package_name(directory, patterns)
             uri = location.uri(name)
-            if upload_file(filesystem, package, location.key(name), settings):
-                say(f"uploaded {field_name} {directory} ({_size(package.stat().st_size)}) as {uri}")
-            else:
+            # Named by a hash of its contents, and an S3 object appears whole or not at all: one that is
+            # there is this very package, so it is neither zipped nor sent again.
+            if object_exists(filesystem, location.key(name), settings):
                 say(f"{field_name} {directory} is already uploaded as {uri} (same contents)")
+            else:
+                _, package = package_directory(directory, patterns, include_parent_dir, Path(scratch))
+                upload_file(filesystem, package, location.key(name), settings)
+                say(f"uploaded {field_name} {directory} ({_size(package.stat().st_size)}) as {uri}")
             uploaded[str(directory)] = uri
     if result.get("working_dir") in uploaded:
         result["working_dir"] = uploaded[result["working_dir"]]
@@ -116,23 +121,23 @@ def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings) ->
                                                        "create it, or name another with --upload-to"))
 
 
-def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) -> bool:
-    """Copy ``package`` to ``key`` unless an object of that name and size is there; return whether it copied."""
+def object_exists(filesystem: Any, key: str, settings: S3Settings) -> bool:
+    """Whether an object is stored at ``key``."""
     from pyarrow.fs import FileType
 
-    existing = calling_storage(lambda: object_store.call_object_store(lambda: filesystem.get_file_info(key),
-                                                                       settings, key))
-    size = package.stat().st_size
-    if existing.type == FileType.File and existing.size == size:
-        return False
+    found = calling_storage(lambda: object_store.call_object_store(lambda: filesystem.get_file_info(key),
+                                                                    settings, key))
+    return found.type == FileType.File
 
+
+def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) -> None:
+    """Copy ``package`` to ``key``, in chunks (a package may be larger than memory allows at once)."""
     def copy_it() -> None:
         with package.open("rb") as source, filesystem.open_output_stream(key) as target:
             while chunk := source.read(8 * 1024 * 1024):
                 target.write(chunk)
 
     calling_storage(lambda: object_store.call_object_store(copy_it, settings, key))
-    return True
 
 
 def _size(size_bytes: int) -> str:

@@ -2,8 +2,11 @@
 
 Each cause is recognised by what Ray, PyTorch or Python print when it happens; the log is read
 whole (the follower sees every line), so a cause named early is not lost behind a long traceback.
-When several causes appear, the first in :data:`CAUSES` wins: a worker killed for memory makes its
-peers' collectives fail too, and the cause is the memory, not the collective.
+When several causes appear, the one nearest the failure (the latest in the log) wins: a run may
+handle a missing optional module or wait out an autoscaler's complaint long before it fails of
+something else. A cause that a progress report or a new training attempt follows was survived, so
+it is forgotten. A collective's timeout is what the other ranks see when one rank dies or runs out
+of memory: it is named only when nothing else is.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runner.follow.progress import RunProgress, short_reason
+from jobs.keys import EVENT_MARKER
+from runner.follow.progress import RunProgress, parse_event, short_reason
 
 _DETAIL_CHARS = 300
 
@@ -25,6 +29,8 @@ class Cause:
     pattern: re.Pattern[str]
     says: str  # what happened; ``{detail}`` is the matched line's own words
     advice: str
+    # A failure that another one brings about (a peer that died leaves the others' collective waiting).
+    consequence: bool = False
 
 
 @dataclass
@@ -63,13 +69,19 @@ CAUSES: tuple[Cause, ...] = (
           "Install it in the job's environment (runtime_env.pip, or the cluster's image); if it is your own "
           "code, it must be inside runtime_env.working_dir or listed in runtime_env.py_modules"),
     Cause("disk_full",
-          re.compile(r"(No space left on device|\[Errno 28\])"),
+          # torch.save on a full disk never says so: its zip writer fails with one of the last two.
+          re.compile(r"(No space left on device|\[Errno 28\]|\[errno 28\]|"
+                     r"PytorchStreamWriter failed writing file|basic_ios::clear: iostream error|"
+                     r"\[enforce fail at inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+)"),
           "A disk on the cluster is full ({detail})",
           "Free space where the job writes (storage_path, data.output_dir, Ray's /tmp/ray session folder), "
           "keep fewer checkpoints (num_to_keep), or write results to object storage"),
     Cause("storage_credentials",
+          # boto names the refusal in CamelCase, pyarrow (the AWS C++ SDK) in capitals.
           re.compile(r"(InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|AccessDenied|"
-                     r"Unable to locate credentials|NoCredentialsError|AWS Error ACCESS_DENIED)"),
+                     r"Unable to locate credentials|NoCredentialsError|"
+                     r"AWS Error (ACCESS_DENIED|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH|EXPIRED_TOKEN)|"
+                     r"The AWS Access Key Id you provided does not exist)"),
           "Object storage refused the job's credentials ({detail})",
           "Put valid credentials into runtime_env.env_vars (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
           "AWS_SESSION_TOKEN; AWS_ENDPOINT_URL for a non-AWS endpoint) and check that they may read and write "
@@ -88,45 +100,60 @@ CAUSES: tuple[Cause, ...] = (
           "A collective operation (gloo/NCCL) timed out: one rank stopped taking part while the others waited",
           "Look for the rank that is behind: one that skips ray.train.report or a collective (every rank must "
           "call them the same number of times), one stuck reading data, or one much slower than the others; "
-          "`rayjobs logs` has each rank's traceback"),
+          "`rayjobs logs` has each rank's traceback", consequence=True),
 )
 
 
 class FailureReader:
-    """Reads every line of a job's log and keeps the first line of each known cause."""
+    """Reads every line of a job's log and keeps the latest line of each known cause."""
 
     def __init__(self) -> None:
-        self.found: dict[str, tuple[Cause, str]] = {}
+        # cause name -> (cause, its evidence, the number of the line it was last seen on)
+        self.found: dict[str, tuple[Cause, str, int]] = {}
         self.max_failures_line: str | None = None
+        self._lines = 0
 
     def line(self, text: str) -> None:
         """Take in one line (colour removed)."""
+        self._lines += 1
+        event = parse_event(text) if EVENT_MARKER in text else None
+        if event is not None:
+            if event["event"] in ("report", "attempt"):
+                self.found.clear()  # the run went on past what was seen so far
+            return
         if "Error count:" in text and "max allowed" in text:
             self.max_failures_line = text.strip()
         for cause in CAUSES:
-            if cause.name in self.found:
-                continue
-            match = cause.pattern.search(text)
-            if match is not None:
-                self.found[cause.name] = (cause, _evidence(text))
+            if cause.pattern.search(text) is not None:
+                self.found[cause.name] = (cause, _evidence(text), self._lines)
 
     def diagnose(self, progress: RunProgress | None = None) -> Diagnosis | None:
-        """The failure's cause, the first of :data:`CAUSES` seen; else Ray Train's own verdict; else None."""
-        for cause in CAUSES:
-            if cause.name in self.found:
-                _, evidence = self.found[cause.name]
-                detail = evidence if cause.name != "module_missing" else _missing_module(evidence)
-                return Diagnosis(cause.name, cause.says.format(detail=detail), cause.advice, evidence)
+        """The failure's cause, the one seen nearest the end; else Ray Train's own verdict; else None."""
+        if self.found:
+            cause, evidence, _ = max(self.found.values(), key=lambda seen: (not seen[0].consequence, seen[2]))
+            detail = evidence if cause.name != "module_missing" else _missing_module(evidence)
+            return Diagnosis(cause.name, cause.says.format(detail=detail), cause.advice, evidence)
         if progress is not None and progress.training_state == "ERRORED" and progress.restarts:
-            used = len(progress.restarts)
-            reason = short_reason(progress.restarts[-1].reason)
             return Diagnosis(
-                "max_failures_used_up",
-                f"Training failed {used + 1} times and used up its max_failures ({used}); the last failure: "
-                f"{reason}",
+                "max_failures_used_up", _failures_used_up(progress.restarts),
                 "Fix what the failures have in common (the reason above), or raise max_failures if they are "
-                "transient (preempted or lost nodes)", self.max_failures_line or reason)
+                "transient (preempted or lost nodes)",
+                self.max_failures_line or short_reason(progress.restarts[-1].reason))
         return None
+
+
+def _failures_used_up(restarts: list) -> str:
+    """What the restarts say, counted per training run: a sweep's trials each have their own max_failures."""
+    per_run: dict[str | None, int] = {}
+    for restart in restarts:
+        per_run[restart.run] = per_run.get(restart.run, 0) + 1
+    reason = short_reason(restarts[-1].reason)
+    if len(per_run) == 1:
+        used = len(restarts)
+        return f"Training failed {used + 1} times and used up its max_failures ({used}); the last failure: {reason}"
+    runs = ", ".join(f"{run or 'a run'} {used + 1} times" for run, used in per_run.items())
+    return (f"Training failed in {len(per_run)} runs, each with its own max_failures ({max(per_run.values())}): "
+            f"{runs}; the last failure: {reason}")
 
 
 def _evidence(line: str) -> str:

@@ -23,6 +23,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from jobs.secrets import job_mask
 from jobs.status import JobStatus, is_terminal
 from runner.client.jobs_api import JobsApi
 from runner.client.backoff import Backoff, Deadline
@@ -43,6 +44,7 @@ STOP_GRACE_S = 60.0
 FIRST_LOG_RECONNECT_S = 0.5
 MAX_LOG_RECONNECT_S = 5.0
 _FLUSH_SERVER_ERRORS = 3
+QUIET_S = 45.0  # quiet this long, a RUNNING job may be waiting for resources that Ray says nothing of
 
 
 @dataclass
@@ -90,6 +92,8 @@ class Follower:
         demand: dict[str, float] | None = None,
         stall_after: Callable[[], float] | None = None,
         on_stall: Callable[[float, dict[str, Any]], None] | None = None,
+        activity: Callable[[], float | None] | None = None,
+        on_quiet: Callable[[float], None] | None = None,
     ) -> None:
         self.api = api
         self.job_id = job_id
@@ -103,6 +107,9 @@ class Follower:
         # A RUNNING job silent (no output, no event) for stall_after() seconds is reported once to on_stall.
         self.stall_after = stall_after
         self.on_stall = on_stall
+        # Signs of the job's own life (None: any byte of its log); on_quiet is told once per QUIET_S of quiet.
+        self.activity, self.on_quiet = activity, on_quiet
+        self._quiet_asked_at = 0.0
         self._running_since: float | None = None
         self._stall_reported_at: float | None = None
         # Made in _run, inside the event loop that waits on them (each run() has a loop of its own).
@@ -201,6 +208,7 @@ class Follower:
             self.last_info = info
             if not self._driver_known.is_set() and (info.get("driver_node_id") or "driver_node_id" not in info):
                 self._driver_node = info.get("driver_node_id")
+                self.cursor.mask_with(job_mask(info))  # before the log's first byte, which waits for the driver
                 self._driver_known.set()
             status = info.get("status")
             if status != last_status:
@@ -238,10 +246,13 @@ class Follower:
             return
         now = time.monotonic()
         self._running_since = self._running_since or now
-        last_sign = max(self._running_since, self.cursor.last_byte_at or 0.0)
+        last_sign = max(self._running_since, (self.activity() if self.activity else self.cursor.last_byte_at) or 0.0)
         if self._stall_reported_at is not None and last_sign > self._stall_reported_at:
             self._stall_reported_at = None  # it moved again: a later silence is a new stall
         silent_s = now - last_sign
+        if self.on_quiet is not None and silent_s >= QUIET_S and now - self._quiet_asked_at >= QUIET_S:
+            self._quiet_asked_at = now
+            await asyncio.to_thread(self.on_quiet, silent_s)
         if self._stall_reported_at is None and silent_s >= self.stall_after():
             self._stall_reported_at = now
             await asyncio.to_thread(self.on_stall, silent_s, info)

@@ -7,6 +7,7 @@ import collections
 import time
 from typing import TextIO
 
+from jobs.secrets import SecretMask
 from runner.client.log_resume import KEPT_BYTES
 
 _PARTIAL_LINE_CHARS = 4096
@@ -31,6 +32,11 @@ class LogCursor:
         self._partial = ""
         self._kept = bytearray()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._masking = SecretMask(()).stream()
+
+    def mask_with(self, mask: SecretMask) -> None:
+        """Mask the job's secrets in everything printed from now on (URL passwords are masked from the start)."""
+        self._masking = mask.stream()
 
     def feed(self, chunk: bytes, start: int) -> None:
         """``chunk`` holds the log's bytes ``start`` … ``start + len(chunk)``."""
@@ -50,7 +56,7 @@ class LogCursor:
 
     def finish(self) -> None:
         """The log is complete: an incomplete character at its very end is shown as U+FFFD."""
-        self._write(self._decoder.decode(b"", final=True))
+        self._write(self._decoder.decode(b"", final=True), final=True)
 
     def kept(self) -> bytes:
         """The last bytes printed (up to ``KEPT_BYTES``), to find the resume point in a tail."""
@@ -69,7 +75,9 @@ class LogCursor:
         shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines]
         return shown[-(self.tail.maxlen or len(shown)):]
 
-    def _write(self, text: str) -> None:
+    def _write(self, text: str, final: bool = False) -> None:
+        # Everything downstream (the screen, the failure's evidence, the log tail) sees the masked text.
+        text = self._masking.feed(text) + (self._masking.finish() if final else "")
         if not text:
             return
         try:

@@ -2,19 +2,29 @@
 
 The follower hands every decoded piece of the log to a :class:`LogView`, which cuts it into lines,
 takes the progress events out of it (to :class:`runner.follow.progress.RunProgress`), keeps lines
-of Ray's own machinery out of sight unless asked (``--raw``), and writes the rest. ``rayjobs logs
-JOB`` without ``--follow`` does not come through here: it prints the log exactly as written.
+of Ray's own machinery out of sight unless asked (``--raw``), and writes the rest. An error is never
+chatter: Ray's ERROR and FATAL lines are always shown. Ray's complaints that the job waits for
+resources are taken out and named once by the follower (``runner.follow.waits``). In a pipe, a
+progress bar redrawn with carriage returns is written once, as its last state. ``rayjobs logs JOB``
+without ``--follow`` does not come through here: it prints the log exactly as written.
+
+What counts as a sign of life for the stall watch is kept here too (:attr:`LogView.last_activity_at`):
+an event, or a line of the job's own. Ray's lines are not: a second Ray instance on the host makes
+Ray's own actors log a warning every few seconds while the job itself may be deadlocked.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import time
+from collections.abc import Collection
 from typing import Callable, TextIO
 
 from runner.follow.diagnosis import FailureReader
 from jobs.keys import EVENT_MARKER
 from runner.follow.progress import RunProgress, parse_event
+from runner.follow.waits import ResourceWait, resource_wait_in
 
 # A colour or cursor sequence; Ray colours the prefix of lines it forwards from other processes,
 # even into a log file.
@@ -25,8 +35,8 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_WARNING = r"^\S*/site-packages/ray/\S+\.py:\d+: \w*Warning: "
 _RAY_CHATTER = [re.compile(pattern) for pattern in (
     r"^Reporting training result \d+: TrainingReport\(",
-    # Ray's C++ core logs: [2026-11-24 12:00:00,123 I 1234 5678] core_worker.cc:123: ...
-    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.(cc|h):\d+:",
+    # Ray's C++ core logs: [2026-11-24 12:00:00,123 I 1234 5678] core_worker.cc:123: ... (errors are shown)
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIW] \d+ \d+\] \w+\.(cc|h):\d+:",
     # Ray's Python loggers in the driver: 2026-11-24 12:00:00,123\tINFO worker.py:1234 -- ...
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\t(DEBUG|INFO|WARNING) [\w.]+\.py:\d+ -- ",
     # Ray Data's progress lines when no terminal is attached (logging_progress) and its execution notes.
@@ -39,8 +49,6 @@ _RAY_CHATTER = [re.compile(pattern) for pattern in (
     r"^Requesting resources: \{",
     r"^- \(ip=[\d.]+, pid=\d+\) world_rank=\d+",
     r"^Checkpoint successfully created at: Checkpoint\(",
-    # Ray Data's bar while it samples a Parquet dataset, drawn with carriage returns into a file.
-    r"^Parquet dataset sampling: ",
     # A warning raised inside Ray's own code (site-packages/ray); the source line under it: see LogView._keep.
     _RAY_WARNING,
     r"^\s+warnings\.warn\($",
@@ -52,15 +60,25 @@ _RAY_CHATTER = [re.compile(pattern) for pattern in (
     r"^\[State Transition\] ",
     r"^Training finished iteration \d+",
 )]
-# ``(TrainController pid=4711)``, ``(RayTrainWorker pid=12, ip=10.0.0.2)``, ``(raylet)``: Ray's prefix
-# on a line it forwarded from another process.
-_FORWARD_PREFIX = re.compile(r"^\((?:[\w.]+(?: pid=\d+)?(?:, ip=[\d.]+)?|raylet(?:, ip=[\d.]+)?)\) ")
-# Ray's own bars redrawn with carriage returns: held back like any other line that may be hidden.
-_RAY_BARS = ("Parquet dataset sampling",)
+# ``(TrainController pid=4711)``, ``(RayTrainWorker pid=12, ip=10.0.0.2)``, ``(raylet)``, ``(autoscaler +3s)``:
+# Ray's prefix on a line it forwarded from another process.
+_FORWARD_PREFIX = re.compile(r"^\((?:[\w.]+(?: pid=\d+)?(?:, ip=[\d.]+)?|raylet(?:, ip=[\d.]+)?|"
+                             r"autoscaler \+[\w.]+)\) ")
+# Lines of Ray's that are shown (errors are never chatter) but are no sign of the job's own life.
+_RAY_SHOWN = re.compile(r"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [EF] \d+ \d+\] \w+\.(cc|h):\d+:|"
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\t(ERROR|CRITICAL) [\w.]+\.py:\d+ -- )")
+# Ray's own processes, which run none of the job's code: whatever they print (a traceback included) is Ray's.
+_RAY_PROCESSES = re.compile(r"^\((autoscaler \+|raylet[,)]|PlacementGroupCleaner |JobSupervisor |_StatsActor |"
+                            r"SplitCoordinator |AutoscalingRequester |DatasetStatsActor )")
+# A tqdm bar's state: ``Parquet dataset sampling: 100%|##########| 3.00/3.00 [00:00<00:00, 12.4k file/s]``.
+_TQDM_BAR = re.compile(r"^(?P<desc>.*?)(?P<pct>\d{1,3}%)\|[^|]*\|\s*(?P<done>[\d.]+[kMGTP]?)/(?P<total>[\d.]+[kMGTP]?)")
+# Lines a workload prints that say what an event says too; the follower's line for the event stays.
+_STAGE_ECHO = re.compile(r"^Stage (\S+) finished in [\d.]+s$")
+_EPOCH_ECHO = re.compile(r"^epoch (\d+)/\d+[:,]? ")
 # A partial line that may still turn out to be an event or chatter is held back until its end.
 _MAY_BE_HIDDEN = ("(", "[", "Reporting", "Running", "- ", "Dataset", "Wrapping", "Started", "Setting", "Moving",
                   "Attempting", "Training", "✔", "Requesting", "Checkpoint", "/", " ", EVENT_MARKER,
-                  *_RAY_BARS, *"0123456789")
+                  *"0123456789")
 _HELD_PARTIAL_CHARS = 4096
 
 
@@ -73,6 +91,36 @@ def is_ray_chatter(line: str) -> bool:
     return any(pattern.search(body) for pattern in _RAY_CHATTER)
 
 
+def is_rays_own(line: str) -> bool:
+    """Whether a log line (colour already removed) comes from Ray rather than the job: chatter, Ray's error
+    logs, the autoscaler's messages, resource waits. None of them is a sign of the job's own life."""
+    if _RAY_PROCESSES.match(line) or is_ray_chatter(line):
+        return True
+    body = _FORWARD_PREFIX.sub("", line, count=1).lstrip("\r")
+    return bool(_RAY_SHOWN.search(body)) or resource_wait_in(body) is not None
+
+
+def last_state(line: str) -> str:
+    """What a line redrawn with carriage returns finally showed; a tqdm bar as ``desc: 100% 3/3``."""
+    prefix = _FORWARD_PREFIX.match(line)
+    head = prefix[0] if prefix else ""
+    states = [state for state in line[len(head):].split("\r") if state.strip()]
+    if not states:
+        return head.rstrip()
+    state = states[-1].rstrip()
+    bar = _TQDM_BAR.match(state)
+    if bar is not None:
+        desc = bar["desc"].rstrip().rstrip(":")
+        counts = f"{_whole(bar['done'])}/{_whole(bar['total'])}"
+        state = f"{desc}: {bar['pct']} {counts}" if desc else f"{bar['pct']} {counts}"
+    return head + state
+
+
+def _whole(count: str) -> str:
+    # tqdm with unit_scale writes 3 as "3.00"
+    return re.sub(r"\.0+(?=[kMGTP]?$)", "", count)
+
+
 class LogView:
     """A text sink for the follower's log cursor that shows the job's own lines.
 
@@ -80,21 +128,34 @@ class LogView:
         out: where the shown lines go.
         on_event: called with each progress event found in the log.
         on_line: called with every complete line, colour removed, shown or not (to read a failure's cause).
+        on_wait: called with each line of Ray's that says the job waits for resources (taken out of the view).
         raw: show everything, Ray's chatter and the event lines too, as the log has it.
         strip_ansi: remove colour codes (for output that is not a terminal).
+        pipe: the output is no terminal: a bar redrawn with carriage returns is written once, as its last state.
+        echoed: kinds of events whose own line the follower prints (``stage``, ``report``): a line of the job
+            that says the same (``Stage train finished in 3.1s``, ``epoch 1/3: train_loss …``) is left out.
     """
 
     def __init__(self, out: TextIO, on_event: Callable[[dict], None] | None = None, *, raw: bool = False,
-                 strip_ansi: bool = False, on_line: Callable[[str], None] | None = None) -> None:
+                 strip_ansi: bool = False, on_line: Callable[[str], None] | None = None,
+                 on_wait: Callable[[ResourceWait], None] | None = None, pipe: bool = False,
+                 echoed: Collection[str] = ()) -> None:
         self.out = out
         self.on_event = on_event or (lambda event: None)
         self.on_line = on_line or (lambda line: None)
+        self.on_wait = on_wait or (lambda wait: None)
         self.raw = raw
         self.strip_ansi = strip_ansi
+        self.pipe = pipe and not raw  # --raw: the log as written, carriage returns and all
+        self.echoed = frozenset(echoed)
         self.hidden_lines = 0
+        self.last_activity_at: float | None = None  # time.monotonic() of the last event or line of the job's own
         self._held = ""  # the start of a line not yet complete and not yet shown
         self._warned_by: str | None = None  # the forwarding prefix of a Ray warning just hidden
         self._shown_partial = False  # part of the current line already went out
+        self._events_seen: set[str] = set()
+        # A line of the job's that the next event may say again: (what it says, the line), held until then.
+        self._echo: tuple[tuple[str, str], str] | None = None
 
     @property
     def encoding(self) -> str | None:
@@ -107,17 +168,32 @@ class LogView:
         *complete, last = pending.split("\n")
         shown: list[str] = []
         for line in complete:
-            self.on_line(ANSI_ESCAPE.sub("", line))
+            plain = ANSI_ESCAPE.sub("", line)
+            self.on_line(plain)
             event = self._event_in(line)
             if event is not None:
-                # What came before the event goes out before anything it leads to is printed.
+                self._took_event(event, line + "\n", shown)
+                continue
+            if self._shown_partial:
+                self._shown_partial = False  # its start is already on the screen: the rest goes too
+                shown.append(line + "\n")
+                continue
+            wait = None if self.raw else resource_wait_in(plain)
+            if wait is not None:
+                self.hidden_lines += 1
                 self._emit("".join(shown))
                 shown = []
-                self.on_event(event)
-            if self._keep(line, event):
-                shown.append(line + "\n")
+                self.on_wait(wait)
+                continue
+            if not is_rays_own(plain):
+                self.last_activity_at = time.monotonic()
+            if self._keep(plain):
+                self._show(line, plain, shown)
         if last:
+            if "\r" in last or not self._could_be_hidden(last):
+                self.last_activity_at = time.monotonic()  # a bar moving, or a line of the job's on its way
             if self._shown_partial or not self._could_be_hidden(last):
+                self._release_echo(shown)
                 shown.append(last)
                 self._shown_partial = True
             else:
@@ -131,41 +207,86 @@ class LogView:
 
     def close(self) -> None:
         """The log is over: a last line without an end is shown (if it is not hidden)."""
+        shown: list[str] = []
         if self._held:
-            self.on_line(ANSI_ESCAPE.sub("", self._held))
-            event = self._event_in(self._held)
+            held, self._held = self._held, ""
+            plain = ANSI_ESCAPE.sub("", held)
+            self.on_line(plain)
+            event = self._event_in(held)
             if event is not None:
-                self.on_event(event)
-            if self._keep(self._held, event):
-                self._emit(self._held)
-        self._held = ""
+                self._took_event(event, held, shown)
+            elif self._keep(plain):
+                self._show(held, plain, shown, end="")
+        self._release_echo(shown)
+        self._emit("".join(shown))
         self.out.flush()
+
+    def _took_event(self, event: dict, line: str, shown: list[str]) -> None:
+        """An event: what came before it goes out before what it leads to, unless the event says it again."""
+        self.last_activity_at = time.monotonic()
+        self._events_seen.add(event["event"])
+        self._warned_by = None
+        if self._echo is not None and self._echo[0] == _fact_of(event):
+            self._echo = None
+            self.hidden_lines += 1
+        self._release_echo(shown)
+        self._emit("".join(shown))
+        shown.clear()
+        self.on_event(event)
+        if self.raw:
+            shown.append(line)
+        else:
+            self.hidden_lines += 1
+
+    def _show(self, line: str, plain: str, shown: list[str], end: str = "\n") -> None:
+        text = last_state(plain) if self.pipe and "\r" in plain else line
+        self._release_echo(shown)
+        fact = None if self.raw else self._fact_in(plain)
+        if fact is not None:
+            self._echo = (fact, text + end)
+        else:
+            shown.append(text + end)
+
+    def _release_echo(self, shown: list[str]) -> None:
+        if self._echo is not None:
+            shown.append(self._echo[1])
+            self._echo = None
+
+    def _fact_in(self, plain: str) -> tuple[str, str] | None:
+        """What an event may say again of a line of the job's: ``("stage", "train")``, ``("report", "3")``."""
+        body = _FORWARD_PREFIX.sub("", plain, count=1)
+        if "stage" in self.echoed and "stage" in self._events_seen:
+            match = _STAGE_ECHO.match(body)
+            if match is not None:
+                return ("stage", match[1])
+        if "report" in self.echoed and self._events_seen & {"train_start", "report"}:
+            match = _EPOCH_ECHO.match(body)
+            if match is not None:
+                return ("report", match[1])
+        return None
 
     def _could_be_hidden(self, partial: str) -> bool:
         body = ANSI_ESCAPE.sub("", partial)
-        return body.startswith(_MAY_BE_HIDDEN) and ("\r" not in body or body.startswith(_RAY_BARS))
+        if self.pipe and "\r" in body:
+            return True  # a bar: its last state is written when its line ends
+        return body.startswith(_MAY_BE_HIDDEN) and "\r" not in body
 
     def _event_in(self, line: str) -> dict | None:
         if self._shown_partial:
             return None  # the rest of a line already partly shown is the job's output
         return parse_event(ANSI_ESCAPE.sub("", line))
 
-    def _keep(self, line: str, event: dict | None) -> bool:
-        """Whether a complete line is shown."""
-        if self._shown_partial:
-            # Its start is already on the screen: the rest goes too, whatever it is.
-            self._shown_partial = False
-            return True
+    def _keep(self, plain: str) -> bool:
+        """Whether a complete line that is no event is shown."""
         if self.raw:
             return True
-        plain = ANSI_ESCAPE.sub("", line)
         prefix = _FORWARD_PREFIX.match(plain)
         prefix_text = prefix[0] if prefix else ""
         body = plain[len(prefix_text):]
         # Python prints the line of source a warning points at under it, indented: whatever that line is.
         source_of_warning = self._warned_by == prefix_text and body.startswith("  ")
         self._warned_by = prefix_text if _RAY_WARNING_LINE.search(body) else None
-        if event is not None or source_of_warning or is_ray_chatter(plain):
+        if source_of_warning or is_ray_chatter(plain):
             self.hidden_lines += 1
             return False
         return True
@@ -179,6 +300,16 @@ class LogView:
         except UnicodeEncodeError:  # a terminal that cannot show U+FFFD (or the job's own characters)
             encoding = self.encoding or "ascii"
             self.out.write(text.encode(encoding, "replace").decode(encoding))
+
+
+def _fact_of(event: dict) -> tuple[str, str] | None:
+    """What an event says that a job's own line may say too (see :meth:`LogView._fact_in`)."""
+    if event["event"] == "stage" and event.get("state") == "end":
+        return ("stage", str(event.get("name")))
+    if event["event"] == "report":
+        epoch = (event.get("metrics") or {}).get("epoch", event.get("iteration"))
+        return ("report", str(int(epoch))) if isinstance(epoch, (int, float)) else None
+    return None
 
 
 def read_log(text: str) -> tuple[RunProgress, FailureReader]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from jobs.secrets import job_mask
 from jobs.status import JobStatus
 from runner.errors import ExitCode
 
@@ -37,19 +38,24 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | None, reason: str = "") -> str:
-    """The one line printed when following a job ends."""
+def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | None, reason: str = "",
+                 waiting: str | None = None) -> str:
+    """The one line printed when following a job ends.
+
+    ``waiting``: what the job was waiting for when it ended (``waiting for resources: …``), said again when a
+    timeout stopped it, since that is most likely why it never got going.
+    """
     status = (info or {}).get("status") or "UNKNOWN"
     took = format_duration(duration_s(info)) if info else "-"
     if outcome_code == ExitCode.TIMEOUT:
-        return f"job {job_id} {status} after {took}: {reason}"
+        return f"job {job_id} {status} after {took}: {reason}" + (f"; it was still {waiting}" if waiting else "")
     if outcome_code == ExitCode.CLUSTER_UNREACHABLE:
         return f"job {job_id} state unknown (last seen {status}): {reason}"
     line = f"job {job_id} {status} in {took}"
     if status in (JobStatus.FAILED, JobStatus.STOPPED) and info:
         # Ray's message may carry the whole log tail after its first line; the log is shown separately.
         message = (info.get("message") or "").strip().splitlines()
-        first = message[0].split(", last available logs")[0] if message else ""
+        first = job_mask(info).mask_text(message[0].split(", last available logs")[0]) if message else ""
         detail = " ".join(part for part in (info.get("error_type"), first) if part)
         if info.get("driver_exit_code") is not None and "exit code" not in detail:
             detail += f" (exit code {info['driver_exit_code']})"

@@ -17,17 +17,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from jobs.keys import METADATA_ATTEMPT, METADATA_PARENT, METADATA_SPEC_HASH
 from jobs.status import JobStatus, is_terminal
-from jobs.submission import build_submission, should_retry
+from jobs.submission import build_submission
 from runner.client.backoff import Deadline, retrying
 from runner.errors import BadInput, ClusterRequestFailed, ExitCode, JobNotFound, RayJobsError
 from runner.follow.follower import DEFAULT_GIVE_UP_S, Follower, Outcome
 from runner.follow.diagnosis import Diagnosis
 from runner.follow.log_view import ANSI_ESCAPE
 from runner.follow.progress import RunProgress
+from runner.follow.retry_policy import decide_retry, wait_before_retry
 from runner.follow.watching import Watch
-from runner.client.preflight import check_entrypoint_fits, check_sweep_fits, entrypoint_demand
+from runner.client.preflight import check_entrypoint_fits, check_queue_fits, check_sweep_fits, entrypoint_demand
 from runner.follow.messages import address_hint, follow_up_lines, summary_line, where_from
-from runner.client.submission import SubmitInterrupted
+from runner.client.submission import SubmitInterrupted, working_dir_size
+from jobs.queueing import queue_needs
+from runner.follow.code_upload import code_destination, upload_code
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
@@ -143,6 +146,12 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
         check_entrypoint_fits(client, submission, warn=lambda text: say(f"warning: {text}"))
         if loaded is not None:
             check_sweep_fits(client, loaded, warn=lambda text: say(f"warning: {text}"))
+            if loaded.spec.queue is not None:
+                check_queue_fits(client, queue_needs(loaded), loaded.spec.queue,
+                                 warn=lambda text: say(f"warning: {text}"))
+    destination = code_destination(loaded, submission, working_dir_size) if loaded is not None else None
+    if destination is not None:
+        submission = upload_code(submission, destination, say)
     try:
         job_id = client.submit(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
     except (BadInput, ClusterRequestFailed):
@@ -222,12 +231,17 @@ def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions
                             notes=notes, logs_out=logs_out)
         result.attempts = attempts
         info = result.info or {}
-        if (result.exit_code != ExitCode.FAILED or len(attempts) > spec.max_retries
-                or not should_retry(info, spec.retry_on)):
+        if result.exit_code != ExitCode.FAILED:
             return result
+        decision = decide_retry(spec, info, result.diagnosis, len(attempts))
+        if decision.note:
+            _Notes(notes).say(decision.note)
+        if not decision.retry:
+            return result
+        if not wait_before_retry(decision.delay_s):
+            _Notes(notes).say(f"interrupted while waiting to retry: no attempt {len(attempts) + 1} was submitted")
+            return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, attempts, progress=result.progress)
         attempt = len(attempts) + 1
-        _Notes(notes).say(f"attempt {attempt - 1} failed with {info.get('error_type')} (in retry_on); "
-                          f"submitting attempt {attempt} of {spec.max_retries + 1}")
         retry = dict(submission, metadata={**metadata, METADATA_ATTEMPT: str(attempt), METADATA_PARENT: attempts[0]})
         if spec.submission_id:
             retry["submission_id"] = f"{spec.submission_id}-attempt{attempt}"
@@ -267,9 +281,9 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
     notes, progress = watch.notes, watch.progress
     out = _Notes(notes)
     follower = Follower(client, job_id, logs_out=watch.view, notes=notes, stream_logs=options.stream_logs,
-                        give_up_after_s=options.give_up_after_s, timeout_s=timeout_s,
-                        start_timeout_s=start_timeout_s, demand=demand,
-                        stall_after=watch.stall_after if options.stream_logs else None, on_stall=watch.on_stall)
+                        give_up_after_s=options.give_up_after_s, timeout_s=timeout_s, start_timeout_s=start_timeout_s,
+                        demand=demand, stall_after=watch.stall_after if options.stream_logs else None,
+                        on_stall=watch.on_stall, activity=watch.last_activity, on_quiet=watch.on_quiet)
     try:
         followed = follower.run()
     except KeyboardInterrupt:
@@ -277,7 +291,7 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
         return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id], progress=progress)
     watch.close()
-    summary = summary_line(job_id, followed.exit_code, followed.info, followed.reason)
+    summary = summary_line(job_id, followed.exit_code, followed.info, followed.reason, watch.waiting_text())
     diagnosis = watch.failure.diagnose(progress) if followed.status == JobStatus.FAILED else None
     if options.summaries:
         out.say(summary)

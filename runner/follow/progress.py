@@ -85,9 +85,10 @@ class Restart:
     attempt: int
     reason: str
     time: float
+    run: str | None = None  # the training run that restarted: a sweep has one per trial
 
     def as_dict(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "reason": self.reason, "time": self.time}
+        return {"attempt": self.attempt, "reason": self.reason, "time": self.time, "run": self.run}
 
 
 @dataclass
@@ -155,7 +156,7 @@ class RunProgress:
             del self._epoch_times[:-(_PACE_EPOCHS + 1)]
         elif kind == "restart":
             self.restarts.append(Restart(int(event.get("attempt") or self.attempts), str(event.get("reason") or ""),
-                                         at))
+                                         at, event.get("run")))
         elif kind == "train_end":
             self.training_state = event.get("state")
         elif kind == "trial":

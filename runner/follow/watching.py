@@ -1,14 +1,17 @@
-"""What a followed job's log feeds, wired together: its progress display, the failure reader, the stall watch."""
+"""What a followed job's log feeds, wired together: its progress display, the failure reader, the stall watch,
+and the wait for resources."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TextIO
 
+from jobs.secrets import job_mask
 from runner.follow.diagnosis import FailureReader
 from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.log_view import LogView
 from runner.follow.progress import RunProgress
 from runner.follow.stacks import job_stacks
+from runner.follow.waits import ResourceWait, pending_demand
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -17,6 +20,8 @@ if TYPE_CHECKING:
 # can each be that quiet. Past the pace of the run's own reports, three times its slowest gap.
 STALL_FLOOR_S = 300.0
 STALL_PACE_FACTOR = 3.0
+# Events that show the job got what it waited for.
+_WAIT_OVER = frozenset({"attempt", "report", "step"})
 
 
 class Watch:
@@ -47,8 +52,65 @@ class Watch:
             self.display = PlainProgress(self.progress, notes)
         self.logs_out, self.notes = logs_out, notes
         terminal = bool(getattr(logs_out, "isatty", lambda: False)())
-        self.view = LogView(logs_out, self.display.event, raw=raw, strip_ansi=not live and not terminal,
-                            on_line=self.failure.line)
+        # The live block prints its own line for a stage, not for each report: there the job's epoch lines stay.
+        self.view = LogView(logs_out, self._event, raw=raw, strip_ansi=not live and not terminal,
+                            on_line=self.failure.line, on_wait=self._waiting, pipe=not live and not terminal,
+                            echoed=("stage",) if live else ("stage", "report"))
+        # What the job waits for, while it does (Ray's own lines say so; see runner.follow.waits).
+        self.resource_wait: ResourceWait | None = None
+        self._waits_said: set[tuple[Any, ...]] = set()
+
+    def last_activity(self) -> float | None:
+        """When the job last showed a sign of its own life (time.monotonic()): an event or a line of its own."""
+        return self.view.last_activity_at
+
+    def waiting_text(self) -> str | None:
+        """``waiting for resources: 3 CPUs for the trainer and workers, 2 on the cluster``, while it waits."""
+        return self.resource_wait.text() if self.resource_wait is not None else None
+
+    def _event(self, event: dict[str, Any]) -> None:
+        if event["event"] in _WAIT_OVER:
+            self.resource_wait = None
+            self._waits_said.clear()  # a later wait (after a restart) is a new one
+        self.display.event(event)
+
+    def _waiting(self, wait: ResourceWait) -> None:
+        """Ray said again that the job waits for resources: named once, in rayjobs' words, with the numbers."""
+        said = (tuple(sorted(wait.asked.items())), wait.for_what)
+        if said in self._waits_said:
+            return
+        self._waits_said.add(said)
+        if wait.cluster is None:
+            wait = wait.with_nodes(self._node_resources())
+        self.resource_wait = wait
+        self._say(f"rayjobs: {wait.text()}; Ray keeps it waiting until they are free or the cluster grows "
+                  "(ask for less, or add nodes)")
+
+    def on_quiet(self, silent_s: float) -> None:
+        """The job has been quiet a while: if it has not got its workers yet and the cluster has demand pending
+        (Ray Train V2 waits for its worker group without a word), that is the wait, named as Ray's lines are."""
+        progress = self.progress
+        if self.resource_wait is not None or progress.attempts > len(progress.restarts):
+            return  # already named, or its workers run: a quiet job then is no resource wait
+        from runner.errors import RayJobsError
+
+        try:
+            # format=1: the report `ray status` prints, with its "Pending Demands:" (without it, a debug string)
+            status = self.client.get_json("/api/cluster_status?format=1")
+            report = ((status or {}).get("data") or {}).get("clusterStatus") or ""
+        except (RayJobsError, OSError, AttributeError, TypeError):
+            return
+        wait = pending_demand(report)
+        if wait is not None:
+            self._waiting(wait)
+
+    def _node_resources(self) -> list[dict[str, float]]:
+        from runner.errors import RayJobsError
+
+        try:
+            return self.client.node_resources()
+        except (RayJobsError, OSError, AttributeError, TypeError):
+            return []  # the wait is named without the cluster's numbers
 
     def stall_after(self) -> float:
         """How long a RUNNING job may be silent before it is called stalled."""
@@ -57,15 +119,27 @@ class Watch:
         return max(STALL_FLOOR_S, STALL_PACE_FACTOR * (self.progress.slowest_report_s or 0.0))
 
     def on_stall(self, silent_s: float, info: dict[str, Any]) -> None:
-        """Say once that the job stalled, with the stacks of its driver and training workers; it keeps running."""
-        self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing and reported no "
-                  f"progress for {silent_s:.0f}s (stall_after_s {self.stall_after():g}); it is left running. "
-                  f"Where its processes are (also `rayjobs stack {self.job_id}`):")
-        rendered = [stack.render() for stack in job_stacks(self.client, info, self.progress)]
-        for text in rendered:
-            for line in text.splitlines():
-                self._say(f"  | {line}")
-        self._keep_in_record(info, "\n".join(rendered))
+        """Say once per hang that the job stalled, with one line per process: where it is in its own code.
+
+        The whole stacks go to the run record (and ``rayjobs stack`` shows them); a job that waits for
+        resources is not stalled, and is said to wait instead.
+        """
+        if self.resource_wait is not None:
+            self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has made no progress for "
+                      f"{silent_s:.0f}s: {self.resource_wait.text()}; it is left running")
+            return
+        self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
+                  f"no progress for {silent_s:.0f}s (stall_after_s {self.stall_after():g}); it is left running. "
+                  f"Where each process is (the whole stacks: `rayjobs stack {self.job_id}`):")
+        stacks = job_stacks(self.client, info, self.progress)
+        # py-spy names each process by its command line, which holds the entrypoint's arguments.
+        mask = job_mask(info)
+        for stack in stacks:
+            self._say(mask.mask_text(f"rayjobs:   {stack.where()}"))
+        if not stacks:
+            self._say("rayjobs:   no process of the job to read yet: its driver has not connected to Ray")
+            return
+        self._keep_in_record(info, "\n".join(mask.mask_text(stack.render()) for stack in stacks))
 
     def _keep_in_record(self, info: dict[str, Any], text: str) -> None:
         """The stacks go into the job's run record too, where they outlive this terminal."""

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.secrets import SecretMask, mask_url_userinfo, masked_runtime_env, masked_strings
 from runner.follow.messages import format_duration, plain_table
 from runner.follow.progress import format_value, shown_metrics
 from runner.runs.store import UNREADABLE, Folder
@@ -57,6 +58,22 @@ def listed_run(folder: Folder, document: dict[str, Any], now: float | None = Non
             "duration_s": run_duration_s(document, now), "attempts": len(document.get("attempts") or []),
             "iterations": document.get("iterations"), "metrics": document.get("metrics"),
             "error": document.get("error")}
+
+
+def masked_record(document: dict[str, Any]) -> dict[str, Any]:
+    """A run's record as printed: its spec's secrets masked and every URL's password, whatever wrote it.
+
+    The job masks its record as it writes it; a record written before it did, or by hand, is masked here.
+    """
+    spec = document.get("spec")
+    if isinstance(spec, dict):
+        document = {**document, "spec": masked_runtime_env(spec, list(spec.get("secret_env_vars") or []))}
+    return masked_strings(document, SecretMask(()))
+
+
+def masked_log(text: str) -> str:
+    """A saved log as printed: URL passwords masked (the job masked its secrets' values as it saved it)."""
+    return mask_url_userinfo(text)
 
 
 def runs_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:

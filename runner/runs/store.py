@@ -151,8 +151,17 @@ def attempt_log(folder: Folder, submission_id: str) -> bytes:
 
 
 def attempt_events(folder: Folder, submission_id: str) -> list[dict[str, Any]]:
-    """The progress events one attempt's log held."""
-    data = folder.read(f"{RECORD_DIR}/events/{submission_id}.jsonl") or b""
+    """The progress events one attempt's log held.
+
+    Read from their numbered parts (``events/ID/NNNNN.jsonl``), or from the one file that records written
+    before parts existed hold (``events/ID.jsonl``).
+    """
+    directory = f"{RECORD_DIR}/events/{submission_id}"
+    parts = folder.files(directory)
+    if parts:
+        data = b"".join(folder.read(f"{directory}/{part}") or b"" for part in parts)
+    else:
+        data = folder.read(f"{directory}.jsonl") or b""
     events = []
     for line in data.splitlines():
         try:

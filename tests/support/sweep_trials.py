@@ -1,7 +1,9 @@
 """Trials for the Ray Tune tests of :mod:`workloads.training.sweep` that report set figures instead of training.
 
-What Tune's scheduler does with a trial then depends on nothing but the figures. Each is a ``run_trial``
-as :func:`workloads.training.sweep.run_sweep` calls it, importable by the Ray workers that run trials.
+What Tune's scheduler does with a trial then depends on nothing but the figures; the trial a killed driver
+interrupts runs a real Ray Train trainer of one worker, so that its resuming from a checkpoint is Ray Train's.
+Each is a ``run_trial`` as :func:`workloads.training.sweep.run_sweep` calls it, importable by the Ray workers
+that run trials.
 """
 
 from __future__ import annotations
@@ -28,24 +30,64 @@ def report_the_learning_rate(values: dict[str, Any], name: str, trials_root: Any
         tune.report({"epoch": epoch, "val_accuracy": quality})
 
 
-def stall_once_in_the_second_trial(values: dict[str, Any], name: str, trials_root: Any, callbacks: list[Any]) -> None:
-    """:func:`report_the_learning_rate`, except that the trial of learning rate 0.8, the first time it runs, stops
-    after its first epoch and waits to be killed (it touches ``$SWEEP_STALLED`` first). Every start of a trial is
-    a line in ``$SWEEP_STARTS``."""
+def refit_at_half_the_learning_rate(values: dict[str, Any], name: str, storage_root: Any) -> None:
+    """A refit run as :func:`workloads.training.sweep.run_sweep` calls it: ``EPOCHS`` epochs whose ``val_accuracy`` is
+    half the learning rate, written to ``<storage_root>/<name>/metrics.csv``; each call is a line in its ``calls``."""
+    from workloads import storage
+
+    folder = storage_root / name
+    storage.make_folder(folder)
+    rows = [f"{epoch},{float(values['workload.train.lr']) / 2}" for epoch in range(1, EPOCHS + 1)]
+    storage.write_text(folder / "metrics.csv", "epoch,val_accuracy\n" + "\n".join(rows) + "\n")
+    calls = folder / "calls"
+    storage.write_text(calls, (storage.read_text(calls) if storage.exists(calls) else "") + name + "\n")
+
+
+def train_with_checkpoints_stalling_once(values: dict[str, Any], name: str, trials_root: Any,
+                                         callbacks: list[Any]) -> None:
+    """A trial whose trainer is a real ``TorchTrainer`` of one worker (:func:`workloads.training.trainer.fit`),
+    reporting ``val_accuracy`` = its learning rate with a checkpoint every epoch, and resuming from Ray Train's
+    checkpoint when there is one. The trial of learning rate 0.8, the first time, reports its first epoch and
+    then waits to be killed in its second (touching ``$SWEEP_STALLED``). Each start of a trainer's worker is a
+    line ``<trial> from epoch <n>`` in ``$SWEEP_STARTS``."""
+    from workloads.training.config import RayTrainSettings
+    from workloads.training.trainer import fit
+
+    settings = RayTrainSettings(num_workers=1, cpus_per_worker=1, max_failures=0, num_to_keep=1)
+    config = {"name": name, "lr": float(values["workload.train.lr"]), "run_dir": str(trials_root / name)}
+    fit(_resumable_loop, config, trials_root, name, settings, "val_accuracy", callbacks)
+
+
+def _resumable_loop(config: dict[str, Any]) -> None:
+    import json
     import os
+    import tempfile
     import time
     from pathlib import Path
 
-    from ray import tune
+    import ray.train
 
+    from workloads import storage
+
+    checkpoint = ray.train.get_checkpoint()
+    done = 0
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            done = json.loads((Path(folder) / "epoch.json").read_text())["epoch"]
     with open(os.environ["SWEEP_STARTS"], "a") as starts:
-        starts.write(name + "\n")
+        starts.write(f"{config['name']} from epoch {done + 1}\n")
     stalled = Path(os.environ["SWEEP_STALLED"])
-    if float(values["workload.train.lr"]) == 0.8 and not stalled.exists():
-        tune.report({"epoch": 1, "val_accuracy": 0.8})
-        stalled.touch()
-        time.sleep(600)
-    report_the_learning_rate(values, name, trials_root, callbacks)
+    metrics = storage.storage_path(config["run_dir"]) / "metrics.csv"
+    for epoch in range(done + 1, EPOCHS + 1):
+        if config["lr"] == 0.8 and epoch == 2 and not stalled.exists():
+            stalled.touch()
+            time.sleep(600)
+        kept = storage.read_text(metrics).splitlines()[1:epoch] if storage.exists(metrics) else []
+        storage.write_text(metrics, "\n".join(["epoch,val_accuracy", *kept, f"{epoch},{config['lr']}"]) + "\n")
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "epoch.json").write_text(json.dumps({"epoch": epoch}))
+            ray.train.report({"epoch": epoch, "val_accuracy": config["lr"]},
+                             checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 
 SWEEP_DRIVER = """
@@ -54,15 +96,15 @@ import ray
 ray.init(runtime_env={"env_vars": json.loads(os.environ["SWEEP_JOB_ENV"])})
 from jobs.sweep import SweepSpec
 from jobs.workload_contract import Demand
-from tests.support.sweep_trials import EPOCHS, stall_once_in_the_second_trial
+from tests.support.sweep_trials import EPOCHS, train_with_checkpoints_stalling_once
 from workloads.storage import storage_path
 from workloads.training.sweep import run_sweep
 
 sweep = SweepSpec.model_validate({"metric": "val_accuracy", "mode": "max", "search": "grid", "max_concurrent": 1,
                                   "parameters": {"workload.train.lr": {"choice": [0.9, 0.8]}}})
-outcome = run_sweep(sweep, stall_once_in_the_second_trial, storage_path(sys.argv[1]), Demand("training", 1, 1.0),
-                    EPOCHS)
+outcome = run_sweep(sweep, train_with_checkpoints_stalling_once, storage_path(sys.argv[1]),
+                    Demand("training", 1, 1.0), EPOCHS)
 print("TRIALS " + json.dumps([[trial.name, trial.status, trial.epochs] for trial in outcome.trials]), flush=True)
 """
-"""A job's driver that runs a sweep of :func:`stall_once_in_the_second_trial` under the run folder ``argv[1]``,
+"""A job's driver that runs a sweep of :func:`train_with_checkpoints_stalling_once` under the run folder ``argv[1]``,
 joining the Ray of ``RAY_ADDRESS`` with ``$SWEEP_JOB_ENV`` as its job's variables."""

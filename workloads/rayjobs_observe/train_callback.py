@@ -6,31 +6,60 @@ with the decision to restart or give up. Ray builds callbacks named in that vari
 ``RayTrainCallback`` objects (the public ``UserCallback`` is only called for callbacks passed in
 the script's ``RunConfig``), so this class implements Ray Train's own callback interfaces: the one
 file on the cluster that depends on them.
+
+It must never fail or slow the training it watches. Ray turns an exception in a callback's hook
+into a failed run, and a callback it cannot import or build into a ``fit`` that raises, so:
+
+- Ray's private interfaces are imported under a guard. Without them the class is still a
+  ``RayTrainCallback`` (public, which Ray requires of every callback it builds from the variable),
+  one that no hook of Ray's calls: the run goes on without progress.
+- Every hook runs through :func:`guarded`: its first failure turns the callback off for the rest of
+  the run, and is said once in the log (``rayjobs: progress unavailable: <reason>; the run goes on``)
+  and as a ``progress_unavailable`` event, which the run record keeps.
+- A Ray outside the versions it is tested on turns it off as it is built (the record keeper does
+  not even name it then; a job that keeps no record meets the same check here).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
-
 from .events import emit, plain_metrics
+from .guard import guarded, turn_off
+from .train_setup import is_tested, ray_version, tested_range_text
+
+from .ray_internals import INTERFACES_MISSING as _INTERFACES_MISSING
+from .ray_internals import ControllerCallback, ReportCallback, WorkerGroupCallback, callback_bases
+
+_INTERFACES = callback_bases(ControllerCallback, WorkerGroupCallback, ReportCallback)
 
 # Keys a training loop's config commonly names its length by; the first found gives the ETA its end.
 EPOCH_KEYS = ("epochs", "num_epochs", "max_epochs", "n_epochs")
 _REASON_CHARS = 2000
 
 
-class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
+class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
     """Turns a Ray Train run's life into progress events: start, attempts, reports, restarts, end."""
 
     def __init__(self) -> None:
+        self.unavailable: str | None = None
         self.run_name: str | None = None
         self.epochs: int | None = None
         self.attempt = 0
         self.iteration = 0
+        try:
+            version = ray_version()
+            if _INTERFACES_MISSING is not None:
+                turn_off(self, _INTERFACES_MISSING)
+            elif not is_tested(version):
+                turn_off(self, f"the progress callback is tested on Ray {tested_range_text()} and this cluster "
+                               f"runs Ray {version}")
+        except Exception as exc:  # Ray builds this in the user's `fit`: nothing here may raise
+            self.unavailable = f"{type(exc).__name__}: {exc}"
 
+    @guarded
     def after_controller_start(self, train_run_context: Any) -> None:
+        """A run starts: its name, planned epochs, workers and failure budget."""
         self.epochs = epochs = planned_epochs(train_run_context.train_loop_config or {})
         run_config = train_run_context.run_config
         failure_config = getattr(run_config, "failure_config", None)
@@ -40,7 +69,9 @@ class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
              workers=getattr(scaling, "num_workers", None), use_gpu=bool(getattr(scaling, "use_gpu", False)),
              max_failures=getattr(failure_config, "max_failures", None))
 
+    @guarded
     def after_worker_group_start(self, worker_group: Any) -> None:
+        """An attempt has its workers: where each rank runs, and the cluster it runs on."""
         self.attempt += 1
         placement = []
         for worker in worker_group.get_workers():
@@ -52,13 +83,17 @@ class ProgressCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         emit("attempt", run=self.run_name, attempt=self.attempt, workers=placement,
              nodes=len({entry["node_id"] for entry in placement}), cluster=cluster_shape())
 
+    @guarded
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
+        """All ranks reported: rank 0's metrics, the iteration, whether a checkpoint came with it."""
         self.iteration += 1
         # The planned length rides on every report, so that the end of a long log alone tells the ETA.
         emit("report", run=self.run_name, attempt=self.attempt, iteration=self.iteration, epochs=self.epochs,
              metrics=plain_metrics(metrics[0] if metrics else {}), checkpoint=training_report.checkpoint is not None)
 
+    @guarded
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
+        """A restart (with its reason), or the run's end."""
         state = type(current_state).__name__.removesuffix("State").upper()
         error = getattr(current_state, "training_failed_error", None)
         if state in ("RESTARTING", "RESCHEDULING"):

@@ -6,18 +6,23 @@ to Tune, whose scheduler may stop the trial early (ASHA, by epoch). Tune keeps i
 ``<run>/tune``, so a sweep submitted again continues: finished trials are not run again, and an
 interrupted trial's trainer resumes from its latest checkpoint, since its run folder has the same name.
 
-What the sweep leaves in the run folder: ``trials.csv`` (one row per trial) and ``trials.png``
-(every trial's curve of the metric, the best one marked). The workload goes on with the best trial.
+What the sweep leaves in the run folder: ``sweep.json`` (its definition: a sweep submitted again with
+another one is refused, or started anew with ``on_change: restart``), ``trials.csv`` (one row per trial,
+and the refit run's) and ``trials.png`` (every trial's curve of the metric, the best one marked). With
+``refit`` (the default) the best values then train once more on the whole training split, as run
+``<run>/refit``, and the workload goes on with that run; without, with the best trial.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from jobs.sweep import Distribution, SweepDoesNotFit, SweepSpec, sweep_concurrency
+from jobs.sweep import (SWEEP_DEFINITION, TUNE_DIR, Distribution, SweepDoesNotFit, SweepSpec, definition_changes,
+                        stored_definition, sweep_concurrency)
 from jobs.workload_contract import Demand
 from workloads import storage
 from workloads.entry import BadInput
@@ -28,7 +33,7 @@ from workloads.training.metrics import METRICS_CSV, pyplot, read_metrics_csv, sa
 TRIALS_CSV = "trials.csv"
 TRIALS_PLOT = "trials.png"
 TRIALS_DIR = "trials"
-TUNE_DIR = "tune"
+REFIT_RUN = "refit"
 
 
 @dataclass
@@ -46,13 +51,26 @@ class TrialOutcome:
 
 
 @dataclass
+class RefitOutcome:
+    """The best trial's values trained once more on the whole training split, and measured on the validation
+    split: ``score`` is the sweep's metric at its last epoch, where nothing was chosen on that split."""
+
+    values: dict[str, Any]
+    run_dir: StoragePath
+    epochs: int
+    score: float | None
+
+
+@dataclass
 class SweepOutcome:
-    """What a sweep did: every trial, the best, and the files describing them."""
+    """What a sweep did: every trial, the best, the refit run, and the files describing them."""
 
     trials: list[TrialOutcome]
     best: TrialOutcome | None
     trials_csv: StoragePath
     trials_plot: StoragePath | None
+    refit: RefitOutcome | None = None
+    checkpoint: StoragePath | None = None  # the one the workload goes on with (the refit's, else the best trial's)
 
 
 def tune_space(sweep: SweepSpec) -> dict[str, Any]:
@@ -103,14 +121,43 @@ def trial_name(trial: Any) -> str:
     return f"trial-{number - counted_from_one:04d}"
 
 
+def check_definition(sweep: SweepSpec, run_dir: StoragePath) -> None:
+    """Make ``run_dir`` hold ``sweep``: refuse (:class:`BadInput`, naming each changed field) a sweep that differs
+    from the one whose trials are there, or with ``on_change: restart`` delete those trials; then store ``sweep``."""
+    from ray import tune
+
+    stored_file = run_dir / SWEEP_DEFINITION
+    path, filesystem = storage.arrow_path(run_dir)
+    restorable = tune.Tuner.can_restore(f"{path.rstrip('/')}/{TUNE_DIR}", storage_filesystem=filesystem)
+    changes = (definition_changes(json.loads(storage.read_text(stored_file)), sweep)
+               if restorable and storage.exists(stored_file) else [])
+    if changes and sweep.on_change == "refuse":
+        raise BadInput(f"the sweep in {run_dir} was started with another definition, and a sweep submitted again "
+                       f"continues the one there, so these changes would be ignored: {'; '.join(changes)}. Set "
+                       "sweep.on_change: restart to delete its trials and start this sweep from its first trial, "
+                       "use a new run_name, or submit the sweep as it was")
+    if changes:
+        print(f"The sweep's definition changed ({'; '.join(changes)}): on_change is restart, so the earlier "
+              f"sweep's trials in {run_dir} are deleted and this one starts from its first trial.", flush=True)
+        for folder in (TUNE_DIR, TRIALS_DIR, REFIT_RUN):
+            storage.delete_tree(run_dir / folder)
+        for name in (TRIALS_CSV, TRIALS_PLOT):
+            storage.delete_file(run_dir / name)
+    storage.write_text(stored_file, json.dumps(stored_definition(sweep), indent=2) + "\n")
+
+
 def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, StoragePath, list[Any]], None],
-              run_dir: StoragePath, per_trial: Demand, epochs: int) -> SweepOutcome:
+              run_dir: StoragePath, per_trial: Demand, epochs: int,
+              run_refit: Callable[[dict[str, Any], str, StoragePath], None] | None = None) -> SweepOutcome:
     """Run ``sweep`` under ``run_dir`` on the connected cluster, or continue it there; return how it went.
 
     ``run_trial(values, name, storage, callbacks)`` fits one trial's trainer as run ``name`` under
     ``storage`` with ``values`` (spec path -> value) applied and ``callbacks`` in its ``RunConfig``.
-    Raises :class:`BadInput` when no trial fits the cluster; a trial that fails is reported and the
-    sweep goes on (a sweep whose every trial failed has no ``best``: the caller says what that means).
+    ``run_refit(values, name, storage)`` fits the same on the whole training split, measured on the
+    validation split: with ``sweep.refit``, it runs once for the best trial's values (see :func:`refit_best`).
+    Raises :class:`BadInput` when no trial fits the cluster, or when ``run_dir`` holds another sweep
+    (:func:`check_definition`); a trial that fails is reported and the sweep goes on (a sweep whose
+    every trial failed has no ``best``: the caller says what that means).
     """
     import ray
     from ray import tune
@@ -120,6 +167,7 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
         concurrency = sweep_concurrency(sweep, per_trial, ray.cluster_resources())
     except SweepDoesNotFit as refused:  # the cluster changed since the submit's pre-flight
         raise BadInput(str(refused)) from None
+    check_definition(sweep, run_dir)
     trials_root = run_dir / TRIALS_DIR
 
     def trainable(config: dict[str, Any]) -> None:
@@ -172,7 +220,42 @@ def run_sweep(sweep: SweepSpec, run_trial: Callable[[dict[str, Any], str, Storag
     trials_csv = run_dir / TRIALS_CSV
     write_trials_csv(trials_csv, trials, sweep)
     plot = plot_trials(trials, best, sweep.metric, run_dir / TRIALS_PLOT) if finished else None
-    return SweepOutcome(trials, best, trials_csv, plot)
+    outcome = SweepOutcome(trials, best, trials_csv, plot)
+    if run_refit is not None:
+        outcome.refit = refit_best(sweep, outcome, run_refit, run_dir)
+    return outcome
+
+
+def refit_best(sweep: SweepSpec, outcome: SweepOutcome, run_refit: Callable[[dict[str, Any], str, StoragePath], None],
+               run_dir: StoragePath) -> RefitOutcome | None:
+    """With ``sweep.refit`` and a best trial: train its values once more on the whole training split as run
+    ``<run_dir>/refit`` (``run_refit(values, "refit", run_dir)``), and add that run to ``trials.csv``.
+
+    The score is the sweep's metric at the refit's last epoch, on the validation split; the best trial's own
+    (on the held-out share) is what chose the values. A refit that already finished is only read again.
+    """
+    if not sweep.refit or outcome.best is None:
+        return None
+    print(f"Refit: {outcome.best.name}'s values train once more on the whole training split, as run "
+          f"{run_dir / REFIT_RUN}.", flush=True)
+    run_refit(dict(outcome.best.values), REFIT_RUN, run_dir)
+    folder = run_dir / REFIT_RUN
+    rows = read_metrics_csv(folder / METRICS_CSV) if storage.exists(folder / METRICS_CSV) else []
+    scores = [row[sweep.metric] for row in rows if sweep.metric in row]
+    refit = RefitOutcome(dict(outcome.best.values), folder, len(rows), scores[-1] if scores else None)
+    write_trials_csv(outcome.trials_csv, outcome.trials, sweep, refit)
+    return refit
+
+
+def refit_line(outcome: SweepOutcome, sweep: SweepSpec) -> str | None:
+    """The refit run's score beside the selection score that chose its values; None without a refit."""
+    refit, best = outcome.refit, outcome.best
+    if refit is None or best is None or best.best is None:
+        return None
+    shown = "-" if refit.score is None else f"{refit.score:.4f}"
+    return (f"Refit on the whole training split: {sweep.metric} {shown} on the validation split after "
+            f"{refit.epochs} epoch(s); {best.name} was chosen with {sweep.metric} {best.best:.4f} on the held-out "
+            f"share. Run folder {refit.run_dir}")
 
 
 def _trial_outcome(result: Any, sweep: SweepSpec, trials_root: StoragePath, epochs: int) -> TrialOutcome:
@@ -208,10 +291,13 @@ def _first_line(error: BaseException) -> str:
     return root_cause(error)[:300]
 
 
-def write_trials_csv(path: StoragePath, trials: list[TrialOutcome], sweep: SweepSpec) -> None:
-    """``trials.csv``: trial, each parameter, status, epochs run, stopped early or not, best metric, error."""
+def write_trials_csv(path: StoragePath, trials: list[TrialOutcome], sweep: SweepSpec,
+                     refit: RefitOutcome | None = None) -> None:
+    """``trials.csv``: trial, each parameter, status, epochs run, stopped early or not, best metric on the held-out
+    share, error; and a last row ``refit`` whose ``validation_<metric>`` is the refit run's on the validation split."""
     handle = io.StringIO(newline="")
-    columns = ["trial", *sweep.parameters, "status", "epochs", "stopped_early", f"best_{sweep.metric}", "error"]
+    columns = ["trial", *sweep.parameters, "status", "epochs", "stopped_early", f"best_{sweep.metric}",
+               f"validation_{sweep.metric}", "error"]
     writer = csv.DictWriter(handle, fieldnames=columns)
     writer.writeheader()
     for trial in trials:
@@ -219,6 +305,10 @@ def write_trials_csv(path: StoragePath, trials: list[TrialOutcome], sweep: Sweep
                          "stopped_early": trial.status == "STOPPED_EARLY",
                          f"best_{sweep.metric}": "" if trial.best is None else f"{trial.best:.6g}",
                          "error": trial.error or ""})
+    if refit is not None:
+        writer.writerow({"trial": REFIT_RUN, **refit.values, "status": "FINISHED", "epochs": refit.epochs,
+                         "stopped_early": False,
+                         f"validation_{sweep.metric}": "" if refit.score is None else f"{refit.score:.6g}"})
     storage.write_text(path, handle.getvalue())
 
 

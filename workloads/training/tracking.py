@@ -10,68 +10,27 @@ a parent run with a child run per trial.
 Tracking never fails the job: a server that cannot be reached is said once, in one line, and the job
 runs on; metrics that could not be sent are kept in ``<run>/mlflow-unsent.jsonl`` and sent with the
 next ones that go through.
+
+The requests themselves, and the parameters and tags, are shared with the callback that records a user's
+own Ray Train script (``workloads/rayjobs_observe/mlflow_tracking.py``, which runs without this package).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ray.train import UserCallback
 
-from jobs.keys import METADATA_ATTEMPT, METADATA_SPEC_HASH, RECORD_ENV_VAR, TRACKING_ENV_VAR
 from workloads import storage
+from workloads.rayjobs_observe.mlflow_tracking import (first_line, job_tags, mlflow_client, mlflow_settings,
+                                                       numeric_metrics, open_run, send_pending)
 from workloads.storage import StoragePath
 
 UNSENT_FILE = "mlflow-unsent.jsonl"
-RUN_DIR_TAG = "rayjobs.run_dir"
-# MLflow's client retries a failed request for minutes by default; a job must not wait on it that long.
-_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-_PARAM_CHARS = 6000  # MLflow's limit on a parameter's value
-
-
-def mlflow_settings() -> dict[str, str] | None:
-    """``tracking.mlflow`` of the job's spec (``tracking_uri``, ``experiment``), or None when it tracks nothing."""
-    encoded = os.environ.get(TRACKING_ENV_VAR)
-    if not encoded:
-        return None
-    return (json.loads(encoded) or {}).get("mlflow")
-
-
-def flat_params(document: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"train": {"lr": 0.1}}`` as ``{"train.lr": "0.1"}``: MLflow's parameters are flat text."""
-    flat: dict[str, str] = {}
-    for key, value in document.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flat_params(value, name + "."))
-        else:
-            flat[name] = (json.dumps(value) if isinstance(value, (list, bool)) or value is None
-                          else str(value))[:_PARAM_CHARS]
-    return flat
-
-
-def job_tags() -> dict[str, str]:
-    """What Ray and rayjobs tell the job about itself: spec hash, submission id, attempt, git commit."""
-    tags: dict[str, str] = {}
-    try:
-        metadata = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("metadata") or {}
-        record = json.loads(os.environ.get(RECORD_ENV_VAR) or "{}")
-    except ValueError:
-        return tags
-    for key, tag in ((METADATA_SPEC_HASH, "rayjobs.spec_hash"), ("job_submission_id", "rayjobs.submission_id"),
-                     (METADATA_ATTEMPT, "rayjobs.attempt")):
-        if metadata.get(key):
-            tags[tag] = str(metadata[key])
-    commit = ((record.get("code") or {}).get("git") or {}).get("commit")
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    return tags
 
 
 @contextlib.contextmanager
@@ -117,9 +76,7 @@ class MlflowRun:
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         """Send the numeric ``metrics`` at ``step``, after any that could not be sent before."""
-        numbers = {key: float(value) for key, value in metrics.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
-        self.pending.append({"metrics": numbers, "step": int(step)})
+        self.pending.append({"metrics": numeric_metrics(metrics), "step": int(step)})
         if self._call(self._send_pending, "log metrics") is None:
             self._keep_unsent()
 
@@ -158,62 +115,21 @@ class MlflowRun:
             self._keep_unsent()
 
     def _start(self, client: Any, name: str, params: dict[str, Any], parent_run_id: str | None) -> str:
-        experiment = client.get_experiment_by_name(self.settings["experiment"])
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else client.create_experiment(self.settings["experiment"]))
-        tags = {RUN_DIR_TAG: str(self.run_dir), **job_tags()}
-        if parent_run_id:
-            tags["mlflow.parentRunId"] = parent_run_id
-        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{self.run_dir}'",
-                                   max_results=1)
-        if found:
-            run = found[0]
-            client.update_run(run.info.run_id, status="RUNNING")
-            print(f"MLflow: continuing run {run.info.run_id} of experiment {self.settings['experiment']!r}",
-                  flush=True)
-        else:
-            run = client.create_run(experiment_id, run_name=name, tags=tags)
-            print(f"MLflow: run {run.info.run_id} in experiment {self.settings['experiment']!r} at "
-                  f"{self.settings['tracking_uri']}", flush=True)
-        from mlflow.entities import Param
-
-        logged = run.data.params if found else {}
-        # A parameter cannot change in MLflow: a continued run keeps the values it started with.
-        new = [Param(key, value) for key, value in flat_params(params).items() if key not in logged]
-        for start in range(0, len(new), 100):
-            client.log_batch(run.info.run_id, params=new[start:start + 100])
-        for key, value in tags.items():
-            if found:
-                client.set_tag(run.info.run_id, key, value)
-        return run.info.run_id
+        return open_run(client, self.settings, str(self.run_dir), name, params, job_tags(), parent_run_id)
 
     def _send_pending(self, client: Any) -> bool:
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        while self.pending:
-            entry = self.pending[0]
-            client.log_batch(self.run_id, metrics=[Metric(key, value, now, entry["step"])
-                                                   for key, value in entry["metrics"].items()])
-            self.pending.pop(0)
+        send_pending(client, self.run_id, self.pending)
         self._forget_unsent()
         return True
 
     def _call(self, action: Any, what: str) -> Any:
-        for name, value in _CLIENT_DEFAULTS.items():
-            os.environ.setdefault(name, value)
         try:
-            from mlflow.tracking import MlflowClient
-
-            return action(MlflowClient(self.settings["tracking_uri"]))
+            return action(mlflow_client(self.settings))
         except Exception as exc:  # noqa: BLE001 - tracking must never fail the job
             if not self.warned:
                 self.warned = True
-                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-                print(f"rayjobs: MLflow at {self.settings['tracking_uri']} could not {what} ({reason}); the job runs "
-                      f"on, and metrics not sent are kept in {self.run_dir / UNSENT_FILE} and sent later",
+                print(f"rayjobs: MLflow at {self.settings['tracking_uri']} could not {what} ({first_line(exc)}); the "
+                      f"job runs on, and metrics not sent are kept in {self.run_dir / UNSENT_FILE} and sent later",
                       file=sys.stderr, flush=True)
             return None
 

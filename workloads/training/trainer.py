@@ -36,9 +36,10 @@ def root_cause(exc: BaseException) -> str:
 
 
 def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSettings, score_attribute: str,
-               callbacks: list[Any] | None = None):
+               callbacks: list[Any] | None = None, score_order: str = "max"):
     """``RunConfig`` of run ``run_name`` kept under ``storage_root``: the best ``num_to_keep`` checkpoints by
-    ``score_attribute`` (higher is better), ``max_failures`` worker failures survived, and ``callbacks``.
+    ``score_attribute`` (higher is better, or lower with ``score_order="min"``), ``max_failures`` worker
+    failures survived, and ``callbacks``.
 
     In S3, Ray Train is given the bucket's filesystem and the path on it (``bucket/prefix``).
     """
@@ -51,7 +52,7 @@ def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSetti
         storage_filesystem=filesystem,
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=settings.num_to_keep,
                                                      checkpoint_score_attribute=score_attribute,
-                                                     checkpoint_score_order="max"),
+                                                     checkpoint_score_order=score_order),
         failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
         callbacks=callbacks,
     )
@@ -59,11 +60,12 @@ def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSetti
 
 def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: StoragePath, run_name: str,
         settings: RayTrainSettings, score_attribute: str, callbacks: list[Any] | None = None,
-        **trainer_options: Any):
+        score_order: str = "max", **trainer_options: Any):
     """Run ``train_loop`` on ``settings.num_workers`` Ray Train workers as run ``run_name`` under ``storage_root``
     (``<storage_root>/<run_name>`` holds its checkpoints), and return the ``Result``.
 
-    ``callbacks`` go to its ``RunConfig`` (a sweep's ``TuneReportCallback``); ``trainer_options`` to
+    ``callbacks`` go to its ``RunConfig`` (a sweep's ``TuneReportCallback``), and the checkpoints it keeps are
+    the best by ``score_attribute`` in ``score_order`` (a sweep's metric and mode); ``trainer_options`` to
     ``TorchTrainer`` as they are (``datasets``, ``dataset_config``).
     Raises :class:`TrainingError` naming the run and the root cause when the run fails.
     """
@@ -73,7 +75,7 @@ def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: Stor
         train_loop,
         train_loop_config=loop_config,
         scaling_config=settings.scaling_config(),
-        run_config=run_config(storage_root, run_name, settings, score_attribute, callbacks),
+        run_config=run_config(storage_root, run_name, settings, score_attribute, callbacks, score_order),
         **trainer_options,
     )
     try:

@@ -84,7 +84,8 @@ def run_stages(params: VisionParams, sweep: SweepSpec | None = None) -> dict:
             from workloads.vision.inference.stage import run_batch_inference
 
             dataset_root = info.root if info else storage_path(params.data.output_dir)
-            produced["infer"] = run_batch_inference(params, dataset_root=dataset_root)
+            chosen = produced["sweep"].checkpoint if "sweep" in produced else None  # by the sweep's metric
+            produced["infer"] = run_batch_inference(params, dataset_root=dataset_root, checkpoint_dir=chosen)
             emit("count", name="predicted", done=produced["infer"]["rows"], final=True)
         seconds = time.perf_counter() - started
         print(f"Stage {stage} finished in {seconds:.1f}s", flush=True)
@@ -102,7 +103,9 @@ def run_stages(params: VisionParams, sweep: SweepSpec | None = None) -> dict:
         print(f"Inference accuracy: {metrics['accuracy']:.4f} on {metrics['rows']} validation images "
               f"(predictions in {metrics['predictions']})")
         if sweep is not None:
-            print(f"Test accuracy of the best trial: {metrics['accuracy']:.4f}, on validation images that took no "
+            measured = ("refit run (the best values trained on the whole training split)"
+                        if "sweep" in produced and produced["sweep"].refit is not None else "best trial")
+            print(f"Test accuracy of the {measured}: {metrics['accuracy']:.4f}, on validation images that took no "
                   "part in choosing it")
     elif sweep is not None and "sweep" in produced:
         print("The best trial was not measured on the validation split: add infer to workload.stages to measure it")

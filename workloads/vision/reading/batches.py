@@ -2,16 +2,38 @@
 or its shards of Ray Datasets (``ingest: ray_data``).
 
 Both yield ``(uint8 images N×C×H×W, int64 labels)`` and know how many optimizer steps an epoch has.
+Training never yields a batch of one image: batch norm in training mode needs more than one value
+per channel, and ResNet's last block sees one value per channel and image, so such a batch would
+crash the epoch. Each rank drops that one image instead; evaluation keeps every image.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Iterator
 
 from workloads.storage import StoragePath
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout
+
+
+def skipped_images_line(skipped: int, per_worker_batch: int, world_size: int) -> str | None:
+    """The one line that says how many training images an epoch leaves out, or None when it trains on all."""
+    from workloads.vision.reading.torch_dataset import MIN_TRAINING_BATCH
+
+    if skipped <= 0:
+        return None
+    return (f"Training skips {skipped} image(s) an epoch: the last batch of each of the {world_size} worker(s) "
+            f"would hold fewer than {MIN_TRAINING_BATCH} images (batch {per_worker_batch} per worker), too few for "
+            "batch norm to train on; which images are left out changes every epoch, and evaluation sees every image.")
+
+
+def _announce(line: str | None, rank: int) -> None:
+    # Written to stdout directly: Ray Train V2 doubles print() in workers (see training.loop.say).
+    if line and rank == 0:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def effective_loader_workers(cfg: TrainConfig) -> int:
@@ -42,7 +64,7 @@ class TorchBatches:
         train_set = ParquetImageDataset(split_files(dataset_root, "train"), layout)
         val_set = ParquetImageDataset(split_files(dataset_root, "val"), layout)
         self.train_sampler = GroupedShardSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
-                                                 seed=cfg.seed, pad=True)
+                                                 seed=cfg.seed, pad=True, batch_size=per_worker_batch)
         # Unpadded shards: each validation row is seen by exactly one rank, so the
         # summed counts are the exact full-split figures.
         val_sampler = GroupedShardSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False, pad=False)
@@ -58,6 +80,8 @@ class TorchBatches:
             val_set, batch_size=per_worker_batch, sampler=val_sampler, collate_fn=AugmentingCollate("none"), **options))
         self.steps_per_epoch = len(self.train_loader)
         self.world_size = world_size
+        self.skipped_per_epoch = self.train_sampler.left_out * world_size
+        _announce(skipped_images_line(self.skipped_per_epoch, per_worker_batch, world_size), rank)
 
     def train_epoch(self, epoch: int) -> Iterator:
         """This rank's shuffled training batches of epoch index ``epoch``."""
@@ -77,6 +101,8 @@ class RayDataBatches:
         import ray.train
         import torch
 
+        from workloads.vision.reading.torch_dataset import trained_rows
+
         self.per_worker_batch = max(1, cfg.batch_size // world_size)
         self.prefetch = cfg.prefetch_batches
         self.device = device
@@ -84,7 +110,12 @@ class RayDataBatches:
         self.val_shard = ray.train.get_dataset_shard("val")
         self.dtypes = {"image": torch.uint8, "label": torch.int64}
         # The trainer splits the train set into equal shares, so every rank runs the same number of steps.
-        self.steps_per_epoch = max(1, math.ceil((train_rows // world_size) / self.per_worker_batch))
+        rows_per_rank = train_rows // world_size
+        trained = trained_rows(rows_per_rank, self.per_worker_batch)
+        self.steps_per_epoch = max(1, math.ceil(trained / self.per_worker_batch))
+        self.skipped_per_epoch = (rows_per_rank - trained) * world_size
+        _announce(skipped_images_line(self.skipped_per_epoch, self.per_worker_batch, world_size),
+                  ray.train.get_context().get_world_rank())
 
     def _batches(self, shard, shuffle: bool) -> Iterator:
         for batch in shard.iter_torch_batches(
@@ -96,8 +127,12 @@ class RayDataBatches:
             yield batch["image"], batch["label"]
 
     def train_epoch(self, epoch: int) -> Iterator:
-        """This rank's training batches; Ray Data reorders the blocks every epoch."""
-        return self._batches(self.train_shard, shuffle=True)
+        """This rank's training batches; Ray Data reorders the blocks every epoch. Only the last batch can be
+        short, and one too small to train on is left out."""
+        from workloads.vision.reading.torch_dataset import MIN_TRAINING_BATCH
+
+        return (batch for batch in self._batches(self.train_shard, shuffle=True)
+                if batch[1].shape[0] >= MIN_TRAINING_BATCH)
 
     def val_batches(self) -> Iterator:
         """This rank's validation batches."""

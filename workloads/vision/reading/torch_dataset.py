@@ -24,6 +24,16 @@ from workloads.storage import StoragePath
 from workloads.vision.errors import DatasetMissingError
 from workloads.vision.images import Augment, ImageLayout, augment_batch, decode_one
 
+# The smallest batch batch norm can train on: one image gives one value per channel in ResNet's last block.
+MIN_TRAINING_BATCH = 2
+
+
+def trained_rows(rows: int, per_worker_batch: int) -> int:
+    """How many of a rank's ``rows`` an epoch trains on: all of them, unless its last batch would be too small
+    to train on, which is then left out."""
+    last = rows % per_worker_batch
+    return rows - last if 0 < last < MIN_TRAINING_BATCH else rows
+
 
 def split_files(dataset_root: StoragePath, split: str) -> list[StoragePath]:
     """Return the sorted Parquet files of ``split`` ("train" or "val") under ``dataset_root`` (local or in S3)."""
@@ -154,6 +164,8 @@ class GroupedShardSampler(DistributedSampler):
 
     ``pad=True`` repeats indices so every rank gets the same number (DDP steps must
     match); ``pad=False`` gives each rank exactly its own rows, for exact evaluation.
+    With ``pad=True`` and a ``batch_size``, a share whose last batch would hold a single row
+    leaves that row out (``left_out``), since batch norm cannot train on one image.
     """
 
     def __init__(
@@ -165,6 +177,7 @@ class GroupedShardSampler(DistributedSampler):
         seed: int = 0,
         window: int = 4,
         pad: bool = True,
+        batch_size: int | None = None,
     ):
         if num_replicas is None or rank is None:
             if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -176,12 +189,18 @@ class GroupedShardSampler(DistributedSampler):
         self.window = max(1, window)
         self.pad = pad
         total = len(dataset)
+        self.left_out = 0
         if pad:
-            self.num_samples = math.ceil(total / self.num_replicas) if total else 0
+            # Every rank's padded share; a short last batch of it is left out from the end of the share.
+            self.share = math.ceil(total / self.num_replicas) if total else 0
+            self.num_samples = self.share
+            if batch_size:
+                self.num_samples = trained_rows(self.share, batch_size)
+                self.left_out = self.share - self.num_samples
         else:
             start, end = self._share_bounds(total)
-            self.num_samples = end - start
-        self.total_size = self.num_samples * self.num_replicas if pad else total
+            self.share = self.num_samples = end - start
+        self.total_size = self.share * self.num_replicas if pad else total
 
     def _share_bounds(self, total: int) -> tuple[int, int]:
         base, extra = divmod(total, self.num_replicas)
@@ -205,12 +224,12 @@ class GroupedShardSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         order = self.epoch_order()
         if self.pad:
-            per_rank = self.num_samples
+            per_rank = self.share
             needed = per_rank * self.num_replicas - len(order)
             while needed > 0 and order:
                 order.extend(order[:needed])
                 needed = per_rank * self.num_replicas - len(order)
-            mine = order[self.rank * per_rank:(self.rank + 1) * per_rank]
+            mine = order[self.rank * per_rank:self.rank * per_rank + self.num_samples]
         else:
             start, end = self._share_bounds(len(order))
             mine = order[start:end]

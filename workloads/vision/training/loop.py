@@ -345,8 +345,11 @@ def save_checkpoint(worker: Worker, epoch: int, metrics: dict, history: list[dic
             say(f"epoch {epoch + 1}/{cfg.epochs}: train_loss {metrics['train_loss']:.4f} "
                 f"val_loss {metrics['val_loss']:.4f} val_accuracy {metrics['val_accuracy']:.4f} "
                 f"({metrics['images_per_s']:.1f} images/s, {metrics['epoch_s']:.1f}s, "
-                f"data wait {metrics['data_wait_s']:.1f}s, compute {metrics['compute_s']:.1f}s)"
-                + epoch_warning(metrics, len(worker.classes)))
+                f"data wait {metrics['data_wait_s']:.1f}s, compute {metrics['compute_s']:.1f}s)")
+            # A line of its own: a follower that tells the epoch in its own words leaves the line above out.
+            warning = epoch_warning(metrics, len(worker.classes)).strip()
+            if warning:
+                say(warning)
         ray.train.report(metrics, checkpoint=report_checkpoint, checkpoint_dir_name=f"checkpoint_epoch_{epoch + 1:04d}")
     return history
 

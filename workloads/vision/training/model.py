@@ -242,9 +242,12 @@ def _snapshot_checkpoints(run_dir: StoragePath) -> list:
     return list(result.best_checkpoints or [])
 
 
-def best_checkpoint(run_dir: StoragePath) -> tuple[StoragePath, dict[str, float]] | None:
-    """The kept checkpoint with the highest val accuracy (lower val loss, then later epoch, breaks ties)."""
-    checkpoints = list_checkpoints(run_dir)
+def best_checkpoint(run_dir: StoragePath, metric: str = "val_accuracy",
+                    mode: str = "max") -> tuple[StoragePath, dict[str, float]] | None:
+    """The kept checkpoint best by ``metric`` (highest with ``mode="max"``, lowest with ``"min"``: a sweep's own);
+    by default the highest val accuracy, where a lower val loss, then a later epoch, breaks ties."""
+    checkpoints = [item for item in list_checkpoints(run_dir) if metric in item[1]]
     if not checkpoints:
         return None
-    return max(checkpoints, key=lambda item: (item[1]["val_accuracy"], -item[1]["val_loss"], item[1]["epoch"]))
+    sign = 1 if mode == "max" else -1
+    return max(checkpoints, key=lambda item: (sign * item[1][metric], -item[1].get("val_loss", 0), item[1]["epoch"]))

@@ -76,11 +76,13 @@ def outcome_from_disk(run_dir: StoragePath, trained: list[int], skipped: bool) -
 
 
 def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] | None = None,
-                 tracking_parent: MlflowRun | None = None) -> TrainingOutcome:
+                 tracking_parent: MlflowRun | None = None, score: tuple[str, str] = ("val_accuracy", "max")
+                 ) -> TrainingOutcome:
     """Train (or continue training) ``params.run_name`` on the preprocessed dataset ``info`` describes.
 
     Needs a connected Ray cluster. ``callbacks`` go to the trainer's ``RunConfig``. With ``tracking.mlflow``
     in the spec the run is recorded in MLflow; a sweep's trial is recorded as a child of ``tracking_parent``.
+    The checkpoints kept are the best by ``score`` (metric, mode): a sweep's trials keep the sweep's.
     Raises :class:`TrainingError` with a readable message for problems the user can fix.
     """
     import ray
@@ -141,8 +143,8 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
     from workloads.training.tracking import tracked_training
 
     with tracked_training(run_dir, params.run_name, params.model_dump(mode="json"), tracking_parent) as tracked:
-        result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, "val_accuracy",
-                     [*(callbacks or []), *([tracked.reporter()] if tracked else [])], **data_options)
+        result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, score[0],
+                     [*(callbacks or []), *([tracked.reporter()] if tracked else [])], score[1], **data_options)
         returned = getattr(result, "return_value", None) or {}
         if "diverged" in returned:
             raise TrainingError(divergence_message(params.run_name, returned["diverged"]))
@@ -181,23 +183,33 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
 
     Raises :class:`TrainingError` when every trial failed.
     """
-    from workloads.training.sweep import TRIALS_DIR, run_sweep, trial_table
+    from workloads.training.sweep import TRIALS_DIR, check_definition, refit_line, run_sweep, trial_table
     from workloads.training.tracking import MlflowRun
     from workloads.vision.training.selection import carve_selection_split
 
     document = params.model_dump(mode="json")
+    check_definition(sweep, params.run_dir)  # before the carve, which a changed holdout would redo
     selection = carve_selection_split(info, params.run_dir, sweep.holdout, params.data.seed)
     print(f"Trials train on {selection.counts['train']} of the {info.counts.get('train', 0)} training images and are "
           f"compared on the other {selection.counts['val']} ({sweep.holdout:.0%} of each class"
           f"{', carved earlier' if selection.reused else ''}); the {info.counts.get('val', 0)} images of the "
           "validation split take no part in the choice.", flush=True)
     parent = MlflowRun.open(params.run_dir, params.run_name, {**document, "sweep": sweep.model_dump(mode="json")})
-    outcome = run_sweep(sweep, partial(_run_trial, document, selection, parent),
-                        params.run_dir, params.train.demand("training", "train"), params.train.epochs)
+    score = (sweep.metric, sweep.mode)
+    try:
+        outcome = run_sweep(sweep, partial(_run_trial, document, selection, parent, score),
+                            params.run_dir, params.train.demand("training", "train"), params.train.epochs,
+                            partial(_run_refit, document, info, parent, score))
+    except TrainingError:  # the refit's: the trials are done, and the sweep's MLflow run says it failed
+        if parent:
+            parent.close("FAILED")
+        raise
     if parent:
         parent.log_artifacts([outcome.trials_csv, outcome.trials_plot])
         if outcome.best is not None and outcome.best.best is not None:
             parent.log_metrics({f"best_{sweep.metric}": outcome.best.best}, step=0)
+        if outcome.refit is not None and outcome.refit.score is not None:
+            parent.log_metrics({f"refit_validation_{sweep.metric}": outcome.refit.score}, step=0)
         parent.close("FINISHED" if outcome.best is not None else "FAILED",
                      {"rayjobs.best_trial": outcome.best.name} if outcome.best else None)
     print(f"\nTrials (best first by {sweep.metric}):\n{trial_table(outcome, sweep)}", flush=True)
@@ -210,6 +222,14 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
                         params.run_dir / TRIALS_DIR)
     print(f"Best trial: {outcome.best.name} ({sweep.metric} {outcome.best.best:.4f}), run folder {best.run_dir}",
           flush=True)
+    if outcome.refit is not None:
+        print(refit_line(outcome, sweep), flush=True)
+        # Its last checkpoint: choosing an epoch by the validation split would spoil the test it is for.
+        checkpoints = list_checkpoints(outcome.refit.run_dir)
+        outcome.checkpoint = checkpoints[-1][0] if checkpoints else None
+        return trial_params(document, outcome.refit.values, outcome.refit.run_dir.name, params.run_dir), outcome
+    chosen = best_checkpoint(best.run_dir, sweep.metric, sweep.mode)
+    outcome.checkpoint = chosen[0] if chosen else None
     return best, outcome
 
 
@@ -224,5 +244,12 @@ def trial_params(document: dict[str, Any], values: dict[str, Any], name: str,
 
 
 def _run_trial(document: dict[str, Any], info: DatasetInfo, tracking_parent: MlflowRun | None,
-               values: dict[str, Any], name: str, trials_root: StoragePath, callbacks: list[Any]) -> None:
-    run_training(trial_params(document, values, name, trials_root), info, callbacks, tracking_parent)
+               score: tuple[str, str], values: dict[str, Any], name: str, trials_root: StoragePath,
+               callbacks: list[Any]) -> None:
+    run_training(trial_params(document, values, name, trials_root), info, callbacks, tracking_parent, score)
+
+
+def _run_refit(document: dict[str, Any], info: DatasetInfo, tracking_parent: MlflowRun | None,
+               score: tuple[str, str], values: dict[str, Any], name: str, storage_root: StoragePath) -> None:
+    # ``info`` is the whole dataset: every training image, measured on the validation split.
+    run_training(trial_params(document, values, name, storage_root), info, None, tracking_parent, score)
