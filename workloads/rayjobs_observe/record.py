@@ -36,6 +36,7 @@ from typing import Any
 
 from .events import emit
 from .notify import JobNotifier
+from .pinning import pinned_to_this_cluster
 from .queue import release, submission_id_from, wait_in_queue
 from .record_store import reason
 from .recorder import (ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, RECORD_DIR, RECORD_ENV_VAR, RUN_FILE, Recorder,
@@ -139,6 +140,9 @@ def entrypoint_environment(environ: Mapping[str, str], config: dict[str, Any]) -
     Returns the environment and, when the callback is asked for but not installed, why.
     """
     env = dict(environ)
+    # Ray-internal actors of the job (Ray Train's PlacementGroupCleaner) then ask the job's own cluster,
+    # never another Ray instance on the same host.
+    env.update(pinned_to_this_cluster(environ))
     if not config.get("progress"):
         return env, None
     try:
