@@ -108,8 +108,9 @@ def unsent_notifications(spec: Any) -> str | None:
                 "and record is false; remove notify or set record: true")
     runtime_env = spec.runtime_env
     paths = [runtime_env.working_dir, *(runtime_env.py_modules or [])] if runtime_env is not None else []
-    if not any(path and uri_scheme(path) is None for path in paths):
-        return ("notify needs code uploaded with the job (a local runtime_env.working_dir or py_modules): the job "
-                "sends its notifications from the wrapper rayjobs ships with uploaded code, and this spec uploads "
-                "none, so nothing would be sent")
+    if not any(path and uri_scheme(path) is None for path in paths) and spec.record_path is None \
+            and spec.queue is None:
+        return ("notify needs the run record's keeper, which a job gets when it uploads code (a local "
+                "runtime_env.working_dir or py_modules) or names where its record goes (record_path); this spec "
+                "does neither, so nothing would be sent")
     return None

@@ -1,6 +1,6 @@
 """A spec's place in a cluster queue: its queue, its priority, and what it will use once it starts.
 
-The queue itself runs on the cluster (``workloads/rayjobs_observe/queue.py``): this module only says
+The queue itself runs on the cluster (``workloads/rayjobs_observe/queueing.py``): this module only says
 what the job's wrapper is told, and what the client checks before submitting.
 """
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import shlex
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -277,9 +278,25 @@ def _content_hash(path: str, excludes: list[str]) -> str:
     local = Path(path)
     try:
         if local.is_dir():
+            files: list[Path] = []
+
+            def add(entry: Path) -> None:
+                # Regular files only: opening a named pipe (or a device) would wait for a writer forever.
+                if entry.is_file() and stat.S_ISREG(entry.stat().st_mode):
+                    files.append(entry)
+
+            # The files Ray would upload, walked as Ray walks them (excludes, .gitignore and .rayignore);
             # Ray names each .gitignore it leaves out at INFO: a hash is no upload, and says nothing.
             with ray_internals.quieter(ray_internals.PACKAGING_LOGGER):
-                return "content:" + ray_internals.package_name(local, excludes)
+                ray_internals.walk_upload(local, excludes, add)
+            digest = hashlib.sha256()
+            # In name order: the order a folder lists its entries in differs from one disk to another.
+            for entry in sorted(files, key=lambda item: item.relative_to(local).as_posix()):
+                digest.update(entry.relative_to(local).as_posix().encode() + b"\0")
+                with entry.open("rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+            return "content:" + digest.hexdigest()[:32]
         if local.is_file():
             return "content:" + hashlib.sha256(local.read_bytes()).hexdigest()
     except OSError:

@@ -49,8 +49,10 @@ def test_a_150_mib_working_dir_runs_through_object_storage_and_is_uploaded_once(
     home = tmp_path / "home"
     env = cli_env(home, **aws_variables(s3_endpoint))
     spec = tmp_path / "big.yaml"
+    # The job runs under the run record's keeper, which comes from the observer's package in S3 too: both
+    # packages must unpack so that their modules import as they do from a direct upload.
     spec.write_text(f"name: big-code\nentrypoint: python check.py\ncode_path: s3://{BUCKET}/packages\n"
-                    f"record: false\nruntime_env:\n  working_dir: {code}\n")
+                    f"record_path: {tmp_path / 'records'}\nruntime_env:\n  working_dir: {code}\n")
 
     up = run_rayjobs("cluster", "up", "--name", "code-from-s3", "--num-cpus", "1", home=home, timeout=400, env=env)
     assert up.returncode == 0, up.stderr
@@ -69,5 +71,7 @@ def test_a_150_mib_working_dir_runs_through_object_storage_and_is_uploaded_once(
         # The same contents, the same package: found there, neither zipped nor sent again.
         assert f"working_dir {code} is already uploaded as {package}" in second.stderr, second.stderr
         assert "uploaded working_dir" not in second.stderr, second.stderr
+        records = sorted((tmp_path / "records").iterdir())
+        assert len(records) == 2 and all((record / "run.json").is_file() for record in records), records
     finally:
         run_rayjobs("cluster", "down", "--name", "code-from-s3", home=home, timeout=120, env=env)

@@ -224,8 +224,11 @@ def test_a_notify_block_that_cannot_work_is_refused(tmp_path, body, message):
     assert message in str(refused.value)
 
 
-def test_notify_without_uploaded_code_is_refused(tmp_path):
+def test_notify_without_uploaded_code_or_a_record_path_is_refused(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: nightly\nentrypoint: echo hi\nnotify: [{url: 'json://h/p'}]\n")
-    with pytest.raises(SpecError, match="notify needs code uploaded with the job"):
+    with pytest.raises(SpecError, match="notify needs the run record's keeper"):
         load_spec(spec)
+    # Naming where its record goes gives a job without code the keeper, which sends the notifications.
+    spec.write_text(f"name: nightly\nentrypoint: echo hi\nrecord_path: {tmp_path}\nnotify: [{{url: 'json://h/p'}}]\n")
+    assert load_spec(spec).spec.notify

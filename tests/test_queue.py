@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from workloads.rayjobs_observe import queue as q
+from workloads.rayjobs_observe import queueing as q
 
 
 class DictStore:

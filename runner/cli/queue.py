@@ -1,7 +1,7 @@
 """``rayjobs queue``: a cluster's queues, and their limits (``rayjobs queue set NAME --max-running N``).
 
 A queue's state lives in the cluster's key-value store, which most clusters do not expose outside
-themselves; the commands read and write it through a small job that runs ``rayjobs_observe.queue``
+themselves; the commands read and write it through a small job that runs ``rayjobs_observe.queueing``
 on the cluster (a few seconds), so they work wherever a job can be submitted.
 """
 
@@ -57,7 +57,7 @@ def queue(
 
 
 def run_queue_command(connection: ConnectionOptions, arguments: list[str]) -> list[dict[str, Any]]:
-    """Run ``python -m rayjobs_observe.queue ARGUMENTS`` as a small job and return what it printed.
+    """Run ``python -m rayjobs_observe.queueing ARGUMENTS`` as a small job and return what it printed.
 
     Raises:
         ClusterRequestFailed: the job failed or printed no answer (its log's end is in the message).
@@ -67,7 +67,7 @@ def run_queue_command(connection: ConnectionOptions, arguments: list[str]) -> li
     from runner.follow.policy import wait_until_ended
 
     client = JobsApi(connection.resolve(), retry_for_s=5.0)
-    submission = {"entrypoint": "python -m rayjobs_observe.queue " + " ".join(arguments),
+    submission = {"entrypoint": "python -m rayjobs_observe.queueing " + " ".join(arguments),
                   "runtime_env": {"py_modules": [str(OBSERVE_PACKAGE_DIR)]},
                   "metadata": {"rayjobs.name": "rayjobs-queue"}}
     job_id = client.submit(submission)

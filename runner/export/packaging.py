@@ -15,6 +15,7 @@ import copy
 import logging
 import os
 import tempfile
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ class S3Location(object_store.S3Location):
         return cls(location.bucket, location.prefix)
 
 
+# A py_modules package in object storage: named apart from Ray's flat ``_ray_pkg_<hash>.zip`` of the same files,
+# since its entries sit one folder deeper (see nested_one_level).
+MODULE_PACKAGE_SUFFIX = "-module.zip"
 # Ray's packaging reports each file it skips; rayjobs says what it uploaded itself.
 _QUIET = logging.getLogger("rayjobs.package")
 _QUIET.addHandler(logging.NullHandler())
@@ -87,6 +91,8 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
         for field_name, directory, include_parent_dir, patterns in jobs:
             with ray_internals.quieter(ray_internals.PACKAGING_LOGGER):
                 name = ray_internals.package_name(directory, patterns)
+            if include_parent_dir:
+                name = name.removesuffix(".zip") + MODULE_PACKAGE_SUFFIX
             uri = location.uri(name)
             # Named by a hash of its contents, and an S3 object appears whole or not at all: one that is
             # there is this very package, so it is neither zipped nor sent again.
@@ -94,6 +100,8 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
                 say(f"{field_name} {directory} is already uploaded as {uri} (same contents)")
             else:
                 _, package = package_directory(directory, patterns, include_parent_dir, Path(scratch))
+                if include_parent_dir:
+                    package = nested_one_level(package, Path(scratch) / name)
                 upload_file(filesystem, package, location.key(name), settings)
                 say(f"uploaded {field_name} {directory} ({_size(package.stat().st_size)}) as {uri}")
             uploaded[str(directory)] = uri
@@ -113,6 +121,21 @@ def package_directory(directory: Path, excludes: list[str], include_parent_dir: 
         target = scratch / name
         ray_internals.create_package(directory, target, excludes, include_parent_dir, _QUIET)
     return name, target
+
+
+def nested_one_level(package: Path, target: Path) -> Path:
+    """A copy of the zip ``package`` with every entry one folder deeper, written to ``target``.
+
+    Ray unpacks a remote py_modules zip without its single top-level folder and puts what is left on
+    the path: the module's own folder must therefore sit one level down, or its files would be imported
+    as top-level modules (and one named like a standard module would shadow it in every worker).
+    """
+    with zipfile.ZipFile(package) as source, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as nested:
+        for entry in source.infolist():
+            data = b"" if entry.is_dir() else source.read(entry)
+            entry.filename = f"module/{entry.filename}"
+            nested.writestr(entry, data)
+    return target
 
 
 def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings) -> None:

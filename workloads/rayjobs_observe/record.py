@@ -37,7 +37,7 @@ from typing import Any
 from .events import emit
 from .notify import JobNotifier
 from .pinning import pinned_to_this_cluster
-from .queue import release, submission_id_from, wait_in_queue
+from .queueing import release, submission_id_from, wait_in_queue
 from .record_store import reason
 from .recorder import (ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, RECORD_DIR, RECORD_ENV_VAR, RUN_FILE, Recorder,
                        say)
@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
                                       emit, say)
     if not starts:
         if recorder is not None:
+            recorder.start()  # the earlier attempts first, so that this one is added to them
             recorder.finish("STOPPED", None, FINAL_RETRY_S)
         return 128 + signal.SIGTERM
     adopts_orphans = _become_subreaper()

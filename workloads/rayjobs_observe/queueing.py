@@ -298,7 +298,7 @@ def describe(store: KeyValue, queue: str | None = None) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m rayjobs_observe.queue set QUEUE MAX_RUNNING|none`` or ``show [QUEUE]``, run on the cluster.
+    """``python -m rayjobs_observe.queueing set QUEUE MAX_RUNNING|none`` or ``show [QUEUE]``, run on the cluster.
 
     ``rayjobs queue`` runs these as a small job, so that they work wherever a job can be submitted
     (the cluster's key-value store is not reachable from outside it on most clusters).
@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "show" and len(argv) <= 2:
         print(f"rayjobs-queue {json.dumps(describe(store, argv[1] if len(argv) == 2 else None))}", flush=True)
         return 0
-    print("usage: python -m rayjobs_observe.queue set QUEUE N|none | show [QUEUE]", flush=True)
+    print("usage: python -m rayjobs_observe.queueing set QUEUE N|none | show [QUEUE]", flush=True)
     return 2
 
 
