@@ -60,11 +60,10 @@ def code_destination(loaded: LoadedSpec, submission: dict[str, Any],
     if spec.code_path:
         return CodeDestination(spec.code_path, "code_path")
     working_dir = local.get("working_dir")
-    if working_dir is None or size_of(working_dir, list(runtime_env.get("excludes") or [])) \
-            < DASHBOARD_UPLOAD_LIMIT_BYTES:
-        return None
+    # The storage first: sizing walks the whole working_dir, which is only worth it when there is somewhere to go.
     storage = _run_object_storage(loaded)
-    if storage is None:
+    if storage is None or working_dir is None or \
+            size_of(working_dir, list(runtime_env.get("excludes") or [])) < DASHBOARD_UPLOAD_LIMIT_BYTES:
         return None
     return CodeDestination(f"{storage.rstrip('/')}/rayjobs-code",
                            f"the working_dir is over the dashboard's {DASHBOARD_UPLOAD_LIMIT_BYTES // 2**20} MiB")
