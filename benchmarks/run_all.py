@@ -111,6 +111,10 @@ BENCHMARKS = [
     Benchmark("learning_quality", [
         Run("learning_quality.py", ["--seeds", "0", "1", "2"], ["--seeds", "0", "--epochs", "2"], timeout_s=3 * 3600),
     ], 31, ("jobs", "workloads", "specs/food101.yaml")),
+    Benchmark("precision", [
+        Run("precision.py", [], ["--rounds", "1", "--sizes", "32", "--steps", "2", "--batch", "4", "--skip-recipe"],
+            timeout_s=2 * 3600),
+    ], 20, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py", "benchmarks/plain_torch.py")),
     Benchmark("multinode_training", [
         Run("multinode_training.py", ["--rounds", "3", "--epochs", "4"],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=20"]),

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from jobs.errors import did_you_mean
-from jobs.object_store import uri_scheme
+from jobs.infra.storage import uri_scheme
 from jobs.secrets import MASK
 from jobs.strict import StrictModel
 from workloads.rayjobs_observe.notify import masked_url

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
-from jobs.object_store import S3Location, file_uri_path, uri_scheme
+from jobs.infra.storage import StorageLocation, uri_scheme
 
 SPEC_DIR_CONTEXT_KEY = "spec_dir"
 
@@ -44,15 +44,12 @@ def refuse_uri(value: Any) -> Any:
 
 
 def _storage_path(value: Any, info: ValidationInfo) -> Any:
-    if isinstance(value, str) and uri_scheme(value.strip()) == "file":
-        # file:///data/runs is the local folder /data/runs, as workloads.storage reads it on the cluster.
-        value = file_uri_path(value.strip())
-    if isinstance(value, str) and (scheme := uri_scheme(value.strip())):
-        uri = value.strip()
-        if scheme != "s3":
-            raise ValueError(f"{uri!r}: {scheme}:// is not supported; give s3://BUCKET/PREFIX or a local path")
-        S3Location.parse(uri)
-        return uri.rstrip("/")
+    if isinstance(value, str):
+        # Read as workloads.storage reads it on the cluster (file:///data/runs is the local folder /data/runs).
+        location = StorageLocation.parse(value.strip())
+        if location.is_s3:
+            return location.uri
+        value = location.path
     if isinstance(value, (str, Path)):
         return _resolve_against_spec_dir(Path(value), info)
     return value

@@ -10,9 +10,9 @@ from pydantic import Field, model_validator
 
 from jobs.strict import StrictModel
 
-# Causes another attempt may get past (a busy node, a lost peer, a full disk someone cleans up).
+# Causes another attempt may get past (a busy node, a lost peer or node, a full disk someone cleans up).
 RETRYABLE_CAUSES = ("host_out_of_memory", "cuda_out_of_memory", "disk_full", "placement_infeasible",
-                    "collective_timeout", "max_failures_used_up")
+                    "collective_timeout", "node_lost", "max_failures_used_up")
 # Causes no attempt gets past: the same code, environment and credentials fail the same way. Never retried.
 PERMANENT_CAUSES = {
     "module_missing": "a missing module is missing again in the next attempt",

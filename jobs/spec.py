@@ -22,10 +22,10 @@ from pydantic import (
     model_validator,
 )
 
-from jobs.address import normalize_address
+from jobs.infra.address import normalize_address
 from jobs.errors import did_you_mean
 from jobs.notify import NotifyTarget, unsent_notifications
-from jobs.object_store import S3Location, uri_scheme
+from jobs.infra.storage import StorageLocation, uri_scheme
 from jobs.retry import PERMANENT_CAUSES, RETRYABLE_CAUSES, RetryBackoff
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 from jobs.strict import StrictModel
@@ -369,7 +369,7 @@ class JobSpec(StrictModel):
     def _code_path(cls, value: str | None) -> str | None:
         # Ray's nodes fetch remote packages themselves; of the stores rayjobs can write to, that is S3.
         if value is not None:
-            S3Location.parse(value)
+            StorageLocation.parse_s3(value)
         return value.rstrip("/") if value is not None else None
 
     @field_validator("address")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.keys import (EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, RECORD_ENV_VAR,
                        SWEEP_ENV_VAR, TRACKING_ENV_VAR, WORKLOAD_ENV_VAR)
 from jobs.notify import NOTIFY_ENV_VAR, job_notify_settings, notify_document
-from jobs.object_store import uri_scheme
+from jobs.infra.storage import uri_scheme
 from jobs.provenance import code_provenance
 from jobs.queueing import queue_config, queue_metadata
 from jobs.secrets import masked_runtime_env
@@ -273,7 +273,7 @@ def _runtime_env_by_content(runtime_env: dict[str, Any]) -> dict[str, Any]:
 
 def _content_hash(path: str, excludes: list[str]) -> str:
     """``content:<hash>`` of a local folder (as Ray names its package) or file; the path itself if unreadable."""
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
 
     local = Path(path)
     try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from jobs.object_store import uri_scheme
+from jobs.infra.storage import uri_scheme
 from jobs.strict import StrictModel
 
 INSTALL_MLFLOW = "pip install 'rayjobs[mlflow]'"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from jobs.status import JobStatus
+from jobs.infra.status import JobStatus
 
 
 class ExitCode(IntEnum):

@@ -51,6 +51,9 @@ CLUSTER_FIXTURES = frozenset({"ray_cluster", "ray_cluster_home", "ray_cluster_en
 RAY_FIXTURES = frozenset({"workload_ray"})
 _TIER_ORDER = {"unit": 0, "ray": 1, "cluster": 2}
 _FOLLOW_FAULTS_MODULE = "test_follow_faults"
+# The follower's fault scenarios (~30 s, mostly waiting) run in the background of the process that checks
+# them, while that process runs these modules' cluster tests first.
+_FAULT_GROUP_MODULES = frozenset({_FOLLOW_FAULTS_MODULE, "test_cli_cluster"})
 _FOLLOW_FAULTS_SELECTED = pytest.StashKey[bool]()
 
 
@@ -82,21 +85,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif used & RAY_FIXTURES or "mlflow_tracking" in used:
             # A local service either way: the MLflow server starts in seconds, not in the fast tier's milliseconds.
             item.add_marker(pytest.mark.ray)
-        # Under `-n 2`, the tests that share a session-scoped Ray (the cluster, or the in-process one with
-        # its trained tiny run) go to one test process each, so neither is started twice; the rest spread.
-        if uses_session_cluster(item):
-            item.add_marker(pytest.mark.xdist_group("session-cluster"))
-        elif used & RAY_FIXTURES or "mlflow_tracking" in used:
-            # The MLflow server is started once too: its tests go with the in-process Ray's (the sweep's among them).
-            item.add_marker(pytest.mark.xdist_group("in-process-ray"))
-        elif item.get_closest_marker("cluster"):
-            # A module that starts its own cluster shares it between its tests (module-scoped fixtures).
-            item.add_marker(pytest.mark.xdist_group(f"own-cluster:{item.module.__name__}"))
+        # Tests spread over the test processes by module: a module's tests stay together (its module
+        # fixtures are built once), and each process starts the session-scoped Ray it needs the first time
+        # a test of its asks (an in-process Ray or a cluster costs ~10 s; one process holding every test
+        # that uses the session cluster made that group alone longer than the rest of the suite).
+        item.add_marker(pytest.mark.xdist_group(_group_of(item, used)))
     # A stable sort keeps each module's tests of one tier together, so module fixtures are built once.
     # The follower's fault scenarios run in the background through the cluster tier; their checks go last.
-    items.sort(key=lambda item: (_TIER_ORDER[tier_of(item)], item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)))
+    items.sort(key=lambda item: (_TIER_ORDER[tier_of(item)], not _in_fault_group(item),
+                                 item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)))
     config.stash[_FOLLOW_FAULTS_SELECTED] = any(item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)
                                                 for item in items)
+
+
+def _in_fault_group(item: pytest.Item) -> bool:
+    return item.module.__name__.rsplit(".", 1)[-1] in _FAULT_GROUP_MODULES
+
+
+def _group_of(item: pytest.Item, used: set[str]) -> str:
+    """The xdist group of a test: the tests that must share one test process's session-scoped state."""
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    if "tiny_run" in used:
+        # The shared training run is trained once per process: every test that reads it goes with it.
+        return "tiny-run"
+    if uses_session_cluster(item) and _in_fault_group(item):
+        return "session-cluster:follow-faults"
+    return f"module:{module}"
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -119,8 +133,10 @@ def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[Non
 
 @pytest.fixture(autouse=True)
 def _follow_fault_scenarios_start_with_the_cluster_tier(request: pytest.FixtureRequest) -> None:
-    """The first cluster test starts the follower's fault scenarios, when tests/test_follow_faults.py will check them."""
-    if uses_session_cluster(request.node) and request.config.stash.get(_FOLLOW_FAULTS_SELECTED, False):
+    """The first test of the fault group starts the follower's fault scenarios, when tests/test_follow_faults.py
+    will check them (in the same test process)."""
+    if (uses_session_cluster(request.node) and _in_fault_group(request.node)
+            and request.config.stash.get(_FOLLOW_FAULTS_SELECTED, False)):
         request.getfixturevalue("follow_fault_scenarios")
 
 

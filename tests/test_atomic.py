@@ -1,4 +1,4 @@
-"""Replacing files and folders whole (``jobs.atomic``), with the writing process killed for real."""
+"""Replacing files and folders whole (``jobs.infra.atomic``), with the writing process killed for real."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from jobs import atomic
+from jobs.infra import atomic
 from tests.support.cli import REPO_ROOT
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
@@ -33,7 +33,7 @@ def test_a_file_written_by_a_killed_process_keeps_its_old_content(tmp_path):
     target.write_text("old and whole")
     _killed_while(f"""
         import pathlib, time
-        from jobs import atomic
+        from jobs.infra import atomic
         def write(tmp):
             pathlib.Path(tmp).write_text("new but half")
             pathlib.Path({str(tmp_path / "ready")!r}).touch()

@@ -10,7 +10,7 @@ import pytest
 from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.submission import build_submission
-from runner.follow.code_upload import DASHBOARD_UPLOAD_LIMIT_BYTES, code_destination
+from runner.run.code_upload import DASHBOARD_UPLOAD_LIMIT_BYTES, code_destination
 
 TOO_LARGE = DASHBOARD_UPLOAD_LIMIT_BYTES + 1
 

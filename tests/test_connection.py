@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from jobs.address import normalize_address
+from jobs.infra.address import normalize_address
 from runner import local
 from runner.local import LocalCluster, cluster_dir
 from runner.client.connection import parse_header, resolve_connection

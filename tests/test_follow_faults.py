@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from jobs.status import TERMINAL_STATUSES
+from jobs.infra.status import TERMINAL_STATUSES
 from runner.local import loopback_env
 from tests.support.cli import REPO_ROOT, cli_env, dashboard_port, direct_api, rayjobs_command
 from tests.support.fault_proxy import FaultProxy

@@ -92,8 +92,7 @@ class LocalCluster:
 
 def watch_of(cluster: LocalCluster, *, live: bool = False) -> tuple[Watch, io.StringIO, io.StringIO]:
     logs, notes = io.StringIO(), io.StringIO()
-    return Watch(cluster, "raysubmit_x", logs, notes, raw=False, live=live, stream_logs=True,
-                 stall_after_s=None), logs, notes
+    return Watch(cluster, "raysubmit_x", logs, notes, raw=False, live=live, stream_logs=True), logs, notes
 
 
 # --------------------------------------------------------------------------- errors are never chatter
@@ -247,6 +246,7 @@ def test_a_quiet_job_that_waits_for_its_worker_group_is_named_from_the_clusters_
     from ray.autoscaler._private.util import format_pg, format_resource_demand_summary
 
     from runner.follow import follower as following
+    from runner.run.stall import StallRule
 
     cluster = LocalCluster([{"CPU": 2.0}])
     group = format_pg({"strategy": "PACK", "bundles": [({"CPU": 1.0}, 3)]})
@@ -254,7 +254,9 @@ def test_a_quiet_job_that_waits_for_its_worker_group_is_named_from_the_clusters_
     watch, _, notes = watch_of(cluster)
     monkeypatch.setattr(following, "QUIET_S", 0.0)
     quiet = following.Follower(cluster, "raysubmit_x", logs_out=watch.view, notes=io.StringIO(),
-                               stall_after=lambda: 3600.0, on_stall=watch.on_stall, activity=watch.last_activity,
+                               stall_after=lambda: 3600.0,
+                               on_stall=StallRule(cluster, "raysubmit_x", watch, None).on_stall,
+                               activity=watch.last_activity,
                                on_quiet=watch.on_quiet)
     asyncio.run(quiet._watch_for_a_stall({}))
     asyncio.run(quiet._watch_for_a_stall({}))

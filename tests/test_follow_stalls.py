@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from runner.follow.stacks import ProcessStack, _library_call, where_in_own_code
+from runner.run.stall import StallRule
 from tests.test_follow_signals import LocalCluster, forwarded, ray_log_line, train_v1_waiting, watch_of
 
 
@@ -102,7 +103,7 @@ def test_a_stall_is_told_in_one_line_per_process_and_the_whole_stacks_are_kept(t
         local_cluster = None
 
     cluster.connection = Connection()
-    watch.on_stall(301.0, {"submission_id": "raysubmit_x"})
+    StallRule(cluster, "raysubmit_x", watch, None).on_stall(301.0, {"submission_id": "raysubmit_x"})
     said = notes.getvalue().splitlines()
     assert said[1:3] == ["rayjobs:   rank 0: waiting in concurrent.futures.Future.result (deadlock.py:15)",
                          "rayjobs:   rank 1: wait_forever (deadlock.py:7) ← loop (deadlock.py:12) ← <module> "
@@ -128,9 +129,10 @@ def test_a_call_into_ray_train_is_named_by_its_public_name():
 
 
 def test_a_stall_of_a_job_that_waits_for_resources_names_the_wait_instead_of_stacks():
-    watch, _, notes = watch_of(LocalCluster([{"CPU": 2.0}]))
+    cluster = LocalCluster([{"CPU": 2.0}])
+    watch, _, notes = watch_of(cluster)
     watch.view.write(train_v1_waiting(3.0, 2.0) + "\n")
-    watch.on_stall(301.0, {"submission_id": "raysubmit_x"})
+    StallRule(cluster, "raysubmit_x", watch, None).on_stall(301.0, {"submission_id": "raysubmit_x"})
     assert notes.getvalue().splitlines()[-1] == (
         "rayjobs: warning: job raysubmit_x is RUNNING but has made no progress for 301s: waiting for resources: "
         "3 CPUs for the trainer and workers, 2 on the cluster; it is left running")

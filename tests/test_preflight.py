@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.loader import load_spec
-from runner.client.preflight import check_entrypoint_fits, entrypoint_demand, entrypoint_note, unmet_on_every_node
+from runner.run.preflight import check_entrypoint_fits, entrypoint_demand, entrypoint_note, unmet_on_every_node
 from runner.errors import BadInput, ClusterUnreachable
 
 NODES = [{"CPU": 2.0, "memory": 8 * 2**30}, {"CPU": 8.0, "GPU": 1.0, "memory": 32 * 2**30}]
@@ -83,7 +83,7 @@ def _quickstart_sweep(tmp_path, *overrides: str):
 
 
 def test_a_sweep_whose_trial_needs_more_cpus_than_the_cluster_has_is_refused_with_the_figures(tmp_path):
-    from runner.client.preflight import check_sweep_fits
+    from runner.run.preflight import check_sweep_fits
 
     loaded = _quickstart_sweep(tmp_path, "workload.train.num_workers=8")
     with pytest.raises(BadInput) as refused:
@@ -95,7 +95,7 @@ def test_a_sweep_whose_trial_needs_more_cpus_than_the_cluster_has_is_refused_wit
 
 
 def test_a_sweep_whose_one_worker_fits_no_node_is_refused_although_the_cluster_has_enough_in_all(tmp_path):
-    from runner.client.preflight import check_sweep_fits
+    from runner.run.preflight import check_sweep_fits
 
     loaded = _quickstart_sweep(tmp_path, "workload.train.num_workers=1", "workload.train.cpus_per_worker=3")
     with pytest.raises(BadInput, match=r"one worker of a trial asks for CPU 3, but the largest of the cluster's 2 "
@@ -108,7 +108,7 @@ def test_an_edited_sweep_sent_to_a_local_cluster_whose_run_folder_holds_the_earl
     from types import SimpleNamespace
 
     from jobs.sweep import stored_definition
-    from runner.client.preflight import check_sweep_unchanged
+    from runner.run.preflight import check_sweep_unchanged
 
     runs = tmp_path / "runs"
     earlier = _quickstart_sweep(tmp_path, f"workload.storage_path={runs}")

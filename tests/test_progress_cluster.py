@@ -1,8 +1,8 @@
 """Progress of a job as it runs, on the session cluster: a Ray Train script that knows nothing of rayjobs.
 
 The script (tests/data/scripts/plain_ray_train.py) is written like Ray's own examples: two workers,
-``ray.train.report`` each epoch, a checkpoint from rank 0 (how a restart is shown is checked where a
-node dies, tests/test_multinode.py). Rank 1 hangs in the last epoch without reporting it, so rank 0
+``ray.train.report`` each epoch, a checkpoint from rank 0 (restarts within a job and their reasons are read
+where a rank dies in every attempt, tests/test_failure_causes_cluster.py). Rank 1 hangs in the last epoch without reporting it, so rank 0
 waits in ``ray.train.report`` forever: the follower must call it a stall and show both ranks' stacks,
 and leave the job running until the test stops it. One job is followed as a pipe shows it, then its
 log is read again, exactly as written, through a pseudo-terminal, and by ``status``.

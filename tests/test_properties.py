@@ -12,6 +12,7 @@ import atexit
 import math
 import shutil
 import tempfile
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ from jobs.loader import load_spec
 from jobs.overrides import apply_overrides, parse_override
 from jobs.spec import parse_size
 
-# Generated cases must stay inside the suite's time budget; a slow example is a finding.
-BOUNDED = settings(max_examples=200, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# Generated cases must stay inside the suite's time budget; a slow example is a finding. Every run of the
+# suite draws new cases, so 100 a run adds up; RAYJOBS_PROPERTY_EXAMPLES=2000 searches harder in one go.
+BOUNDED = settings(max_examples=int(os.environ.get("RAYJOBS_PROPERTY_EXAMPLES", "100")), deadline=2000,
+                   suppress_health_check=[HealthCheck.too_slow])
 
 # Characters YAML gives meaning to, so that generated text reaches the parser's corners
 # (flow collections, anchors, tags, block scalars, documents) rather than stopping at line 1.

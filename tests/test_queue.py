@@ -184,7 +184,9 @@ def test_shortfall_names_the_resource_and_the_numbers(needs, free, expected):
 def test_a_queue_that_cannot_be_read_lets_the_job_run_and_says_so_once(monkeypatch):
     # Broken on purpose: no cluster answers at this address, as when the GCS is gone or the wrapper runs elsewhere.
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
-    monkeypatch.setattr(q, "gcs_client", lambda address: (_ for _ in ()).throw(ConnectionError("GCS unreachable")))
+    from workloads.rayjobs_observe import ray_internals
+
+    monkeypatch.setattr(ray_internals, "gcs_client", lambda address: (_ for _ in ()).throw(ConnectionError("GCS unreachable")))
     said: list[str] = []
     admission, starts = q.wait_in_queue({"queue": {"name": "team-a", "priority": 0, "needs": {}}}, "raysubmit_x",
                                         stopped=lambda: False, emit=lambda *a, **k: None, say=said.append)

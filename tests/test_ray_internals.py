@@ -1,4 +1,4 @@
-"""Every private Ray symbol rayjobs relies on (jobs/ray_internals.py) exists in the installed Ray.
+"""Every private Ray symbol rayjobs relies on (jobs/infra/ray_internals.py) exists in the installed Ray.
 
 An upgrade of Ray that drops or moves one fails here first, naming the version and the symbol,
 instead of in a job on a cluster.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import ray_internals
+from jobs.infra import ray_internals
 from tests.support.cli import REPO_ROOT
 
 
@@ -31,7 +31,7 @@ def test_private_symbol_exists_in_the_installed_ray(module, attribute):
     try:
         _resolve(module, attribute)
     except (ImportError, AttributeError) as exc:
-        pytest.fail(f"Ray {ray.__version__} has no {module}.{attribute} ({exc}); jobs/ray_internals.py must "
+        pytest.fail(f"Ray {ray.__version__} has no {module}.{attribute} ({exc}); jobs/infra/ray_internals.py must "
                     "follow it to its new place or do without it")
 
 
@@ -84,4 +84,4 @@ def test_no_module_but_ray_internals_touches_ray_private_code():
             found = _private_ray_names(ast.parse(path.read_text(encoding="utf-8")))
             if found:
                 offenders[str(path.relative_to(REPO_ROOT))] = sorted(found)
-    assert offenders == {}, "use jobs.ray_internals instead"
+    assert offenders == {}, "use jobs.infra.ray_internals instead"

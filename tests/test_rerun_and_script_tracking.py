@@ -88,7 +88,7 @@ def test_each_difference_from_the_recorded_run_is_listed_and_changed_py_modules_
                        f"  py_modules: [{shared_code}]\n  pip: {tmp_path / 'requirements.txt'}\n", "plain-raysubmit_1")
     (tmp_path / "requirements.txt").write_text("torch\n")
     document = json.loads((old / "run.json").read_text())
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
 
     # What the keeper records: Ray's package of each py_modules entry, rayjobs' own observer last.
     document["code"]["py_modules_packages"] = [ray_internals.package_name(shared_code, []), "_ray_pkg_observer.zip"]

@@ -1,4 +1,4 @@
-"""The run policy (``runner.follow.policy``) called from Python against a scripted client: submit, attach, follow, retry."""
+"""The run policy (``runner.run``) called from Python against a scripted client: submit, attach, follow, retry."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.errors import BadInput, ClusterUnreachable
 from runner.errors import ExitCode
-from runner.follow import retry_policy
-from runner.follow.policy import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
+from runner.run import retry_policy
+from runner.run.policy import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
 from runner.client.submission import SubmitInterrupted
 from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
 

@@ -132,7 +132,7 @@ def test_a_job_that_uploads_no_code_or_turns_the_record_off_runs_its_entrypoint_
 
 def test_rerun_submits_the_recorded_spec_and_refuses_changed_code(tmp_path):
     """The recorded package name is Ray's own hash of the working_dir; rerun computes it again and compares."""
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
 
     code = tmp_path / "code"
     code.mkdir()

@@ -15,7 +15,7 @@ from jobs.secrets import MASK, job_mask, looks_secret, masked
 from jobs.submission import build_submission
 from runner.errors import BadInput
 from runner.follow.log_cursor import LogCursor
-from runner.follow.policy import follow_job
+from runner.run.policy import follow_job
 from tests.support.fake_cluster import FakeClient, Script, speed_up_following
 from workloads.rayjobs_observe import masking
 from workloads.rayjobs_observe.masking import SecretMask, mask_url_userinfo

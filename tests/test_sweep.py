@@ -201,7 +201,7 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_and_the_trial_res
     from tests.support.ray_instances import driver_env_joining_this_ray
     from tests.support.s3_server import create_bucket
     from tests.support.sweep_trials import EPOCHS, SWEEP_DRIVER
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
     from tests.support.waiting import HANG_GUARD_S
     from workloads import storage
 

@@ -11,7 +11,7 @@ work to :func:`workload_main`, which turns what the work raised into the exit st
 - 2: bad input: parameters that are not valid (:class:`BadInput`, which
   :func:`workloads.params.read_params` raises), data that cannot be read as asked (the errors
   the entry point names as bad input), or object storage that cannot be used
-  (``jobs.object_store.ObjectStoreError``: a missing bucket, refused credentials, an endpoint
+  (``jobs.infra.storage.ObjectStoreError``: a missing bucket, refused credentials, an endpoint
   that does not answer).
 
 Any other error is a bug: the program ends with its traceback, and exit status 1.
@@ -22,8 +22,8 @@ from __future__ import annotations
 import sys
 from typing import Callable, TypeVar
 
-from jobs.object_store import ObjectStoreError
-from jobs.ray_env import prepare_ray_env
+from jobs.infra.storage import ObjectStoreError
+from jobs.infra.ray_env import prepare_ray_env
 
 SUCCESS_EXIT_CODE = 0
 STAGE_FAILED_EXIT_CODE = 1

@@ -12,18 +12,23 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from jobs.keys import SWEEP_ENV_VAR, WORKLOAD_ENV_VAR
-from jobs.paths import SPEC_DIR_CONTEXT_KEY
+from jobs.paths import SPEC_DIR_CONTEXT_KEY, refuse_uri
 from workloads.entry import BadInput
 
 if TYPE_CHECKING:
     from jobs.sweep import SweepSpec
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+# A model's ``weights``: a local path or a word the workload knows ('none', 'imagenet', a hub id), never a
+# URI. The workers read weights from their own disk, so an s3:// address would fail there, after the job
+# started; refused when the spec is checked instead, in every workload that loads weights.
+LocalWeights = Annotated[str, BeforeValidator(refuse_uri)]
 
 
 def load_params(model: type[ModelT], params_file: str | Path | None = None) -> ModelT:

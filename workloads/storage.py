@@ -1,13 +1,16 @@
 """Folders on local disk or in S3: where a workload's dataset and runs are kept.
 
 A location is a :data:`StoragePath`: a :class:`pathlib.Path` or an :class:`ObjectPath`
-(``s3://bucket/prefix``, with the same ``/``, ``name`` and ``parent``). This module is the
-only one that tells the two apart: the functions below read, write and replace either kind,
+(``s3://bucket/prefix``, with the same ``/``, ``name`` and ``parent``). Both come from the one
+parser of storage locations (:class:`StorageLocation`, ``workloads/rayjobs_observe/storage_location.py``,
+which the client and the run record's keeper use too); local ones stay ``Path`` because training
+code hands them to everything that takes a path. In the workloads this module is the only one that
+tells the two apart: the functions below read, write and replace either kind,
 and :func:`arrow_path` gives the path and filesystem that pyarrow, Ray Data and Ray Train
-take. On local disk a file or folder is replaced atomically (:mod:`jobs.atomic`); in S3 one
+take. On local disk a file or folder is replaced atomically (:mod:`jobs.infra.atomic`); in S3 one
 upload is atomic by itself, and a folder is replaced in place under a ``_writing`` marker.
 
-S3 is configured from the standard AWS variables (see :mod:`jobs.object_store`); on a
+S3 is configured from the standard AWS variables (see :mod:`jobs.infra.storage`); on a
 cluster they come from the spec's ``runtime_env.env_vars``, so the driver and every
 worker see them. Errors from the store are :class:`ObjectStoreError` with one paragraph
 naming the path and the variables to check.
@@ -25,9 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar, Union
 
-from jobs import atomic
-from jobs.object_store import (ObjectStoreError, S3Location, S3Settings, call_object_store, check_bucket,
-                               file_uri_path, s3_filesystem, uri_scheme)
+from jobs.infra import atomic
+from jobs.infra.storage import (ObjectStoreError, S3Settings, StorageLocation, call_object_store, check_bucket)
 
 T = TypeVar("T")
 
@@ -35,76 +37,37 @@ T = TypeVar("T")
 WRITING_MARKER = "_writing"
 
 
-class ObjectPath:
-    """``s3://bucket/key``: joined with ``/``, with ``name`` and ``parent``, like a ``Path`` that is not local."""
+class ObjectPath(StorageLocation):
+    """A :class:`StorageLocation` in S3 (``s3://bucket/key``): joined with ``/``, with ``name`` and ``parent``, like
+    a ``Path`` that is not local. Training code keeps local paths as ``pathlib.Path``; this is the other kind."""
 
-    __slots__ = ("uri",)
+    __slots__ = ()
 
-    def __init__(self, uri: str):
-        location = S3Location.parse(str(uri))
-        self.uri = location.uri()
-
-    @property
-    def location(self) -> S3Location:
-        """Bucket and key."""
-        return S3Location.parse(self.uri)
-
-    @property
-    def fs_path(self) -> str:
-        """``bucket/key``: the path pyarrow's S3 filesystem takes."""
-        return self.location.key()
-
-    @property
-    def name(self) -> str:
-        """The last part of the key ('' for a bucket)."""
-        prefix = self.location.prefix
-        return prefix.rsplit("/", 1)[-1] if prefix else ""
-
-    @property
-    def parent(self) -> ObjectPath:
-        """The key one level up (a bucket is its own parent)."""
-        location = self.location
-        return ObjectPath(S3Location(location.bucket, location.prefix.rpartition("/")[0]).uri())
-
-    def __truediv__(self, name: Any) -> ObjectPath:
-        return ObjectPath(f"{self.uri}/{str(name).strip('/')}")
-
-    def __str__(self) -> str:
-        return self.uri
-
-    def __repr__(self) -> str:
-        return f"ObjectPath({self.uri!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ObjectPath) and other.uri == self.uri
-
-    def __hash__(self) -> int:
-        return hash(self.uri)
+    def __init__(self, uri: str | StorageLocation) -> None:
+        super().__init__(str(uri))
+        if not self.is_s3:
+            raise ValueError(f"{str(uri)!r} is not in object storage (s3://BUCKET/PREFIX)")
 
 
 StoragePath = Union[Path, ObjectPath]
 
 
-def storage_path(value: str | os.PathLike | ObjectPath) -> StoragePath:
+def storage_path(value: str | os.PathLike | StorageLocation) -> StoragePath:
     """An :class:`ObjectPath` for an ``s3://`` URI, else a local ``Path`` with ``~`` expanded.
 
-    A ``file://`` URI is a local path, as the client takes it. Raises ValueError for a URI of
-    another scheme, and for a ``file://`` URI that names another host.
+    Parsed by :meth:`StorageLocation.parse`: a ``file://`` URI is a local path, as the client takes it.
+    Raises ValueError for a URI of another scheme, for ``s3:`` with slashes missing, and for a
+    ``file://`` URI that names another host.
     """
     if isinstance(value, ObjectPath):
         return value
-    text = os.fspath(value) if not isinstance(value, str) else value
-    scheme = uri_scheme(text)
-    if scheme == "s3":
-        return ObjectPath(text)
-    if scheme == "file":
-        return file_uri_path(text)
-    if scheme is not None:
-        raise ValueError(f"{text!r}: {scheme}:// is not supported; give s3://BUCKET/PREFIX or a local path")
-    return Path(text).expanduser()
+    location = value if isinstance(value, StorageLocation) else StorageLocation.parse(value)
+    if location.is_s3:
+        return ObjectPath.s3(str(location.bucket), location.key)
+    return Path(str(location.path))
 
 
-def resolved(value: str | os.PathLike | ObjectPath) -> StoragePath:
+def resolved(value: str | os.PathLike | StorageLocation) -> StoragePath:
     """:func:`storage_path` made absolute: a local path resolved (symbolic links too), an S3 path as it is.
 
     Processes with other working directories find the same place by it.
@@ -120,31 +83,22 @@ def local_path(path: StoragePath) -> Path | None:
 
 # --------------------------------------------------------------------------- filesystems
 
-_FILESYSTEMS: dict[tuple[S3Settings, str], Any] = {}
-
 
 def s3_settings() -> S3Settings:
     """The S3 settings of this process's AWS variables."""
     return S3Settings.from_env(os.environ)
 
 
-def filesystem_and_path(path: str | os.PathLike | ObjectPath) -> tuple[Any, str]:
+def filesystem_and_path(path: str | os.PathLike | StorageLocation) -> tuple[Any, str]:
     """``(pyarrow.fs.FileSystem, path on it)`` for a local path or an ``s3://`` URI.
 
-    S3: an ``S3FileSystem`` from the AWS variables (endpoint from ``AWS_ENDPOINT_URL``, short
-    timeouts, few retries), and ``bucket/key``. Local: the local filesystem and the absolute path.
+    S3: the location's ``S3FileSystem`` (:meth:`StorageLocation.filesystem`: endpoint from
+    ``AWS_ENDPOINT_URL``, short timeouts, few retries), and ``bucket/key``. Local: the local
+    filesystem and the absolute path.
     """
-    from pyarrow import fs
-
     where = storage_path(path)
-    if isinstance(where, ObjectPath):
-        settings = s3_settings()
-        bucket = where.location.bucket
-        key = (settings, bucket)
-        if key not in _FILESYSTEMS:
-            _FILESYSTEMS[key] = s3_filesystem(settings, bucket)
-        return _FILESYSTEMS[key], where.fs_path
-    return fs.LocalFileSystem(), os.path.abspath(where)
+    location = where if isinstance(where, ObjectPath) else StorageLocation.local(where)
+    return location.filesystem(), location.fs_path
 
 
 def arrow_path(path: StoragePath) -> tuple[str, Any]:
@@ -167,14 +121,14 @@ def from_arrow_path(text: str, like: StoragePath) -> StoragePath:
     """The location of ``text``, a path as the filesystem of :func:`arrow_path` (``like``) names it."""
     if not isinstance(like, ObjectPath):
         return Path(text)
-    bucket = like.location.bucket
-    return ObjectPath(f"s3://{text}" if text.startswith(f"{bucket}/") else f"s3://{bucket}/{text.lstrip('/')}")
+    bucket = str(like.bucket)
+    return ObjectPath.s3(bucket, text[len(bucket) + 1:] if text.startswith(f"{bucket}/") else text)
 
 
 def call_storage(path: StoragePath, call: Callable[[], T]) -> T:
     """``call()``; in S3, its ``OSError`` becomes an :class:`ObjectStoreError` naming ``path``."""
     if isinstance(path, ObjectPath):
-        return call_object_store(call, s3_settings(), str(path))
+        return path.calling(call)
     return call()
 
 
@@ -188,7 +142,7 @@ def check_storage(path: StoragePath, field: str) -> None:
     settings = s3_settings()
     filesystem, fs_path = filesystem_and_path(path)
     try:
-        check_bucket(filesystem, path.location, settings, f"create it, or set {field} to a bucket that exists")
+        check_bucket(filesystem, path, settings, f"create it, or set {field} to a bucket that exists")
         call_object_store(lambda: filesystem.get_file_info(fs_path), settings, str(path))
     except ObjectStoreError as exc:
         raise type(exc)(f"{field} {path}: {exc}") from None
@@ -336,7 +290,7 @@ def make_folder(folder: StoragePath) -> None:
 def replacing_folder(folder: StoragePath, index: str | None = None) -> Iterator[StoragePath]:
     """Yield the folder to write the new content of ``folder`` in; it becomes ``folder`` when the block succeeds.
 
-    Local disk: a hidden sibling, renamed into place at once (:func:`jobs.atomic.replace_dir`) and
+    Local disk: a hidden sibling, renamed into place at once (:func:`jobs.infra.atomic.replace_dir`) and
     removed when the block fails; what a killed writer left is tidied first, so a reader finds
     the old content or the new, never a mix.
     S3, where nothing is renamed: ``folder`` itself. The :data:`WRITING_MARKER` goes in first, then

@@ -1,6 +1,6 @@
 """The ``rayjobs`` command.
 
-Each command parses its arguments, calls the library (``runner.follow.policy`` for submitting and
+Each command parses its arguments, calls the library (``runner.run`` for submitting and
 following, the cluster client for the rest), prints, and exits with a code from
 ``runner.errors``. Errors a user can fix are printed as one paragraph, never as a
 traceback. Heavy imports (ray, pydantic specs) happen inside the commands that need them,
@@ -16,18 +16,17 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from jobs.keys import METADATA_ATTEMPT
-from jobs.ray_env import prepare_ray_env
-from jobs.status import JobStatus, is_terminal
+from jobs.infra.ray_env import prepare_ray_env
+from jobs.infra.status import JobStatus, is_terminal
 from runner.cli.cluster import cluster_app, ensure_local_cluster
 from runner.cli.export import export_app
 from runner.cli.queue import queue as queue_command, queued_text, waiting_in_queue, with_queue_place
 from runner.cli.runs import is_run_location, print_saved_log
 from runner.cli.runs import register as register_run_commands
 from runner.cli.specs import register as register_spec_commands
-from runner.cli.options import (ConnectionOptions, DryRunOption, GiveUpOption, JobIdArgument, LocalOption,
-                                NoPreflightOption, NoWaitOption, OutputOption, QuietOption, RawOption, SetOption,
-                                StopOnInterruptOption, check_output, handles_errors,
-                                with_connection_options)
+from runner.cli.options import (ConnectionOptions, GiveUpOption, JobIdArgument, OutputOption, RawOption, SetOption,
+                                SubmitFlags, check_output, handles_errors, with_connection_options,
+                                with_submit_flags)
 from runner.cli.options import fail as _fail, say as _say
 from runner.errors import BadInput, ExitCode
 
@@ -73,62 +72,51 @@ def make_client(connection: Connection, retry_for_s: float = 0.0) -> JobsApi:
 @app.command()
 @handles_errors
 @with_connection_options
+@with_submit_flags
 def submit(
     spec_file: Annotated[str, typer.Argument(metavar="SPEC", help="Spec file (YAML).", show_default=False)],
     set_: SetOption = None,
     connection: ConnectionOptions = ConnectionOptions(),
-    no_wait: NoWaitOption = False,
-    dry_run: DryRunOption = False,
-    output: OutputOption = "text",
-    local: LocalOption = False,
-    stop_on_interrupt: StopOnInterruptOption = False,
-    quiet: QuietOption = False,
-    no_preflight: NoPreflightOption = False,
-    give_up_after: GiveUpOption = 60.0,
-    raw: RawOption = False,
+    flags: SubmitFlags = SubmitFlags(),
 ) -> None:
     """Validate SPEC, submit it, and follow the job to its end (exit code = outcome)."""
     from pathlib import Path
 
     from jobs.loader import load_spec
 
-    check_output(output)
+    check_output(flags.output)
     try:
         loaded = load_spec(Path(spec_file), set_ or [])
     except KeyboardInterrupt:
         _say("interrupted: nothing was submitted")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-    submit_loaded(loaded, connection, no_wait=no_wait, dry_run=dry_run, output=output, local=local,
-                   stop_on_interrupt=stop_on_interrupt, quiet=quiet, no_preflight=no_preflight,
-                   give_up_after=give_up_after, raw=raw)
+    submit_loaded(loaded, connection, flags)
 
 
-def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait: bool, dry_run: bool, output: str,
-                   local: bool, stop_on_interrupt: bool, quiet: bool, no_preflight: bool, give_up_after: float,
-                   raw: bool) -> None:
+def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, flags: SubmitFlags) -> None:
     """Submit a validated spec and follow it, as ``submit`` (and ``rerun``) do; ends the command with its exit code."""
     from jobs.secrets import masked
     from jobs.submission import build_submission
     from jobs.sweep import trial_plan
     from runner.cli.render import dry_run_text, run_summary
-    from runner.client.preflight import entrypoint_note, shared_storage_note
+    from runner.run.preflight import entrypoint_note, shared_storage_note
     from runner.follow.messages import follow_up_lines
-    from runner.follow.policy import RunOptions, RunOutcome, run_with_retries
+    from runner.run.policy import RunOptions, RunOutcome, run_with_retries
 
     try:
         submission = build_submission(loaded)
         spec_address_source = loaded.source_of("address")
-        if dry_run:
+        if flags.dry_run:
             address = connection.address or loaded.spec.address
             shown = {"address": address, **masked(submission)}
             plan = trial_plan(loaded.spec.sweep, loaded.workload) if loaded.spec.sweep else None
             if plan is not None:
                 shown["sweep_plan"] = plan
-            typer.echo(json.dumps(shown, indent=2) if output == "json"
+            typer.echo(json.dumps(shown, indent=2) if flags.output == "json"
                        else dry_run_text(masked(submission), address, plan))
             return
         target = connection.target(loaded.spec.address, spec_address_source)
-        if local and target.address is None:
+        if flags.local and target.address is None:
             ensure_local_cluster(target.cluster_name)
         client = make_client(connection.resolve(loaded.spec.address, spec_address_source))
     except KeyboardInterrupt:
@@ -139,18 +127,18 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait:
         _say(f"warning: {note}")
     if (note := shared_storage_note(client.connection.local_cluster, loaded.workload)) is not None:
         _say(f"note: {note}")
-    options = RunOptions(wait=not no_wait, stream_logs=not quiet, give_up_after_s=give_up_after,
-                         stop_on_interrupt=stop_on_interrupt, preflight=not no_preflight,
-                         summaries=output != "json", raw=raw, live=False if output == "json" or raw else None)
-    result = run_with_retries(client, loaded, options=options,
-                              logs_out=sys.stderr if output == "json" else sys.stdout)
+    json_out = flags.output == "json"
+    options = RunOptions(wait=not flags.no_wait, stream_logs=not flags.quiet, give_up_after_s=flags.give_up_after,
+                         stop_on_interrupt=flags.stop_on_interrupt, preflight=not flags.no_preflight,
+                         summaries=not json_out, raw=flags.raw, live=False if json_out or flags.raw else None)
+    result = run_with_retries(client, loaded, options=options, logs_out=sys.stderr if json_out else sys.stdout)
     if result.outcome == RunOutcome.SUBMITTED:
-        typer.echo(json.dumps({"submission_id": result.job_id, "address": client.address}) if output == "json"
+        typer.echo(json.dumps({"submission_id": result.job_id, "address": client.address}) if json_out
                    else result.job_id)
         for line in follow_up_lines(result.job_id, client.connection):
             _say(line)
         return
-    if output == "json" and result.followed is not None:
+    if json_out and result.followed is not None:
         typer.echo(json.dumps(run_summary(result.job_id, result.exit_code, result.followed, result.summary,
                                           client.address, result.attempts, result.progress.as_dict(),
                                           result.diagnosis.as_dict() if result.diagnosis else None)))
@@ -162,6 +150,7 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, *, no_wait:
 @app.command()
 @handles_errors
 @with_connection_options
+@with_submit_flags
 def rerun(
     run: Annotated[str, typer.Argument(metavar="RUN", help="A recorded run's folder, local or s3://.",
                                        show_default=False)],
@@ -171,21 +160,15 @@ def rerun(
     continue_run: Annotated[bool, typer.Option("--continue", help="Continue the same run (its folder; a workload "
                                                "resumes from its last checkpoint) instead of a new one.")] = False,
     connection: ConnectionOptions = ConnectionOptions(),
-    no_wait: NoWaitOption = False,
-    dry_run: DryRunOption = False,
-    output: OutputOption = "text",
-    local: LocalOption = False,
-    quiet: QuietOption = False,
-    give_up_after: GiveUpOption = 60.0,
-    raw: RawOption = False,
+    flags: SubmitFlags = SubmitFlags(),
 ) -> None:
     """Run a recorded run's spec again as a new run beside it, linked both ways (--continue: the same run)."""
     from runner.cli.runs import checked_rerun
 
-    check_output(output)
-    loaded = checked_rerun(run, set_ or [], connection, force=force, continue_run=continue_run, dry_run=dry_run)
-    submit_loaded(loaded, connection, no_wait=no_wait, dry_run=dry_run, output=output, local=local,
-                   stop_on_interrupt=False, quiet=quiet, no_preflight=False, give_up_after=give_up_after, raw=raw)
+    check_output(flags.output)
+    loaded = checked_rerun(run, set_ or [], connection, force=force, continue_run=continue_run,
+                           dry_run=flags.dry_run)
+    submit_loaded(loaded, connection, flags)
 
 
 def _job_and_its_log(connection: ConnectionOptions, job_id: str) \
@@ -275,7 +258,7 @@ def logs(
         return
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     if follow:
-        from runner.follow.policy import RunOptions, follow_job
+        from runner.run.policy import RunOptions, follow_job
 
         if tail is not None:
             raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
@@ -323,7 +306,7 @@ def stop(
     connection: ConnectionOptions = ConnectionOptions(),
 ) -> None:
     """Stop a running job."""
-    from runner.follow.policy import wait_until_ended
+    from runner.run.interrupts import wait_until_ended
 
     client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
     stopped = client.stop_job(job_id)

@@ -51,7 +51,7 @@ def kuberay(
     from jobs.submission import local_runtime_paths
     from runner.export.kuberay import build_rayjob, manifest_yaml
     from runner.errors import BadInput
-    from runner.export.packaging import S3Location, upload_local_paths
+    from runner.export.packaging import upload_destination, upload_local_paths
     from runner.export.schedule import build_raycronjob, check_schedule, check_time_zone
 
     # Checked before the spec and any upload: a schedule refused after an upload would have wasted it.
@@ -64,7 +64,7 @@ def kuberay(
         raise BadInput(f"--time-zone {time_zone} is given without --schedule: it is the time zone of a schedule, "
                        "so give both (e.g. --schedule \"0 3 * * *\" --time-zone Europe/Paris) or neither")
     if upload_to is not None:
-        S3Location.parse(upload_to)
+        upload_destination(upload_to)
     loaded = load_spec(spec_file, set_ or [])
     # On Kubernetes, Kueue queues the RayJob itself (the labels build_rayjob adds): the job does not also wait
     # in a queue of its own cluster.

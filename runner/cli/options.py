@@ -1,4 +1,5 @@
-"""What the ``rayjobs`` commands share: options declared once, the connection bundle, and errors as exit codes."""
+"""What the ``rayjobs`` commands share: options declared once, the connection and submit bundles, and errors as
+exit codes."""
 
 from __future__ import annotations
 
@@ -94,25 +95,63 @@ def with_connection_options(command: F) -> F:
     The command declares ``connection: ConnectionOptions = ConnectionOptions()``; in its place the
     command line gets ``--address``, ``--cluster``, ``--header``, ``--no-verify`` and ``--ca-cert``.
     """
+    return _options_in_place_of(command, "connection", _CONNECTION_OPTIONS, lambda values: ConnectionOptions(
+        values["address"], values["cluster"], values["header"], values["no_verify"], values["ca_cert"]))
+
+
+@dataclass(frozen=True)
+class SubmitFlags:
+    """How ``submit`` and ``rerun`` send a spec and follow its job: the options the two commands share."""
+
+    no_wait: bool = False
+    dry_run: bool = False
+    output: str = "text"
+    local: bool = False
+    stop_on_interrupt: bool = False
+    quiet: bool = False
+    no_preflight: bool = False
+    give_up_after: float = 60.0
+    raw: bool = False
+
+
+# The options of SubmitFlags, in this order after the connection options; defaults from the dataclass.
+_SUBMIT_OPTIONS: list[tuple[str, Any, Any]] = [
+    (name, annotation, getattr(SubmitFlags(), name)) for name, annotation in [
+        ("no_wait", NoWaitOption), ("dry_run", DryRunOption), ("output", OutputOption), ("local", LocalOption),
+        ("stop_on_interrupt", StopOnInterruptOption), ("quiet", QuietOption), ("no_preflight", NoPreflightOption),
+        ("give_up_after", GiveUpOption), ("raw", RawOption)]]
+
+
+def with_submit_flags(command: F) -> F:
+    """Give a command the options of ``submit``, handed to it as one ``flags: SubmitFlags`` argument.
+
+    The command declares ``flags: SubmitFlags = SubmitFlags()``; in its place the command line gets
+    ``--no-wait``, ``--dry-run``, ``--output``, ``--local``, ``--stop-on-interrupt``, ``--quiet``,
+    ``--no-preflight``, ``--give-up-after`` and ``--raw``.
+    """
+    return _options_in_place_of(command, "flags", _SUBMIT_OPTIONS, lambda values: SubmitFlags(**values))
+
+
+def _options_in_place_of(command: F, bundle: str, options: list[tuple[str, Any, Any]],
+                         build: Callable[[dict[str, Any]], Any]) -> F:
+    """``command`` with the parameter ``bundle`` replaced by ``options`` on the command line, and ``build``
+    turning their values back into that one argument when the command runs."""
     signature = inspect.signature(command, eval_str=True)
-    names = [name for name, _, _ in _CONNECTION_OPTIONS]
 
     @wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        values = {name: kwargs.pop(name, default) for name, _, default in _CONNECTION_OPTIONS}
-        kwargs["connection"] = ConnectionOptions(values["address"], values["cluster"], values["header"],
-                                                 values["no_verify"], values["ca_cert"])
+        kwargs[bundle] = build({name: kwargs.pop(name, default) for name, _, default in options})
         return command(*args, **kwargs)
 
     parameters: list[inspect.Parameter] = []
     for parameter in signature.parameters.values():
-        if parameter.name != "connection":
+        if parameter.name != bundle:
             parameters.append(parameter)
             continue
         parameters += [inspect.Parameter(name, parameter.kind, default=default, annotation=annotation)
-                       for name, annotation, default in _CONNECTION_OPTIONS]
-    if not set(names) <= {parameter.name for parameter in parameters}:
-        raise TypeError(f"{command.__name__} declares no 'connection' parameter")
+                       for name, annotation, default in options]
+    if bundle not in signature.parameters:
+        raise TypeError(f"{command.__name__} declares no {bundle!r} parameter")
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
     return wrapper  # type: ignore[return-value]

@@ -64,7 +64,7 @@ def run_queue_command(connection: ConnectionOptions, arguments: list[str]) -> li
     """
     from jobs.submission import OBSERVE_PACKAGE_DIR
     from runner.client.jobs_api import JobsApi
-    from runner.follow.policy import wait_until_ended
+    from runner.run.interrupts import wait_until_ended
 
     client = JobsApi(connection.resolve(), retry_for_s=5.0)
     submission = {"entrypoint": "python -m rayjobs_observe.queueing " + " ".join(arguments),
@@ -112,13 +112,13 @@ def queues_text(queues: list[dict[str, Any]]) -> str:
 
 def queue_state_from_log(text: str) -> dict[str, Any] | None:
     """The last queue event in a job's log (``{"state": "waiting", "position", "reason"}`` or ``admitted``)."""
+    from jobs.run_vocabulary import EVENT_MARKER, EventKind, kind_of
+    from runner.follow.progress import parse_event
+
     for line in reversed(text.splitlines()):
-        at = line.find('rayjobs-event {"event":"queue"')
-        if at >= 0:
-            try:
-                return json.loads(line[at + len("rayjobs-event "):])
-            except ValueError:
-                return None
+        event = parse_event(line) if EVENT_MARKER in line else None
+        if event is not None and kind_of(event) == EventKind.QUEUE:
+            return event
     return None
 
 

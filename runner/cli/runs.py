@@ -24,8 +24,8 @@ RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="A run's folder,
 
 
 def is_run_location(text: str) -> bool:
-    """Whether a command's argument names a run's folder rather than a job id (ids hold no '/')."""
-    return text.startswith(("s3://", "~", ".")) or "/" in text
+    """Whether a command's argument names a run's folder rather than a job id (ids hold no '/'; URIs do)."""
+    return text.startswith(("~", ".")) or "/" in text
 
 
 @handles_errors
@@ -96,6 +96,7 @@ def compare(
 ) -> None:
     """Compare recorded runs: final metrics side by side, and their curves overlaid in a PNG (no cluster needed)."""
     from runner.runs.report import compare_plot, compare_table, listed_run
+    from jobs.run_vocabulary import EventKind, kind_of
     from runner.runs.store import Folder, attempt_events, read_run
 
     check_output(output)
@@ -107,7 +108,7 @@ def compare(
         label = folder.name if [f.name for f, _ in loaded].count(folder.name) == 1 else folder.location
         curves[label] = [event for attempt in document.get("attempts") or []
                          for event in attempt_events(folder, str(attempt.get("submission_id")))
-                         if event.get("event") == "report"]
+                         if kind_of(event) == EventKind.REPORT]
     drawn = compare_plot(curves, plot)
     if output == "json":
         typer.echo(json.dumps({"runs": [listed_run(folder, document) for folder, document in loaded],

@@ -20,7 +20,7 @@ def validate(
     """Check spec files without contacting a cluster (exit code 2 if any is invalid)."""
     from jobs.errors import SpecError
     from jobs.loader import load_spec
-    from runner.client.preflight import entrypoint_note
+    from runner.run.preflight import entrypoint_note
 
     failed = 0
     for spec_file in spec_files:
@@ -40,8 +40,17 @@ def validate(
 def schema(
     workload: Annotated[Optional[str], typer.Option("--workload", metavar="KIND", help="Print the schema of this workload kind's "
                         "parameters instead (e.g. vision).", show_default=False)] = None,
+    record: Annotated[bool, typer.Option("--record", help="Print the schema of a run record's run.json instead.")]
+    = False,
 ) -> None:
-    """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml)."""
+    """Print the JSON Schema of a spec file (for editor validation of specs/*.yaml), or of a run record."""
+    if record and workload is not None:
+        _fail("--record and --workload name different schemas: give one of them", ExitCode.BAD_INPUT)
+    if record:
+        from jobs.run_vocabulary import json_schema
+
+        typer.echo(json.dumps(json_schema(), indent=2))
+        return
     try:
         document = schema_document(workload)
     except ValueError as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from jobs.address import dashboard_endpoint, normalize_address
+from jobs.infra.address import dashboard_endpoint, normalize_address
 from runner.errors import BadInput, NoCluster
 
 if TYPE_CHECKING:

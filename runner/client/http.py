@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from jobs.address import is_loopback_host
+from jobs.infra.address import is_loopback_host
 
 _NO_PROXY_FOR_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

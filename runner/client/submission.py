@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from jobs import ray_internals
-from jobs.ray_env import prepare_ray_env
+from jobs.infra import ray_internals
+from jobs.infra.ray_env import prepare_ray_env
 from jobs.submission import OBSERVE_PACKAGE_DIR, local_runtime_paths
 from runner.client.http import bypass_proxy_for_loopback
 from runner.client.connection import Connection

@@ -23,7 +23,7 @@ import yaml
 
 from jobs.keys import RECORD_ENV_VAR
 from jobs.loader import LoadedSpec
-from jobs.object_store import uri_scheme
+from jobs.infra.storage import uri_scheme
 from jobs.secrets import SecretMask, looks_secret
 from jobs.submission import local_runtime_paths
 from jobs.sweep import SweepSpec

@@ -6,7 +6,7 @@ zipped here with Ray's own packaging code (same excludes, same content-hash name
 ``_ray_pkg_<hash>.zip``) and put in a bucket. The same contents always get the same
 name, so an unchanged directory is uploaded once.
 
-How the object store is reached (the AWS variables) is :mod:`jobs.object_store`'s.
+How the object store is reached (the AWS variables) is :mod:`jobs.infra.storage`'s.
 """
 
 from __future__ import annotations
@@ -20,24 +20,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jobs import object_store, ray_internals
-from jobs.object_store import S3Settings, s3_filesystem
+from jobs.infra import storage as object_store
+from jobs.infra import ray_internals
+from jobs.infra.storage import S3Settings, StorageLocation
 from jobs.submission import local_runtime_paths
 from runner.errors import BadInput
 from runner.storage import calling_storage
 
 
-class S3Location(object_store.S3Location):
-    """``s3://bucket/prefix``: where packages go."""
-
-    @classmethod
-    def parse(cls, text: str) -> S3Location:
-        """Read ``s3://bucket[/prefix]``. Raises BadInput for anything else."""
-        try:
-            location = object_store.S3Location.parse(text)
-        except ValueError as exc:
-            raise BadInput(f"--upload-to {exc}") from None
-        return cls(location.bucket, location.prefix)
+def upload_destination(text: str) -> StorageLocation:
+    """Where packages go: ``s3://bucket[/prefix]``. Raises BadInput for anything else."""
+    try:
+        return StorageLocation.parse_s3(text)
+    except ValueError as exc:
+        raise BadInput(f"--upload-to {exc}") from None
 
 
 # A py_modules package in object storage: named apart from Ray's flat ``_ray_pkg_<hash>.zip`` of the same files,
@@ -67,7 +63,7 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
         StorageUnreachable: no answer from the endpoint, or an error from it.
         StorageAuthFailed: the credentials were refused.
     """
-    location = S3Location.parse(destination)
+    location = upload_destination(destination)
     result = copy.deepcopy(runtime_env)
     excludes = list(result.get("excludes") or [])
     jobs: list[tuple[str, Path, bool, list[str]]] = []
@@ -84,7 +80,7 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
         return result
 
     settings = S3Settings.from_env(env)
-    filesystem = s3_filesystem(settings, location.bucket)
+    filesystem = calling_storage(lambda: location.filesystem(settings))
     check_bucket(filesystem, location, settings)
     uploaded: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="rayjobs-package-") as scratch:
@@ -93,16 +89,17 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
                 name = ray_internals.package_name(directory, patterns)
             if include_parent_dir:
                 name = name.removesuffix(".zip") + MODULE_PACKAGE_SUFFIX
-            uri = location.uri(name)
+            package_location = location / name
+            uri = package_location.uri
             # Named by a hash of its contents, and an S3 object appears whole or not at all: one that is
             # there is this very package, so it is neither zipped nor sent again.
-            if object_exists(filesystem, location.key(name), settings):
+            if object_exists(filesystem, package_location.fs_path, settings):
                 say(f"{field_name} {directory} is already uploaded as {uri} (same contents)")
             else:
                 _, package = package_directory(directory, patterns, include_parent_dir, Path(scratch))
                 if include_parent_dir:
                     package = nested_one_level(package, Path(scratch) / name)
-                upload_file(filesystem, package, location.key(name), settings)
+                upload_file(filesystem, package, package_location.fs_path, settings)
                 say(f"uploaded {field_name} {directory} ({_size(package.stat().st_size)}) as {uri}")
             uploaded[str(directory)] = uri
     if result.get("working_dir") in uploaded:
@@ -138,7 +135,7 @@ def nested_one_level(package: Path, target: Path) -> Path:
     return target
 
 
-def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings) -> None:
+def check_bucket(filesystem: Any, location: StorageLocation, settings: S3Settings) -> None:
     """Raise unless the bucket exists and answers."""
     calling_storage(lambda: object_store.check_bucket(filesystem, location, settings,
                                                        "create it, or name another with --upload-to"))

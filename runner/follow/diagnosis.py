@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.keys import EVENT_MARKER
+from jobs.run_vocabulary import EVENT_MARKER, EventKind, kind_of
 from runner.follow.progress import RunProgress, parse_event, short_reason
 
 _DETAIL_CHARS = 300
@@ -101,6 +101,18 @@ CAUSES: tuple[Cause, ...] = (
           "Look for the rank that is behind: one that skips ray.train.report or a collective (every rank must "
           "call them the same number of times), one stuck reading data, or one much slower than the others; "
           "`rayjobs logs` has each rank's traceback", consequence=True),
+    Cause("node_lost",
+          # The GCS's notice when a node stops answering, and the ActorDiedError of each actor that was on it.
+          # The ranks on other nodes fail first (gloo's "Connection reset by peer"): that names no cause, since
+          # a crashed peer process reads the same; these lines follow within the GCS's health-check timeout.
+          re.compile(r"(has been marked dead because the detector has missed too many heartbeats|"
+                     r"The actor died because its node has died|the actor's node was terminated unexpectedly|"
+                     r"NodeDiedError|Raylet is terminated\. Termination is unexpected)"),
+          "A node of the cluster was lost while the job ran ({detail})",
+          "Submit again on the nodes left: retry_on: [node_lost] with max_retries does so, and each attempt of a "
+          "built-in workload resumes from the run's latest checkpoint (train.max_failures restarts within the "
+          "same job instead). Find out why the node went (preempted, shut down, its raylet killed or out of "
+          "memory): `rayjobs cluster status` lists the nodes that are dead"),
 )
 
 
@@ -118,7 +130,7 @@ class FailureReader:
         self._lines += 1
         event = parse_event(text) if EVENT_MARKER in text else None
         if event is not None:
-            if event["event"] in ("report", "attempt"):
+            if kind_of(event) in (EventKind.REPORT, EventKind.ATTEMPT):
                 self.found.clear()  # the run went on past what was seen so far
             return
         if "Error count:" in text and "max allowed" in text:

@@ -14,11 +14,14 @@ import sys
 import time
 from typing import Any, TextIO
 
+from jobs.run_vocabulary import EventKind, kind_of
 from runner.follow.messages import format_duration
 from runner.follow.progress import (RunProgress, epochs_done, event_line, format_value, pace_parts,
                                     position_text, short_reason, shown_metrics)
 
 _REFRESH_PER_S = 4
+# Events that get a line of their own above the live block.
+_OWN_LINE_KINDS = frozenset({EventKind.RESTART, EventKind.TRAIN_END, EventKind.ATTEMPT, EventKind.STAGE})
 _BAR_WIDTH = 30
 
 
@@ -99,8 +102,8 @@ class LiveProgress:
         """Take in one event; restarts, the end of training and a trial's start and end also get a line of their
         own above the block."""
         self.progress.update(event)
-        if event["event"] in ("restart", "train_end", "attempt", "stage") or (
-                event["event"] == "trial" and event.get("state") != "running"):
+        if kind_of(event) in _OWN_LINE_KINDS or (
+                kind_of(event) == EventKind.TRIAL and event.get("state") != "running"):
             line = event_line(event, self.progress)
             if line is not None:
                 self.notes.write(f"rayjobs: {line}\n")
@@ -126,8 +129,9 @@ class LiveProgress:
         if progress.training_state is not None or progress.epoch is not None:
             rows.append(self._bar_row())
         if progress.metrics:
-            rows.append(Text("  " + " · ".join(f"{name} {format_value(value)}"
-                                               for name, value in shown_metrics(progress.metrics, 6)), style="green"))
+            precision = progress.metrics.get("precision")  # which arithmetic ran: bf16 or fp32, from the job
+            rows.append(Text("  " + " · ".join([f"{name} {format_value(value)}" for name, value in shown_metrics(
+                progress.metrics, 6)] + ([precision] if isinstance(precision, str) else [])), style="green"))
         if progress.attempts:
             rows.append(Text("  " + self._attempt_text(), style="yellow" if progress.restarts else "dim"))
         if progress.trials:

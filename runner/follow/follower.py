@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from jobs.secrets import job_mask
-from jobs.status import JobStatus, is_terminal
+from jobs.infra.status import JobStatus, is_terminal
 from runner.client.jobs_api import JobsApi
 from runner.client.backoff import Backoff, Deadline
 from runner.errors import AuthFailed, ClusterUnreachable, JobNotFound, NoLogApi, RayJobsError

@@ -22,7 +22,7 @@ from collections.abc import Collection
 from typing import Callable, TextIO
 
 from runner.follow.diagnosis import FailureReader
-from jobs.keys import EVENT_MARKER
+from jobs.run_vocabulary import EVENT_MARKER, EventKind, kind_of
 from runner.follow.progress import RunProgress, parse_event
 from runner.follow.waits import ResourceWait, resource_wait_in
 
@@ -224,7 +224,7 @@ class LogView:
     def _took_event(self, event: dict, line: str, shown: list[str]) -> None:
         """An event: what came before it goes out before what it leads to, unless the event says it again."""
         self.last_activity_at = time.monotonic()
-        self._events_seen.add(event["event"])
+        self._events_seen.add(kind_of(event))
         self._warned_by = None
         if self._echo is not None and self._echo[0] == _fact_of(event):
             self._echo = None
@@ -255,14 +255,14 @@ class LogView:
     def _fact_in(self, plain: str) -> tuple[str, str] | None:
         """What an event may say again of a line of the job's: ``("stage", "train")``, ``("report", "3")``."""
         body = _FORWARD_PREFIX.sub("", plain, count=1)
-        if "stage" in self.echoed and "stage" in self._events_seen:
+        if EventKind.STAGE in self.echoed and EventKind.STAGE in self._events_seen:
             match = _STAGE_ECHO.match(body)
             if match is not None:
-                return ("stage", match[1])
-        if "report" in self.echoed and self._events_seen & {"train_start", "report"}:
+                return (EventKind.STAGE, match[1])
+        if EventKind.REPORT in self.echoed and self._events_seen & {EventKind.TRAIN_START, EventKind.REPORT}:
             match = _EPOCH_ECHO.match(body)
             if match is not None:
-                return ("report", match[1])
+                return (EventKind.REPORT, match[1])
         return None
 
     def _could_be_hidden(self, partial: str) -> bool:
@@ -304,11 +304,11 @@ class LogView:
 
 def _fact_of(event: dict) -> tuple[str, str] | None:
     """What an event says that a job's own line may say too (see :meth:`LogView._fact_in`)."""
-    if event["event"] == "stage" and event.get("state") == "end":
-        return ("stage", str(event.get("name")))
-    if event["event"] == "report":
+    if kind_of(event) == EventKind.STAGE and event.get("state") == "end":
+        return (EventKind.STAGE, str(event.get("name")))
+    if kind_of(event) == EventKind.REPORT:
         epoch = (event.get("metrics") or {}).get("epoch", event.get("iteration"))
-        return ("report", str(int(epoch))) if isinstance(epoch, (int, float)) else None
+        return (EventKind.REPORT, str(int(epoch))) if isinstance(epoch, (int, float)) else None
     return None
 
 

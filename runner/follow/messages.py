@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jobs.secrets import job_mask
-from jobs.status import JobStatus
+from jobs.infra.status import JobStatus
 from runner.errors import ExitCode
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.keys import EVENT_MARKER
+from jobs.run_vocabulary import EVENT_MARKER, EventKind, kind_of
 from runner.follow.messages import format_duration
 
 _EVENT_LINE = re.compile(rf"{EVENT_MARKER} (\{{.*\}})\s*$")
@@ -35,7 +35,7 @@ def parse_event(line: str) -> dict[str, Any] | None:
         event = json.loads(match[1])
     except ValueError:
         return None
-    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
+    return event if isinstance(event, dict) and kind_of(event) is not None else None
 
 
 _RANK_SNIPPET = re.compile(r"^\[Rank (\d+) Error Snippet\]:\s*$", re.MULTILINE)
@@ -121,26 +121,26 @@ class RunProgress:
         """Take in one event."""
         self.events += 1
         at = float(event.get("time") or time.time())
-        kind = event["event"]
-        if kind == "stage":
+        kind = kind_of(event)
+        if kind == EventKind.STAGE:
             if event.get("state") == "start":
                 self.stage = event.get("name")
                 self.stage_index, self.stage_count = event.get("index"), event.get("count")
-        elif kind == "count":
+        elif kind == EventKind.COUNT:
             self.counts[str(event.get("name"))] = {"done": event.get("done"), "total": event.get("total")}
-        elif kind == "train_start":
+        elif kind == EventKind.TRAIN_START:
             self.epochs = event.get("epochs") if isinstance(event.get("epochs"), int) else self.epochs
             self.training_state = "RUNNING"
-        elif kind == "attempt":
+        elif kind == EventKind.ATTEMPT:
             self.attempts = int(event.get("attempt") or self.attempts + 1)
             self.workers = list(event.get("workers") or [])
             self.nodes = event.get("nodes")
             self._epoch_times.clear()  # a new attempt starts (after a restart, from its checkpoint): a new pace
-        elif kind == "step":
+        elif kind == EventKind.STEP:
             self.step = event.get("step") if isinstance(event.get("step"), int) else None
             self.steps = event.get("steps") if isinstance(event.get("steps"), int) else None
             self.step_epoch = event.get("epoch") if isinstance(event.get("epoch"), int) else None
-        elif kind == "report":
+        elif kind == EventKind.REPORT:
             self.step = self.steps = self.step_epoch = None
             self.iterations = int(event.get("iteration") or self.iterations + 1)
             self.attempts = max(self.attempts, int(event.get("attempt") or 0))
@@ -154,12 +154,12 @@ class RunProgress:
                 self.slowest_report_s = max(self.slowest_report_s or 0.0, waited)
             self._epoch_times.append((self.epoch, at))
             del self._epoch_times[:-(_PACE_EPOCHS + 1)]
-        elif kind == "restart":
+        elif kind == EventKind.RESTART:
             self.restarts.append(Restart(int(event.get("attempt") or self.attempts), str(event.get("reason") or ""),
                                          at, event.get("run")))
-        elif kind == "train_end":
+        elif kind == EventKind.TRAIN_END:
             self.training_state = event.get("state")
-        elif kind == "trial":
+        elif kind == EventKind.TRIAL:
             trial = self.trials.setdefault(str(event.get("trial")), {"state": None, "values": {}, "epoch": None,
                                                                      "metric": None})
             trial["state"] = event.get("state")
@@ -259,36 +259,36 @@ def position_text(progress: RunProgress) -> str:
 
 def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
     """The one plain line an event becomes where no live view is drawn (a pipe, a CI log); None: no line."""
-    kind = event["event"]
-    if kind == "stage":
+    kind = kind_of(event)
+    if kind == EventKind.STAGE:
         where = f" ({event['index']}/{event['count']})" if event.get("index") and event.get("count") else ""
         if event.get("state") == "start":
             return f"stage {event.get('name')}{where} started"
         took = f" in {format_duration(float(event['seconds']))}" if event.get("seconds") is not None else ""
         return f"stage {event.get('name')}{where} finished{took}"
-    if kind == "count" and event.get("final"):
+    if kind == EventKind.COUNT and event.get("final"):
         return f"{event.get('name')}: {event.get('done')}" + (f"/{event['total']}" if event.get("total") else "")
-    if kind == "train_start":
+    if kind == EventKind.TRAIN_START:
         parts = [f"{event.get('workers')} workers" if event.get("workers") else None,
                  f"{event['epochs']} epochs" if event.get("epochs") else None,
                  f"max_failures {event['max_failures']}" if event.get("max_failures") is not None else None]
         return "training started: " + ", ".join(part for part in parts if part)
-    if kind == "attempt":
+    if kind == EventKind.ATTEMPT:
         nodes = event.get("nodes")
         workers = event.get("workers") or []
         return (f"training attempt {event.get('attempt')}: {len(workers)} workers on {nodes} "
                 f"node{'s' if nodes != 1 else ''}")
-    if kind == "report":
+    if kind == EventKind.REPORT:
         parts = [position_text(progress)]
         parts += [f"{name} {format_value(value)}" for name, value in shown_metrics(progress.metrics)]
         parts += pace_parts(progress)
         if event.get("checkpoint"):
             parts.append("checkpoint saved")
         return " · ".join(parts)
-    if kind == "restart":
+    if kind == EventKind.RESTART:
         return (f"training attempt {event.get('attempt')} failed; Ray Train restarts it from the last checkpoint: "
                 f"{short_reason(event.get('reason'))}")
-    if kind == "train_end":
+    if kind == EventKind.TRAIN_END:
         state = event.get("state")
         attempts = event.get("attempts") or progress.attempts
         line = f"training {str(state).lower()} after {progress.iterations} reports"
@@ -296,7 +296,7 @@ def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
         if state == "ERRORED" and event.get("reason"):
             line += f": {short_reason(event.get('reason'))}"
         return line
-    if kind == "trial":
+    if kind == EventKind.TRIAL:
         return trial_line(event, progress)
     return None
 

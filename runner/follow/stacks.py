@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.address import is_loopback_host
+from jobs.infra.address import is_loopback_host
 from jobs.secrets import job_mask
 from runner.errors import ProfilingDisabled, RayJobsError
 

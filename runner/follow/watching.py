@@ -1,46 +1,39 @@
-"""What a followed job's log feeds, wired together: its progress display, the failure reader, the stall watch,
-and the wait for resources."""
+"""What a followed job's log feeds, wired together: its progress display, the failure reader, and the wait for
+resources. (When a silent job is called stalled is the run's rule: ``runner.run.stall``.)"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jobs.secrets import job_mask
+from jobs.run_vocabulary import EventKind, kind_of
 from runner.follow.diagnosis import FailureReader
 from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.log_view import LogView
 from runner.follow.progress import RunProgress
-from runner.follow.stacks import job_stacks
 from runner.follow.waits import ResourceWait, pending_demand
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
 
-# A silence shorter than this is never called a stall: start-up, a first epoch and an evaluation
-# can each be that quiet. Past the pace of the run's own reports, three times its slowest gap.
-STALL_FLOOR_S = 300.0
-STALL_PACE_FACTOR = 3.0
 # Events that show the job got what it waited for.
-_WAIT_OVER = frozenset({"attempt", "report", "step"})
+_WAIT_OVER = frozenset({EventKind.ATTEMPT, EventKind.REPORT, EventKind.STEP})
 
 
 class Watch:
     """The log view a follower writes to, and what it feeds.
 
     Args:
-        client: the cluster client (for the stacks of a stalled job).
+        client: the cluster client (for the resources a waiting job could have).
         job_id: the job followed.
         logs_out, notes: where the job's lines and rayjobs' own lines go.
         raw: the log as written (no hiding, no events taken out).
         live: a live status block (None: when both streams are terminals); only with ``stream_logs``.
-        stall_after_s: a RUNNING job silent this long is a stall; None: from its own pace.
     """
 
     def __init__(self, client: JobsApi, job_id: str, logs_out: TextIO, notes: TextIO, *, raw: bool,
-                 live: bool | None, stream_logs: bool, stall_after_s: float | None) -> None:
+                 live: bool | None, stream_logs: bool) -> None:
         self.client = client
         self.job_id = job_id
-        self.stall_after_s = stall_after_s
         self.progress = RunProgress()
         self.failure = FailureReader()
         live = (live if live is not None else wants_live_view(logs_out, notes)) and stream_logs
@@ -55,7 +48,7 @@ class Watch:
         # The live block prints its own line for a stage, not for each report: there the job's epoch lines stay.
         self.view = LogView(logs_out, self._event, raw=raw, strip_ansi=not live and not terminal,
                             on_line=self.failure.line, on_wait=self._waiting, pipe=not live and not terminal,
-                            echoed=("stage",) if live else ("stage", "report"))
+                            echoed=(EventKind.STAGE,) if live else (EventKind.STAGE, EventKind.REPORT))
         # What the job waits for, while it does (Ray's own lines say so; see runner.follow.waits).
         self.resource_wait: ResourceWait | None = None
         self._waits_said: set[tuple[Any, ...]] = set()
@@ -69,7 +62,7 @@ class Watch:
         return self.resource_wait.text() if self.resource_wait is not None else None
 
     def _event(self, event: dict[str, Any]) -> None:
-        if event["event"] in _WAIT_OVER:
+        if kind_of(event) in _WAIT_OVER:
             self.resource_wait = None
             self._waits_said.clear()  # a later wait (after a restart) is a new one
         self.display.event(event)
@@ -111,48 +104,6 @@ class Watch:
             return self.client.node_resources()
         except (RayJobsError, OSError, AttributeError, TypeError):
             return []  # the wait is named without the cluster's numbers
-
-    def stall_after(self) -> float:
-        """How long a RUNNING job may be silent before it is called stalled."""
-        if self.stall_after_s is not None:
-            return self.stall_after_s
-        return max(STALL_FLOOR_S, STALL_PACE_FACTOR * (self.progress.slowest_report_s or 0.0))
-
-    def on_stall(self, silent_s: float, info: dict[str, Any]) -> None:
-        """Say once per hang that the job stalled, with one line per process: where it is in its own code.
-
-        The whole stacks go to the run record (and ``rayjobs stack`` shows them); a job that waits for
-        resources is not stalled, and is said to wait instead.
-        """
-        if self.resource_wait is not None:
-            self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has made no progress for "
-                      f"{silent_s:.0f}s: {self.resource_wait.text()}; it is left running")
-            return
-        self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
-                  f"no progress for {silent_s:.0f}s (stall_after_s {self.stall_after():g}); it is left running. "
-                  f"Where each process is (the whole stacks: `rayjobs stack {self.job_id}`):")
-        stacks = job_stacks(self.client, info, self.progress)
-        # py-spy names each process by its command line, which holds the entrypoint's arguments.
-        mask = job_mask(info)
-        for stack in stacks:
-            self._say(mask.mask_text(f"rayjobs:   {stack.where()}"))
-        if not stacks:
-            self._say("rayjobs:   no process of the job to read yet: its driver has not connected to Ray")
-            return
-        self._keep_in_record(info, "\n".join(mask.mask_text(stack.render()) for stack in stacks))
-
-    def _keep_in_record(self, info: dict[str, Any], text: str) -> None:
-        """The stacks go into the job's run record too, where they outlive this terminal."""
-        from runner.errors import RayJobsError
-        from runner.runs.store import save_stacks
-
-        try:
-            where = save_stacks(info, text, cluster_is_local=self.client.connection.local_cluster is not None)
-        except (RayJobsError, OSError) as exc:
-            self._say(f"rayjobs: the stacks could not be kept in the run record: {exc}")
-            return
-        if where is not None:
-            self._say(f"rayjobs: stacks kept in the run record: {where}")
 
     def close(self) -> None:
         """The log is over: show what the view held back, and take the live block down."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from jobs.ray_env import RAY_CLIENT_ENV
+from jobs.infra.ray_env import RAY_CLIENT_ENV
 from runner.local.ports import LOOPBACK_HOST
 from runner.local.state import LocalCluster
 

@@ -209,7 +209,7 @@ def find_serving(address: str) -> LocalCluster | None:
     Raises:
         ValueError: ``address`` is not an http(s) address with a host.
     """
-    from jobs.address import dashboard_endpoint
+    from jobs.infra.address import dashboard_endpoint
 
     wanted = dashboard_endpoint(address)
     for cluster in peek_all_states():

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from jobs import atomic
+from jobs.infra import atomic
 from runner.local.errors import ClusterError, InvalidClusterRequest
 
 DEFAULT_CLUSTER_NAME = "default"

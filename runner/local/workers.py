@@ -10,7 +10,7 @@ Every node of a local cluster runs with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``:
 address resolution on the loopback address (with it on, Ray swaps ``127.0.0.1`` in ``--address``
 and ``--node-ip-address`` for the machine's outward address, where the head does not listen). The
 same setting makes ``ray start`` refuse to join a cluster, so worker nodes run ``ray start``
-through :data:`jobs.ray_internals.WORKER_NODE_LAUNCHER`, which lifts only that refusal.
+through :data:`jobs.infra.ray_internals.WORKER_NODE_LAUNCHER`, which lifts only that refusal.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
 from runner.local.launch import (PortClash, keep_session_logs, log_shows_port_clash, log_tail_sentence,
                                  node_options)
-from jobs.ray_internals import WORKER_NODE_LAUNCHER
+from jobs.infra.ray_internals import WORKER_NODE_LAUNCHER
 from runner.local.nodes import list_nodes
 from runner.local.ports import LOOPBACK_HOST, NODE_PORT_OPTIONS, free_ports
 from runner.local.processes import leader_is_alive, process_create_time, reap, stop_cluster_processes, track_child

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.errors import SpecError
 from jobs.keys import RUN_FILE
+from jobs.infra.storage import StorageLocation
+from jobs.run_vocabulary import RERUNS_FIELD, unreadable_version
 from jobs.secrets import MASK, masked_runtime_env
 from jobs.submission import (DEFAULT_RECORD_PATH, METADATA_RERUN_OF, OBSERVE_PACKAGE_DIR, build_submission,
                              local_runtime_paths, resolved_spec)
@@ -38,7 +40,7 @@ from runner.runs.store import Folder, read_run
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
 
-RERUNS_KEY = "reruns"
+RERUNS_KEY = RERUNS_FIELD
 _RERUN_SUFFIX = re.compile(r"-rerun-\d+$")
 _ID_ALPHABET = sorted(set(string.ascii_letters + string.digits) - set("IloO0"))
 # A rerun that changed half the spec is not helped by a screenful of differences.
@@ -165,7 +167,7 @@ def new_record_location(loaded: LoadedSpec) -> str | None:
         if not spec.record or not spec.submission_id:
             return None
         location = f"{(spec.record_path or DEFAULT_RECORD_PATH).rstrip('/')}/{spec.name}-{spec.submission_id}"
-    return location.rstrip("/") if location.startswith("s3://") else os.path.abspath(os.path.expanduser(location))
+    return StorageLocation.parse(location).absolute().uri  # as the job's record keeper names it (Store.at)
 
 
 def link_rerun(old: Folder, new_run_dir: str) -> str | None:
@@ -178,6 +180,8 @@ def link_rerun(old: Folder, new_run_dir: str) -> str | None:
         document = json.loads(data) if data is not None else None
         if not isinstance(document, dict):
             return f"{old.location}/{RUN_FILE} is not a run record any more"
+        if (why := unreadable_version(document)) is not None:
+            return f"{old.location}/{RUN_FILE} is left as it is: {why}"
         reruns = [entry for entry in document.get(RERUNS_KEY) or [] if entry != new_run_dir]
         document[RERUNS_KEY] = reruns + [new_run_dir]
         old.write(RUN_FILE, json.dumps(document, indent=1).encode())
@@ -188,7 +192,7 @@ def link_rerun(old: Folder, new_run_dir: str) -> str | None:
 
 def code_changes(document: dict[str, Any], loaded: LoadedSpec) -> list[str]:
     """The packages of code (working_dir, py_modules) that are not what the run recorded, one line each."""
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
 
     code = document.get("code") or {}
     submission = build_submission(loaded)
@@ -207,7 +211,7 @@ def code_changes(document: dict[str, Any], loaded: LoadedSpec) -> list[str]:
 
 
 def _working_dir_change(code: dict[str, Any], recorded: str, working_dir: str, excludes: list[str]) -> list[str]:
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
     from jobs.provenance import code_provenance
 
     if not Path(working_dir).is_dir():
@@ -227,7 +231,7 @@ def _working_dir_change(code: dict[str, Any], recorded: str, working_dir: str, e
 
 def _py_modules_changes(recorded: list[str], runtime_env: dict[str, Any]) -> list[str]:
     """py_modules by position, as Ray uploads them; rayjobs' own observer is left out (it does not train)."""
-    from jobs import ray_internals
+    from jobs.infra import ray_internals
 
     modules = list(runtime_env.get("py_modules") or [])
     if len(modules) != len(recorded):

@@ -6,11 +6,11 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from jobs import object_store
-from jobs.keys import METADATA_PARENT, RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
+from jobs.infra.storage import StorageLocation
+from jobs.keys import METADATA_PARENT, RECORD_ENV_VAR, RUN_FILE
+from jobs.run_vocabulary import STACKS_FOLDER, event_folder, log_folder, unreadable_version
 from runner.errors import BadInput, JobNotFound
 from runner.storage import calling_storage
 
@@ -19,99 +19,52 @@ UNREADABLE = "UNREADABLE"
 _PARALLEL_READS = 16
 
 
-class Folder:
-    """A folder of runs, or one run's folder: a local path (``~`` is this machine's) or ``s3://BUCKET/PREFIX``."""
+class Folder(StorageLocation):
+    """A folder of runs, or one run's folder: a local path (``~`` is this machine's) or ``s3://BUCKET/PREFIX``.
 
-    def __init__(self, location: str, *, _filesystem: Any = None, _settings: Any = None) -> None:
-        self.is_s3 = location.startswith("s3://")
-        if not self.is_s3:
-            self.location = str(Path(location).expanduser().resolve())
-            return
+    The one storage type (:class:`StorageLocation`), a local path resolved, and what storage answers turned
+    into the client's errors: refused credentials (7), no bucket (2), no answer (4).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, location: str) -> None:
         try:
-            parsed = object_store.S3Location.parse(location.rstrip("/"))
+            super().__init__(location)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-        self.location = parsed.uri()
-        self.settings = _settings or object_store.S3Settings.from_env()
-        self.filesystem = _filesystem or calling_storage(
-            lambda: object_store.s3_filesystem(self.settings, parsed.bucket))
-        self.key = parsed.key()
+        if not self.is_s3:
+            self.path = os.path.realpath(str(self.path))
 
     def child(self, name: str) -> Folder:
         """The folder ``name`` inside this one."""
-        if not self.is_s3:
-            return Folder(os.path.join(self.location, name))
-        return Folder(f"{self.location}/{name}", _filesystem=self.filesystem, _settings=self.settings)
+        return self.joinpath(name)
 
     @property
     def name(self) -> str:
-        """The folder's last path element."""
+        """The folder's last path element (a bucket's name for a bucket)."""
         return self.location.rstrip("/").rpartition("/")[2]
 
-    def read(self, name: str) -> bytes | None:
+    @property
+    def location(self) -> str:
+        """Where the folder is: its absolute path, or its ``s3://`` URI."""
+        return self.uri
+
+    def read(self, name: str = "") -> bytes | None:
         """The bytes of the file ``name`` (a path inside this folder), or None when there is none."""
-        if not self.is_s3:
-            try:
-                return Path(self.location, name).read_bytes()
-            except (FileNotFoundError, NotADirectoryError):
-                return None
-        from pyarrow.fs import FileType
-
-        path = f"{self.key}/{name}"
-
-        def read() -> bytes | None:
-            if self.filesystem.get_file_info(path).type == FileType.NotFound:
-                return None
-            with self.filesystem.open_input_stream(path) as stream:
-                return stream.read()
-
-        return self._calling(read, path)
+        return calling_storage(lambda: super(Folder, self).read(name))
 
     def write(self, name: str, data: bytes) -> None:
         """Put ``data`` at ``name`` inside this folder (a local file is replaced whole)."""
-        if not self.is_s3:
-            target = Path(self.location, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            scratch.write_bytes(data)
-            scratch.replace(target)
-            return
-        path = f"{self.key}/{name}"
-
-        def write() -> None:
-            with self.filesystem.open_output_stream(path) as stream:
-                stream.write(data)
-
-        self._calling(write, path)
+        calling_storage(lambda: super(Folder, self).write(name, data))
 
     def subfolders(self) -> list[str]:
         """The names of the folders directly inside this one (none when it does not exist)."""
-        if not self.is_s3:
-            try:
-                return sorted(entry.name for entry in os.scandir(self.location) if entry.is_dir())
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        from pyarrow.fs import FileSelector, FileType
+        return calling_storage(lambda: super(Folder, self).subfolders())
 
-        selector = FileSelector(self.key, allow_not_found=True, recursive=False)
-        infos = self._calling(lambda: self.filesystem.get_file_info(selector), self.key)
-        return sorted(info.base_name for info in infos if info.type == FileType.Directory)
-
-    def files(self, folder: str) -> list[str]:
+    def files(self, folder: str = "") -> list[str]:
         """The names of the files in ``folder`` (a path inside this one), sorted."""
-        if not self.is_s3:
-            try:
-                return sorted(entry.name for entry in os.scandir(Path(self.location, folder)) if entry.is_file())
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        from pyarrow.fs import FileSelector, FileType
-
-        selector = FileSelector(f"{self.key}/{folder}", allow_not_found=True, recursive=False)
-        infos = self._calling(lambda: self.filesystem.get_file_info(selector), f"{self.key}/{folder}")
-        return sorted(info.base_name for info in infos if info.type == FileType.File)
-
-    def _calling(self, call: Any, what: str) -> Any:
-        return calling_storage(lambda: object_store.call_object_store(call, self.settings, f"s3://{what}"))
+        return calling_storage(lambda: super(Folder, self).files(folder))
 
 
 def read_run(folder: Folder) -> dict[str, Any]:
@@ -146,7 +99,7 @@ def list_runs(location: Folder) -> list[tuple[Folder, dict[str, Any]]]:
 
 def attempt_log(folder: Folder, submission_id: str) -> bytes:
     """The saved driver log of one attempt: its parts, in order."""
-    directory = f"{RECORD_DIR}/logs/{submission_id}"
+    directory = log_folder(submission_id)
     return b"".join(folder.read(f"{directory}/{part}") or b"" for part in folder.files(directory))
 
 
@@ -156,7 +109,7 @@ def attempt_events(folder: Folder, submission_id: str) -> list[dict[str, Any]]:
     Read from their numbered parts (``events/ID/NNNNN.jsonl``), or from the one file that records written
     before parts existed hold (``events/ID.jsonl``).
     """
-    directory = f"{RECORD_DIR}/events/{submission_id}"
+    directory = event_folder(submission_id)
     parts = folder.files(directory)
     if parts:
         data = b"".join(folder.read(f"{directory}/{part}") or b"" for part in parts)
@@ -178,6 +131,8 @@ def _parsed(data: bytes, folder: Folder) -> dict[str, Any]:
         raise BadInput(f"{folder.location}/{RUN_FILE} is not a run record ({exc})") from None
     if not isinstance(document, dict):
         raise BadInput(f"{folder.location}/{RUN_FILE} is not a run record (not a JSON object)")
+    if (why := unreadable_version(document)) is not None:
+        raise BadInput(f"{folder.location}/{RUN_FILE} cannot be read: {why}")
     return document
 
 
@@ -206,9 +161,12 @@ def save_stacks(info: dict[str, Any], text: str, *, cluster_is_local: bool) -> s
     """Keep a stalled job's stacks in its run record; returns where, or None when it keeps none this machine can
     reach (a local folder is the cluster's own, so only a cluster on this machine shares it)."""
     location = record_location(info)
-    if location is None or not (location.startswith("s3://") or cluster_is_local):
+    try:
+        folder = Folder(location) if location is not None else None
+    except BadInput:  # no folder the job could have written its record to either
         return None
-    name = f"{RECORD_DIR}/stacks/{info.get('submission_id') or 'job'}-{time.strftime('%Y%m%dT%H%M%S')}.txt"
-    folder = Folder(location)
+    if folder is None or not (folder.is_s3 or cluster_is_local):
+        return None
+    name = f"{STACKS_FOLDER}/{info.get('submission_id') or 'job'}-{time.strftime('%Y%m%dT%H%M%S')}.txt"
     folder.write(name, text.encode())
     return f"{folder.location}/{name}"

@@ -156,7 +156,7 @@ class FakeClient:
 def speed_up_following(monkeypatch: pytest.MonkeyPatch) -> None:
     """Poll, reconnect and retry every few milliseconds instead of every fraction of a second; no retry_backoff."""
     from runner.follow import follower as follow
-    from runner.follow import retry_policy
+    from runner.run import retry_policy
 
     for name in ("FIRST_POLL_S", "MAX_POLL_S", "MAX_RETRY_S", "FIRST_LOG_RECONNECT_S", "MAX_LOG_RECONNECT_S"):
         monkeypatch.setattr(follow, name, 0.005)

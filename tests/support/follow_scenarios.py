@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from jobs.status import TERMINAL_STATUSES
+from jobs.infra.status import TERMINAL_STATUSES
 from runner.local import loopback_env
 from tests.support.cli import REPO_ROOT, CliRun, cli_env, dashboard_port, direct_api, proxied_env, rayjobs_command
 from tests.support.fault_proxy import FaultProxy

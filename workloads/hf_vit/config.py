@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from jobs.paths import SpecPath, refuse_uri
+from jobs.paths import SpecPath
 from jobs.strict import StrictModel
 from jobs.workload_contract import WorkloadNeeds
+from workloads.params import LocalWeights
 from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # "google/vit-base-patch16-224": what a Hugging Face hub model id looks like.
@@ -41,7 +42,7 @@ class HFDataConfig(StrictModel):
 class HFModelConfig(StrictModel):
     """ViTForImageClassification: from local weights, or a fresh configuration trained from scratch."""
 
-    weights: str = Field(
+    weights: LocalWeights = Field(
         "none", description="'none' (train from scratch with the shape below), a local folder holding config.json "
         "and the weights (save_pretrained / a hub snapshot), or a hub model id such as "
         "google/vit-base-patch16-224-in21k, read from the Hugging Face cache (HF_HOME) and downloaded into it "
@@ -62,11 +63,6 @@ class HFModelConfig(StrictModel):
         if value.lower() != "none" and HUB_ID.match(value) and not Path(value).expanduser().exists():
             return value
         return None
-
-    @field_validator("weights", mode="before")
-    @classmethod
-    def _weights_are_local(cls, value: object) -> object:
-        return refuse_uri(value)
 
     @model_validator(mode="after")
     def _shape(self) -> "HFModelConfig":

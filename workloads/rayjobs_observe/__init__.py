@@ -18,5 +18,6 @@ Ray Train controller's lines reach the driver's log through Ray's log forwarding
 """
 
 from .events import EVENT_MARKER, emit
+from .vocabulary import EventKind
 
-__all__ = ["EVENT_MARKER", "emit"]
+__all__ = ["EVENT_MARKER", "EventKind", "emit"]

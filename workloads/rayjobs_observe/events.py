@@ -8,14 +8,15 @@ import sys
 import time
 from typing import Any
 
-EVENT_MARKER = "rayjobs-event"
+from .vocabulary import EVENT_MARKER, KIND_FIELD, TIME_FIELD
+
 # A metric's value is for a person reading progress, not for resuming a computation.
 _SIGNIFICANT_DIGITS = 6
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Print one event of kind ``event`` (``stage``, ``report``, ``attempt``, ...) with ``fields``."""
-    record = {"event": event, "time": round(time.time(), 3), **fields}
+    """Print one event of kind ``event`` (a ``vocabulary.EventKind``) with ``fields`` (that kind's, in ``vocabulary``)."""
+    record = {KIND_FIELD: event, TIME_FIELD: round(time.time(), 3), **fields}
     line = f"{EVENT_MARKER} {json.dumps(record, default=str, separators=(',', ':'), allow_nan=False)}\n"
     # One write, so that lines of other threads cannot land inside it.
     sys.stdout.write(line)

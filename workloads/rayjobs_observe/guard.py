@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .events import emit
+from .vocabulary import EventKind
 
-UNAVAILABLE_EVENT = "progress_unavailable"
+UNAVAILABLE_EVENT = EventKind.PROGRESS_UNAVAILABLE
 _NOTE_CHARS = 300
 
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from .ray_internals import free_resources, gcs_client
+from .vocabulary import EventKind
 
 NAMESPACE = b"rayjobs-queue"
 # Ray's job manager keeps each submission's status here (ray.dashboard.modules.job.common.JobInfoStorageClient).
@@ -63,6 +63,10 @@ class GcsKeyValue:
     """:class:`KeyValue` over the GCS of the cluster at ``address`` (no ``ray.init``: the wrapper is no driver)."""
 
     def __init__(self, address: str) -> None:
+        # Imported here: ray_internals loads Ray Train's callback interfaces, seconds the keeper of a job
+        # with no queue (every job) must not spend before its entrypoint starts.
+        from .ray_internals import gcs_client
+
         self.client = gcs_client(address)
 
     def get(self, key: str, namespace: bytes = NAMESPACE) -> bytes | None:
@@ -84,6 +88,8 @@ class GcsKeyValue:
 
     def free_resources(self) -> dict[str, float]:
         """What the cluster's live nodes have free now, summed per resource."""
+        from .ray_internals import free_resources
+
         return free_resources(self.client)
 
 
@@ -333,7 +339,7 @@ def wait_in_queue(config: dict[str, Any], job_id: str, stopped: Callable[[], boo
         return None, True
 
     def tell(state: dict[str, Any]) -> None:
-        emit("queue", **state)
+        emit(EventKind.QUEUE, **state)
         if state["state"] == "waiting":
             say(f"queued in {state['queue']}, position {state['position']}: {state['reason']}")
         else:

@@ -1,8 +1,10 @@
-"""Every private name of Ray that the observer uses, in one place (the cluster side's ``jobs/ray_internals.py``).
+"""Every private name of Ray that the observer uses, in one place (the observer's ``jobs/infra/ray_internals.py``).
 
 The observer runs inside jobs that may have no copy of ``jobs/`` (a user's own working_dir), so it
 cannot import the client's module; its own uses of Ray's private code stay here instead, each
-imported so that a Ray that moved it leaves the observer inert, never the job broken.
+imported so that a Ray that moved it leaves the observer inert, never the job broken. The two
+modules share no symbol: this one holds Ray Train's callback interfaces and the GCS client, which
+only the observer uses; ``tests/test_ray_internals.py`` lets no other module touch Ray's private code.
 """
 
 from __future__ import annotations

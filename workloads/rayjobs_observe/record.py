@@ -9,9 +9,9 @@ while it runs keeps the run's record up to date in the run's own storage, a loca
     RUN/run-record/logs/ID/NNNNN.log           the driver log of submission ID, in parts of at most PART_BYTES
     RUN/run-record/events/ID/NNNNN.jsonl       the progress events in that log, in parts of about EVENT_PART_BYTES
 
-every ``every_s`` seconds and once more at the end (the layout, and why it suits object storage, in
-record_parts.py; retries in record_store.py; ``run.json`` in recorder.py). Both are masked: the values
-of the job's secret variables never reach the record. The job writes its own record so that it is
+every ``every_s`` seconds and once more at the end (the names and ``run.json``'s schema in record_layout.py;
+why parts suit object storage in record_parts.py; retries in record_store.py; ``run.json`` in recorder.py).
+Both are masked: the values of the job's secret variables never reach the record. The job writes its own record so that it is
 there with nobody following (``--no-wait``, a KubeRay RayJob) and survives the cluster: a head node
 that dies mid-run leaves the log complete up to the last upload.
 
@@ -38,9 +38,9 @@ from .events import emit
 from .notify import JobNotifier
 from .pinning import pinned_to_this_cluster
 from .queueing import release, submission_id_from, wait_in_queue
+from .record_layout import RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
 from .record_store import reason
-from .recorder import (ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, RECORD_DIR, RECORD_ENV_VAR, RUN_FILE, Recorder,
-                       say)
+from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, Recorder, say
 from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
 
 __all__ = ["ATTEMPT_KEY", "JOB_CONFIG_ENV_VAR", "PARENT_KEY", "RECORD_DIR", "RECORD_ENV_VAR", "RUN_FILE", "main"]

@@ -9,10 +9,11 @@ only on a later try and every one given up (``lost``): ``run.json`` says so in `
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .storage_location import StorageLocation
 
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
@@ -23,66 +24,25 @@ _LOST_NAMES_KEPT = 20
 _REASON_CHARS = 300
 
 
-class Store:
-    """A run's folder: local (files replaced whole, never half-written) or ``s3://`` (through pyarrow)."""
+class Store(StorageLocation):
+    """A run's folder: local (files replaced whole, never half-written) or ``s3://`` (through pyarrow).
 
-    def __init__(self, location: str, filesystem: Any = None, root: str = "") -> None:
-        self.location = location
-        self.filesystem = filesystem
-        self.root = root
+    The one storage type of rayjobs (:class:`StorageLocation`), made absolute on this node. Nothing is
+    opened until the first read or write: pyarrow's S3 filesystem is imported then, after the entrypoint
+    has started, so that keeping a record never delays the job.
+    """
+
+    __slots__ = ()
 
     @classmethod
     def at(cls, location: str) -> Store:
         """The store of ``location``: a path (``~`` expanded on this node) or ``s3://bucket/prefix``."""
-        if location.startswith("s3://"):
-            filesystem, root = s3_filesystem(location)
-            return cls(location.rstrip("/"), filesystem, root.rstrip("/"))
-        path = os.path.abspath(os.path.expanduser(location))
-        return cls(path)
+        return cls.parse(location).absolute()
 
-    def write(self, name: str, data: bytes) -> None:
-        """Put ``data`` at ``name`` (relative to the run's folder), replacing what was there."""
-        if self.filesystem is None:
-            target = os.path.join(self.location, name)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            scratch = f"{target}.{os.getpid()}.tmp"
-            with open(scratch, "wb") as handle:
-                handle.write(data)
-            os.replace(scratch, target)
-            return
-        with self.filesystem.open_output_stream(f"{self.root}/{name}") as stream:
-            stream.write(data)
-
-    def read(self, name: str) -> bytes | None:
-        """What is at ``name``, or None when nothing is."""
-        if self.filesystem is None:
-            try:
-                with open(os.path.join(self.location, name), "rb") as handle:
-                    return handle.read()
-            except (FileNotFoundError, NotADirectoryError):  # a file where a folder should be holds no run either
-                return None
-        from pyarrow.fs import FileType
-
-        path = f"{self.root}/{name}"
-        if self.filesystem.get_file_info(path).type == FileType.NotFound:
-            return None
-        with self.filesystem.open_input_stream(path) as stream:
-            return stream.read()
-
-
-def s3_filesystem(uri: str) -> tuple[Any, str]:
-    """pyarrow's S3 filesystem for ``uri`` and the path in it, configured by the standard AWS variables."""
-    from urllib.parse import urlparse
-
-    from pyarrow import fs
-
-    options: dict[str, Any] = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-                               or "us-east-1", "connect_timeout": 3, "request_timeout": 30}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
-        options.update(endpoint_override=parsed.netloc + parsed.path.rstrip("/"), scheme=parsed.scheme)
-    return fs.S3FileSystem(**options), uri.removeprefix("s3://")
+    @property
+    def location(self) -> str:
+        """Where the run's folder is, as messages name it."""
+        return self.uri
 
 
 class Uploader:

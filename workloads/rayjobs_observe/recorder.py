@@ -21,20 +21,19 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from .events import EVENT_MARKER
-from .guard import UNAVAILABLE_EVENT
+from .record_layout import (ATTEMPTS_FIELD, EVENT_PART_SUFFIX, FORMAT_FIELD, FORMAT_VERSION, LOG_PART_SUFFIX,
+                            RECORD_DIR, RECORD_ENV_VAR, RUN_FILE, SCHEMA_VERSION, SCHEMA_VERSION_FIELD, event_folder,
+                            log_folder)
 from .record_parts import LineMasker, PartedFile
 from .record_store import Store, Uploader, reason
+from .vocabulary import EVENT_MARKER, EventKind, kind_of
 
-RECORD_ENV_VAR = "RAYJOBS_RECORD"
-RUN_FILE = "run.json"
-RECORD_DIR = "run-record"
+__all__ = ["RECORD_DIR", "RECORD_ENV_VAR", "RUN_FILE", "Recorder"]
 # A part of the log is rewritten at each upload while it grows; finished parts are written once.
 PART_BYTES = 8 * 1024 * 1024
 # Events are small (a few hundred bytes): a part holds about a thousand, so the part rewritten at each
 # upload stays small and a long run's events still come in a few dozen parts.
 EVENT_PART_BYTES = 256 * 1024
-FORMAT_VERSION = 1
 # Ray hands every job's driver its runtime_env (with the uploaded packages' URIs) and metadata here.
 JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 SUBMISSION_ID_KEY = "job_submission_id"
@@ -64,9 +63,9 @@ class Recorder:
         self.versions = versions()
         self.host = socket.gethostname()
         self.uploader = Uploader(store, clock)
-        self.log_file = PartedFile(self.uploader, f"{RECORD_DIR}/logs/{self.submission_id}", ".log",
+        self.log_file = PartedFile(self.uploader, log_folder(self.submission_id), LOG_PART_SUFFIX,
                                    int(config.get("part_bytes") or PART_BYTES), cut_at_lines=False)
-        self.event_file = PartedFile(self.uploader, f"{RECORD_DIR}/events/{self.submission_id}", ".jsonl",
+        self.event_file = PartedFile(self.uploader, event_folder(self.submission_id), EVENT_PART_SUFFIX,
                                      int(config.get("event_part_bytes") or EVENT_PART_BYTES), cut_at_lines=True)
         self.notes: list[str] = []
         mask, problem = secret_mask(os.environ if environ is None else environ, job_config)
@@ -78,6 +77,8 @@ class Recorder:
         self.partial_line = b""
         self.event_summary = EventSummary()
         self.previous: list[dict[str, Any]] = []
+        # Fields of the earlier run.json that this version does not write (a newer minor's, `reruns`): kept.
+        self.previous_extra: dict[str, Any] = {}
         self.previous_known = False
         self.previous_error: str | None = None
         self._read_failures = 0
@@ -177,8 +178,9 @@ class Recorder:
         }
         attempts = self.previous + [attempt]
         report = self.event_summary.last_report or {}
-        return {
-            "format": FORMAT_VERSION,
+        document = {
+            SCHEMA_VERSION_FIELD: SCHEMA_VERSION,
+            FORMAT_FIELD: FORMAT_VERSION,
             "name": self.config.get("name"),
             "run_dir": self.store.location,
             "status": status,
@@ -197,8 +199,9 @@ class Recorder:
             "notes": self.notes + [note for note in self.event_summary.notes if note not in self.notes],
             "record_health": self.uploader.health(),
             **(self.config.get("links") or {}),  # rerun_of: the run this one reruns (`rayjobs rerun`)
-            "attempts": attempts,
+            ATTEMPTS_FIELD: attempts,
         }
+        return {**{key: value for key, value in self.previous_extra.items() if key not in document}, **document}
 
     def _read_earlier(self) -> None:
         try:
@@ -211,7 +214,10 @@ class Recorder:
         attempts: list[Any] = []
         if earlier:
             try:
-                attempts = json.loads(earlier).get("attempts") or []
+                document = json.loads(earlier)
+                attempts = document.get(ATTEMPTS_FIELD) or []
+                self.previous_extra = {key: value for key, value in document.items()
+                                       if key not in (ATTEMPTS_FIELD, SCHEMA_VERSION_FIELD, FORMAT_FIELD)}
             except (ValueError, AttributeError) as exc:
                 # Not a run record (a hand edit, another program): kept aside whole, so that nothing is lost.
                 aside = f"{RECORD_DIR}/{RUN_FILE}.unreadable-{self.submission_id}"
@@ -262,12 +268,12 @@ class EventSummary:
     def take(self, event: dict[str, Any]) -> None:
         """Count ``event`` and keep what it says that ``run.json`` shows."""
         self.count += 1
-        kind = event.get("event")
-        if kind == "report":
+        kind = kind_of(event)
+        if kind == EventKind.REPORT:
             self.last_report = event
-        elif kind == "restart":
+        elif kind == EventKind.RESTART:
             self.restarts += 1
-        elif kind == UNAVAILABLE_EVENT and len(self.notes) < _NOTES_KEPT:
+        elif kind == EventKind.PROGRESS_UNAVAILABLE and len(self.notes) < _NOTES_KEPT:
             self.notes.append(f"progress unavailable: {event.get('reason')}")
         if event.get("cluster"):
             self.cluster = event["cluster"]

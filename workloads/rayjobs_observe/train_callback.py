@@ -27,6 +27,7 @@ from typing import Any
 from .events import emit, plain_metrics
 from .guard import guarded, turn_off
 from .train_setup import is_tested, ray_version, tested_range_text
+from .vocabulary import EventKind
 
 from .ray_internals import INTERFACES_MISSING as _INTERFACES_MISSING
 from .ray_internals import ControllerCallback, ReportCallback, WorkerGroupCallback, callback_bases
@@ -65,7 +66,7 @@ class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
         failure_config = getattr(run_config, "failure_config", None)
         scaling = train_run_context.scaling_config
         self.run_name = run_config.name
-        emit("train_start", run=self.run_name, epochs=epochs,
+        emit(EventKind.TRAIN_START, run=self.run_name, epochs=epochs,
              workers=getattr(scaling, "num_workers", None), use_gpu=bool(getattr(scaling, "use_gpu", False)),
              max_failures=getattr(failure_config, "max_failures", None))
 
@@ -80,7 +81,7 @@ class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
                               "node_ip": worker.metadata.node_ip, "pid": worker.metadata.pid,
                               "gpu_ids": list(getattr(worker.metadata, "gpu_ids", None) or [])})
         placement.sort(key=lambda entry: (entry["rank"] is None, entry["rank"]))
-        emit("attempt", run=self.run_name, attempt=self.attempt, workers=placement,
+        emit(EventKind.ATTEMPT, run=self.run_name, attempt=self.attempt, workers=placement,
              nodes=len({entry["node_id"] for entry in placement}), cluster=cluster_shape())
 
     @guarded
@@ -88,7 +89,7 @@ class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
         """All ranks reported: rank 0's metrics, the iteration, whether a checkpoint came with it."""
         self.iteration += 1
         # The planned length rides on every report, so that the end of a long log alone tells the ETA.
-        emit("report", run=self.run_name, attempt=self.attempt, iteration=self.iteration, epochs=self.epochs,
+        emit(EventKind.REPORT, run=self.run_name, attempt=self.attempt, iteration=self.iteration, epochs=self.epochs,
              metrics=plain_metrics(metrics[0] if metrics else {}), checkpoint=training_report.checkpoint is not None)
 
     @guarded
@@ -97,9 +98,9 @@ class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
         state = type(current_state).__name__.removesuffix("State").upper()
         error = getattr(current_state, "training_failed_error", None)
         if state in ("RESTARTING", "RESCHEDULING"):
-            emit("restart", run=self.run_name, attempt=self.attempt, reason=_reason(error))
+            emit(EventKind.RESTART, run=self.run_name, attempt=self.attempt, reason=_reason(error))
         elif state in ("ERRORED", "FINISHED", "ABORTED"):
-            emit("train_end", run=self.run_name, state=state, attempts=self.attempt, iterations=self.iteration,
+            emit(EventKind.TRAIN_END, run=self.run_name, state=state, attempts=self.attempt, iterations=self.iteration,
                  reason=_reason(error) if error is not None else None)
 
 

@@ -59,7 +59,9 @@ def write_tensorboard_events(run_dir: StoragePath, rows: Sequence[Mapping[str, f
     now = time.time()
     events = [Event(wall_time=now, step=0, file_version="brain.Event:2")]
     for row in rows:
-        values = [Summary.Value(tag=key, simple_value=float(value)) for key, value in row.items() if key != "epoch"]
+        # Text (the run's precision) is no scalar to draw.
+        values = [Summary.Value(tag=key, simple_value=float(value)) for key, value in row.items()
+                  if key != "epoch" and not isinstance(value, str)]
         events.append(Event(wall_time=now, step=int(row["epoch"]), summary=Summary(value=values)))
 
     def write(tmp: str) -> None:

@@ -26,7 +26,7 @@ from jobs.sweep import (SWEEP_DEFINITION, TUNE_DIR, Distribution, SweepDoesNotFi
 from jobs.workload_contract import Demand
 from workloads import storage
 from workloads.entry import BadInput
-from workloads.rayjobs_observe import emit
+from workloads.rayjobs_observe import EventKind, emit
 from workloads.storage import StoragePath
 from workloads.training.metrics import METRICS_CSV, pyplot, read_metrics_csv, save_figure
 
@@ -363,7 +363,7 @@ def trial_lines(metric: str, epochs: int) -> Any:
             values = ", ".join(f"{path.removeprefix('workload.')}={_short(value)}"
                                for path, value in sorted(trial.config.items()))
             print(f"Trial {trial_name(trial)} started: {values}", flush=True)
-            emit("trial", trial=trial_name(trial), state="started", values=dict(trial.config))
+            emit(EventKind.TRIAL, trial=trial_name(trial), state="started", values=dict(trial.config))
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             value = result.get(metric)
@@ -371,14 +371,14 @@ def trial_lines(metric: str, epochs: int) -> Any:
             shown = "-" if number is None else f"{number:.4f}"
             print(f"Trial {trial_name(trial)}: epoch {result.get('epoch', '?')}/{epochs}, {metric} {shown}",
                   flush=True)
-            emit("trial", trial=trial_name(trial), state="running", epoch=result.get("epoch"), metric=number)
+            emit(EventKind.TRIAL, trial=trial_name(trial), state="running", epoch=result.get("epoch"), metric=number)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             print(f"Trial {trial_name(trial)} ended", flush=True)
-            emit("trial", trial=trial_name(trial), state="ended")
+            emit(EventKind.TRIAL, trial=trial_name(trial), state="ended")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             print(f"Trial {trial_name(trial)} failed; the sweep goes on", flush=True)
-            emit("trial", trial=trial_name(trial), state="failed")
+            emit(EventKind.TRIAL, trial=trial_name(trial), state="failed")
 
     return TrialLines()

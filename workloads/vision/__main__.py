@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from workloads.entry import BadInput, on_cluster, workload_main
 from workloads.params import load_sweep, parse_command_line
-from workloads.rayjobs_observe import emit
+from workloads.rayjobs_observe import EventKind, emit
 from workloads.storage import check_storage, storage_path
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import VisionParams
@@ -59,14 +59,14 @@ def run_stages(params: VisionParams, sweep: SweepSpec | None = None) -> dict:
     training = None
     for index, stage in enumerate(params.stages, start=1):
         _header(index, len(params.stages), stage)
-        emit("stage", name=stage, state="start", index=index, count=len(params.stages))
+        emit(EventKind.STAGE, name=stage, state="start", index=index, count=len(params.stages))
         started = time.perf_counter()
         if stage == "preprocess":
             from workloads.vision.preprocess.stage import run_preprocess
 
             info = run_preprocess(params.data)
             produced["preprocess"] = info
-            emit("count", name="images in the dataset", done=sum(info.counts.values()), final=True,
+            emit(EventKind.COUNT, name="images in the dataset", done=sum(info.counts.values()), final=True,
                  reused=info.reused)
         elif stage == "train":
             from workloads.vision.training.stage import run_training
@@ -86,10 +86,10 @@ def run_stages(params: VisionParams, sweep: SweepSpec | None = None) -> dict:
             dataset_root = info.root if info else storage_path(params.data.output_dir)
             chosen = produced["sweep"].checkpoint if "sweep" in produced else None  # by the sweep's metric
             produced["infer"] = run_batch_inference(params, dataset_root=dataset_root, checkpoint_dir=chosen)
-            emit("count", name="predicted", done=produced["infer"]["rows"], final=True)
+            emit(EventKind.COUNT, name="predicted", done=produced["infer"]["rows"], final=True)
         seconds = time.perf_counter() - started
         print(f"Stage {stage} finished in {seconds:.1f}s", flush=True)
-        emit("stage", name=stage, state="end", index=index, count=len(params.stages), seconds=round(seconds, 2))
+        emit(EventKind.STAGE, name=stage, state="end", index=index, count=len(params.stages), seconds=round(seconds, 2))
 
     print("\n== Summary ==", flush=True)
     if training is None and "infer" in produced:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from jobs.paths import SpecPath, SpecStoragePath, refuse_uri
+from jobs.paths import SpecPath, SpecStoragePath
 from jobs.strict import StrictModel
 from jobs.workload_contract import Demand, WorkloadNeeds
+from workloads.params import LocalWeights
 from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # The ten Food-101-Lite classes, by their display names.
@@ -123,7 +124,7 @@ class TrainConfig(RayTrainSettings):
                                               "VisionTransformer shaped by train.vit.")
     vit: ViTConfig = Field(default_factory=lambda: ViTConfig(), description="Shape of the VisionTransformer "
                            "(model: vit only).")
-    weights: str = Field(
+    weights: LocalWeights = Field(
         "none", description="'none' (random initialization), 'imagenet' (torchvision's published ImageNet "
         "weights, resnet18 only, read from torch.hub's cache and downloaded into it once when the cluster has "
         "internet) or a path to a state dict of the same torchvision model.")
@@ -181,7 +182,13 @@ class TrainConfig(RayTrainSettings):
     freeze_epochs: int = Field(
         0, ge=0, description="With pretrained weights: train only the new classification head for this "
         "many epochs before the whole network.")
-    amp: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU).")
+    # auto, not true: a bare ResNet-18 step at 64 px ran 1.56x faster under bf16 autocast on an AMD EPYC with
+    # avx512_bf16 (issue 31), but CPUs without bf16 instructions emulate it and run slower than in fp32.
+    amp: Literal["auto"] | bool = Field(
+        "auto", description="bf16 autocast of the forward pass and the loss (the weights, the optimizer and "
+        "batch-norm statistics stay fp32), in training and batch inference. auto: on GPU, and on CPUs whose "
+        "flags show avx512_bf16 or amx_bf16, decided on each worker; true: on every CPU too (emulated, so "
+        "slower, where the CPU has no bf16 instructions); false: fp32 throughout.")
     channels_last: bool = Field(True, description="channels_last memory format for the model and its inputs, "
                                 "on GPU and CPU (oneDNN's convolutions run faster in it).")
     # Measured (docs/benchmarks.md): two 1-CPU workers at 64 px spent about a sixth of each step in
@@ -193,11 +200,6 @@ class TrainConfig(RayTrainSettings):
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per training worker. On CPU "
                                 "at most cpus_per_worker - 1: each needs a CPU beside the training process.")
     seed: int = Field(0, description="Seed of the weights' initialization and of the data shuffling.")
-
-    @field_validator("weights", mode="before")
-    @classmethod
-    def _weights_are_local(cls, value: object) -> object:
-        return refuse_uri(value)
 
     @model_validator(mode="after")
     def _weights_exist_for_model(self) -> "TrainConfig":

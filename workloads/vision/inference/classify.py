@@ -16,6 +16,7 @@ import ray
 
 from workloads import storage
 from workloads.storage import StoragePath
+from workloads.training.precision import AmpSetting, Precision, choose_precision
 from workloads.vision.errors import InferenceError
 from workloads.vision.training.model import STATE_FILE, best_checkpoint, model_from_state, read_checkpoint_state
 
@@ -28,10 +29,13 @@ class LoadedModel:
     classes: list[str]
     layout: Any  # ImageLayout of the images the model was trained on
     device: Any
+    precision: Precision = Precision(False, "not chosen")
 
 
-def load_checkpoint_model(checkpoint_dir: str | StoragePath, use_gpu: bool = False) -> LoadedModel:
-    """Load the model saved by the training stage in ``checkpoint_dir`` (local or in S3)."""
+def load_checkpoint_model(checkpoint_dir: str | StoragePath, use_gpu: bool = False,
+                          amp: AmpSetting = "auto") -> LoadedModel:
+    """Load the model saved by the training stage in ``checkpoint_dir`` (local or in S3), to run in the
+    precision ``amp`` chooses on this machine (see ``train.amp``)."""
     import torch
 
     if storage.file_size(storage.storage_path(checkpoint_dir) / STATE_FILE) is None:
@@ -40,7 +44,7 @@ def load_checkpoint_model(checkpoint_dir: str | StoragePath, use_gpu: bool = Fal
     device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
     # channels_last: faster convolutions on GPU and, through oneDNN, on CPU.
     model = model.to(device).eval().to(memory_format=torch.channels_last)
-    return LoadedModel(model, classes, layout, device)
+    return LoadedModel(model, classes, layout, device, choose_precision(amp, device.type))
 
 
 def load_classes(checkpoint_dir: str | StoragePath) -> list[str]:
@@ -54,10 +58,10 @@ def classify_tensors(loaded: LoadedModel, images) -> tuple[np.ndarray, np.ndarra
 
     from workloads.vision.images import normalize
 
-    on_gpu = loaded.device.type == "cuda"
     batch = normalize(images.to(loaded.device, non_blocking=True), loaded.layout, torch.channels_last)
-    with torch.inference_mode(), torch.autocast(device_type=loaded.device.type, dtype=torch.bfloat16, enabled=on_gpu):
+    with torch.inference_mode(), loaded.precision.autocast_context(loaded.device.type):
         logits = loaded.model(batch)
+    # numpy has no bf16: the softmax and everything after it are fp32.
     probabilities = torch.softmax(logits.float(), dim=1).cpu().numpy()
     return probabilities.argmax(axis=1), probabilities
 
@@ -93,6 +97,7 @@ def classify_image_bytes(checkpoint_dir: str | StoragePath, image: bytes, use_gp
         "predicted_class": loaded.classes[int(predicted[0])],
         "confidence": float(probabilities[0, predicted[0]]),
         "top": [(loaded.classes[int(i)], float(probabilities[0, i])) for i in ranked],
+        "precision": loaded.precision.name,
     }
 
 

@@ -16,6 +16,7 @@ import ray
 from workloads import storage
 from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath
+from workloads.training.precision import AmpSetting
 from workloads.vision.config import InferConfig, VisionParams
 from workloads.vision.errors import InferenceError
 from workloads.vision.inference.classify import (classify_tensors, load_checkpoint_model, load_classes,
@@ -24,18 +25,19 @@ from workloads.vision.inference.classify import (classify_tensors, load_checkpoi
 PREDICTIONS_DIR = "predictions"
 METRICS_FILE = "inference_metrics.json"
 CONFUSION_PNG = "confusion_matrix.png"
-PREDICTION_COLUMNS_READ_BACK = ["label", "predicted_label", "node_id"]
+PREDICTION_COLUMNS_READ_BACK = ["label", "predicted_label", "node_id", "precision"]
 
 
 class BatchPredictor:
     """Ray Data actor: loads the checkpoint once, then classifies batches of Parquet rows."""
 
-    def __init__(self, checkpoint_dir: str, use_gpu: bool, cpus: float):
+    def __init__(self, checkpoint_dir: str, use_gpu: bool, cpus: float, amp: AmpSetting = "auto"):
         import torch
 
         # Ray reserved `cpus` for this actor; more threads would fight the other actors.
         torch.set_num_threads(max(1, int(cpus)))
-        self.loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu)
+        # Chosen here, on the actor's node: its CPU is the one that computes.
+        self.loaded = load_checkpoint_model(checkpoint_dir, use_gpu=use_gpu, amp=amp)
         self.class_names = np.array(self.loaded.classes, dtype=object)
         self.node_id = ray.get_runtime_context().get_node_id()
 
@@ -51,13 +53,16 @@ class BatchPredictor:
             "confidence": probabilities[np.arange(len(predicted)), predicted].astype(np.float32),
             # Which replica's node classified the row: tells placement problems apart from model ones.
             "node_id": np.full(len(predicted), self.node_id, dtype=object),
+            "precision": np.full(len(predicted), self.loaded.precision.name, dtype=object),
         }
 
 
-def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg: InferConfig, filesystem=None):
+def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg: InferConfig, filesystem=None,
+                       amp: AmpSetting = "auto"):
     """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors.
 
-    ``filesystem``: the ``pyarrow.fs`` filesystem of ``files`` (None: local files).
+    ``filesystem``: the ``pyarrow.fs`` filesystem of ``files`` (None: local files); ``amp``: the spec's
+    ``train.amp``, the precision each actor chooses by.
     """
     from workloads.vision.reading.ray_datasets import read_parquet_on_no_cpu
 
@@ -77,7 +82,7 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg:
     return dataset.map_batches(
         BatchPredictor,
         fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
-                               "cpus": cfg.cpus_per_actor},
+                               "cpus": cfg.cpus_per_actor, "amp": amp},
         batch_size=cfg.batch_size,
         compute=ray.data.ActorPoolStrategy(min_size=start_with, max_size=cfg.num_actors),
         num_cpus=cfg.cpus_per_actor,
@@ -121,7 +126,7 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
 
     started = time.perf_counter()
     files, filesystem = storage.arrow_paths(val_files)
-    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem)
+    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem, amp=params.train.amp)
     out_dir = run_dir / PREDICTIONS_DIR
     # Old and new predictions are never read back mixed (see storage.replacing_folder).
     with storage.replacing_folder(out_dir) as building:
@@ -139,6 +144,7 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
     matrix = confusion_matrix(labels, predicted, len(classes))
     correct = int((labels == predicted).sum())
     node_ids = set(table.column("node_id").to_pylist())
+    precisions = sorted(set(table.column("precision").to_pylist()))
     metrics = {
         "accuracy": correct / max(1, len(labels)),
         "correct": correct,
@@ -146,6 +152,7 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
         "images_per_s": len(labels) / max(1e-9, seconds),
         "seconds": seconds,
         "nodes": len(node_ids),
+        "precision": "+".join(precisions),  # each actor chose on its own node: "bf16+fp32" where they differ
         "checkpoint": str(checkpoint_dir),
         "predictions": str(out_dir),
         "classes": classes,
@@ -160,7 +167,7 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
 
     print(confusion_table(matrix, classes), flush=True)
     print(f"Inference accuracy: {metrics['accuracy']:.4f} ({correct}/{len(labels)}), "
-          f"{metrics['images_per_s']:.1f} images/s on {nodes_phrase(node_ids)}", flush=True)
+          f"{metrics['images_per_s']:.1f} images/s on {nodes_phrase(node_ids)} ({metrics['precision']})", flush=True)
     print(f"Predictions: {out_dir}", flush=True)
     print(f"Confusion matrix: {run_dir / CONFUSION_PNG}; metrics: {metrics_path}", flush=True)
     return metrics

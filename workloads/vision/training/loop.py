@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from workloads import storage
-from workloads.rayjobs_observe import emit
+from workloads.rayjobs_observe import EventKind, emit
 from workloads.storage import StoragePath
 from workloads.training.metrics import (METRICS_CSV, read_metrics_csv, write_metrics_csv,
                                        write_tensorboard_events)
+from workloads.training.precision import Precision, agreed_precision, choose_precision
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout, normalize
@@ -62,7 +63,7 @@ class Worker:
     rank: int
     world_size: int
     device: Any
-    use_amp: bool
+    precision: Precision
     memory_format: Any
     batches: TorchBatches | RayDataBatches
     model: Any  # wrapped by Ray Train for DDP when there are several workers
@@ -78,6 +79,11 @@ class Worker:
     def unwrapped_model(self):
         """The model without its DDP wrapper: what checkpoints and evaluation use."""
         return getattr(self.model, "module", self.model)
+
+    @property
+    def use_amp(self) -> bool:
+        """Whether the forward pass and the loss run under bf16 autocast."""
+        return self.precision.autocast
 
     @property
     def steps_per_epoch(self) -> int:
@@ -159,11 +165,14 @@ def setup_worker(config: dict) -> Worker:
 
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     nodes = _node_of_every_rank(ray.get_runtime_context().get_node_id(), world_size)
+    precision = agreed_precision(choose_precision(cfg.amp, device.type), world_size)
+    if rank == 0:
+        say(precision.line())
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))
     return Worker(
         cfg=cfg, classes=list(config["classes"]), layout=layout, run_dir=storage.storage_path(config["run_dir"]),
-        rank=rank, world_size=world_size, device=device, use_amp=on_gpu and cfg.amp, memory_format=memory_format,
+        rank=rank, world_size=world_size, device=device, precision=precision, memory_format=memory_format,
         batches=batches, model=model, optimizer=optimizer, scheduler=scheduler,
         loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         # Reading a flag from an accelerator waits for it; on the CPU the check is free.
@@ -259,7 +268,7 @@ def train_one_epoch(worker: Worker, epoch: int) -> EpochTraining:
         now = time.perf_counter()
         if worker.rank == 0 and now - last_step_event >= SECONDS_BETWEEN_STEP_EVENTS:
             last_step_event = now
-            emit("step", epoch=epoch + 1, step=step, steps=worker.steps_per_epoch)
+            emit(EventKind.STEP, epoch=epoch + 1, step=step, steps=worker.steps_per_epoch)
         if worker.rank == 0 and now - last_progress >= SECONDS_BETWEEN_PROGRESS_LINES:
             last_progress = now
             say(f"  epoch {epoch + 1}/{cfg.epochs} step {step}/{worker.steps_per_epoch} "
@@ -320,6 +329,7 @@ def epoch_metrics(worker: Worker, epoch: int, training: EpochTraining, evaluatio
         "data_wait_s": data_wait / worker.world_size,
         "compute_s": compute / worker.world_size,
         "lr": training.lr,
+        "precision": worker.precision.name,  # text: in the report and run.json, never in metrics.csv
     }
 
 

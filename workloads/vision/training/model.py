@@ -12,7 +12,7 @@ import io
 import json
 from pathlib import Path
 
-from jobs import ray_internals
+from jobs.infra import ray_internals
 from workloads import storage
 from workloads.storage import StoragePath
 from workloads.training.trainer import TrainingError, first_line

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from jobs import ray_internals
+from jobs.infra import ray_internals
 from workloads import storage
 from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath

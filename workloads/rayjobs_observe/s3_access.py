@@ -1,34 +1,30 @@
-"""Reaching S3 (and S3-compatible stores: MinIO, Ceph) with pyarrow, configured as the AWS tools are.
+"""How S3 is reached: settings from the AWS variables, one way to open pyarrow's filesystem, errors in one paragraph.
 
-Configuration comes from the standard AWS variables: ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL`` (handed to pyarrow, which does not read them itself),
-``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` (else the AWS SDK's
-own chain: profiles, web identity, instance roles), and ``AWS_REGION``/``AWS_DEFAULT_REGION``.
+Part of the one storage seam (:mod:`storage_location`, which every side uses): standard library only at
+import, like the run record's keeper that ships it; pyarrow is imported when a filesystem is opened.
 
-The errors pyarrow raises (``OSError`` with the SDK's text) are turned into one paragraph of
-one of three kinds, :class:`ObjectStoreUnreachable`, :class:`ObjectStoreAuthFailed` and
-:class:`ObjectStoreMissing`, each naming what was asked for and the variables to check; the
-client and the workloads map the kinds to their own exit codes.
+Configuration comes from the standard AWS variables: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``
+(handed to pyarrow, which does not read them itself), ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
+``AWS_SESSION_TOKEN`` (else the AWS SDK's own chain: profiles, web identity, instance roles), and
+``AWS_REGION``/``AWS_DEFAULT_REGION``. The errors pyarrow raises (``OSError`` with the SDK's text) become
+one paragraph of one of three kinds, :class:`ObjectStoreUnreachable`, :class:`ObjectStoreAuthFailed` and
+:class:`ObjectStoreMissing`, naming what was asked for and the variables to check; the client and the
+workloads map the kinds to their own exit codes.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 # Short: an unreachable endpoint must fail within seconds, not after the SDK's default minutes.
 CONNECT_TIMEOUT_S = 3
 REQUEST_TIMEOUT_S = 30
 MAX_ATTEMPTS = 2
 DEFAULT_REGION = "us-east-1"
-BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-# ``scheme://``: what tells a URI from a local path (``C:\\`` has no ``//``).
-URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CREDENTIAL_VARIABLES = "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN)"
 
 T = TypeVar("T")
@@ -50,53 +46,6 @@ class ObjectStoreMissing(ObjectStoreError):
     """The bucket does not exist."""
 
 
-def uri_scheme(text: str) -> str | None:
-    """The scheme of a URI (``s3`` for ``s3://bucket/key``), or None for a local path."""
-    match = URI_SCHEME.match(text)
-    return match.group(1).lower() if match else None
-
-
-def file_uri_path(uri: str) -> Path:
-    """The local path a ``file://`` URI names (``file:///data/runs``, ``file://localhost/data``).
-
-    Raises ValueError for a URI that names another host: it is a path on this machine or nothing.
-    """
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost"):
-        raise ValueError(f"{uri!r} names the host {parsed.netloc!r}; a file:// URI is a path on this machine "
-                         "(file:///PATH)")
-    return Path(unquote(parsed.path))
-
-
-@dataclass(frozen=True)
-class S3Location:
-    """``s3://bucket/prefix``."""
-
-    bucket: str
-    prefix: str
-
-    @classmethod
-    def parse(cls, text: str) -> S3Location:
-        """Read ``s3://bucket[/prefix]``.
-
-        Raises:
-            ValueError: anything else; the message starts with ``text`` quoted.
-        """
-        parsed = urlparse(text)
-        if parsed.scheme != "s3" or not BUCKET_NAME.match(parsed.netloc or ""):
-            raise ValueError(f"{text!r} is not s3://BUCKET[/PREFIX] (a bucket name is 3-63 lowercase "
-                             "letters, digits, '.' and '-')")
-        return cls(parsed.netloc, parsed.path.strip("/"))
-
-    def key(self, name: str = "") -> str:
-        """The object path of ``name`` under this location, as pyarrow names it (bucket first)."""
-        return "/".join(part for part in (self.bucket, self.prefix, name) if part)
-
-    def uri(self, name: str = "") -> str:
-        """The ``s3://`` URI of ``name`` under this location."""
-        return f"s3://{self.key(name)}"
-
-
 @dataclass(frozen=True)
 class S3Settings:
     """How to reach the object store, read from the standard AWS variables."""
@@ -108,8 +57,9 @@ class S3Settings:
     session_token: str | None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
-        """The settings the AWS variables in ``env`` describe."""
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
+        """The settings the AWS variables in ``env`` (this process's by default) describe."""
+        env = os.environ if env is None else env
         keys = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         return cls(
             endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
@@ -140,7 +90,7 @@ def s3_filesystem(settings: S3Settings, bucket: str) -> Any:
         "region": settings.region or _bucket_region(settings, bucket),
     }
     if settings.endpoint:
-        parsed = urlparse(settings.endpoint if uri_scheme(settings.endpoint) else f"https://{settings.endpoint}")
+        parsed = urlparse(settings.endpoint if "://" in settings.endpoint else f"https://{settings.endpoint}")
         options["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
         options["scheme"] = parsed.scheme
     if settings.access_key:
@@ -149,12 +99,12 @@ def s3_filesystem(settings: S3Settings, bucket: str) -> Any:
     return fs.S3FileSystem(**options)
 
 
-def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings, remedy: str) -> None:
-    """Raise unless the bucket exists and answers to these credentials.
+def check_bucket(filesystem: Any, location: Any, settings: S3Settings, remedy: str) -> None:
+    """Raise unless the bucket of ``location`` exists and answers to these credentials.
 
     Args:
         filesystem: from :func:`s3_filesystem`.
-        location: where the caller means to read or write.
+        location: where the caller means to read or write (a StorageLocation in S3).
         settings: for the messages.
         remedy: what to do about a missing bucket, ending its message (``create it, or …``).
 
@@ -165,9 +115,10 @@ def check_bucket(filesystem: Any, location: S3Location, settings: S3Settings, re
     """
     from pyarrow.fs import FileType
 
-    info = call_object_store(lambda: filesystem.get_file_info(location.bucket), settings, f"bucket {location.bucket}")
+    bucket = str(location.bucket)
+    info = call_object_store(lambda: filesystem.get_file_info(bucket), settings, f"bucket {bucket}")
     if info.type == FileType.NotFound:
-        raise ObjectStoreMissing(f"bucket {location.bucket!r} does not exist at {settings.where}; {remedy}")
+        raise ObjectStoreMissing(f"bucket {bucket!r} does not exist at {settings.where}; {remedy}")
 
 
 def call_object_store(call: Callable[[], T], settings: S3Settings, what: str) -> T:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from jobs.object_store import uri_scheme
+from jobs.infra.storage import StorageLocation
 from jobs.submission import local_runtime_paths
 from jobs.workload_contract import workload_needs
 from runner.export.packaging import upload_local_paths
@@ -89,6 +89,6 @@ def _run_object_storage(loaded: LoadedSpec) -> str | None:
     """
     candidates = [workload_needs(loaded.workload).shared_locations.get("storage_path"), loaded.spec.record_path]
     for location in candidates:
-        if location and uri_scheme(str(location)) == "s3":
+        if location and StorageLocation.parse(str(location)).is_s3:
             return str(location)
     return None

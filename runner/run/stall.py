@@ -1,0 +1,87 @@
+"""When a followed job that runs but says nothing is called stalled, and what is done then.
+
+The follower measures the silence (``runner.follow.follower``); this rule decides how long is too long
+and answers: one warning per hang, one line per process saying where it is in its own code, and the
+whole stacks kept in the run record. A stalled job is always left running: it may be slow, not stuck.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jobs.secrets import job_mask
+from runner.follow.stacks import job_stacks
+
+if TYPE_CHECKING:
+    from runner.client.jobs_api import JobsApi
+    from runner.follow.watching import Watch
+
+# A silence shorter than this is never called a stall: start-up, a first epoch and an evaluation
+# can each be that quiet. Past the pace of the run's own reports, three times its slowest gap.
+STALL_FLOOR_S = 300.0
+STALL_PACE_FACTOR = 3.0
+
+
+class StallRule:
+    """The stall rule of one followed job: ``after()`` for the follower's clock, ``on_stall`` when it rings.
+
+    Args:
+        client: the cluster client (for the stacks of a stalled job).
+        job_id: the job followed.
+        watch: what its log feeds (its progress, the wait for resources, rayjobs' own lines).
+        stall_after_s: a RUNNING job silent this long is a stall; None: from its own pace.
+    """
+
+    def __init__(self, client: JobsApi, job_id: str, watch: Watch, stall_after_s: float | None) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.watch = watch
+        self.stall_after_s = stall_after_s
+
+    def after(self) -> float:
+        """How long a RUNNING job may be silent before it is called stalled."""
+        if self.stall_after_s is not None:
+            return self.stall_after_s
+        return max(STALL_FLOOR_S, STALL_PACE_FACTOR * (self.watch.progress.slowest_report_s or 0.0))
+
+    def on_stall(self, silent_s: float, info: dict[str, Any]) -> None:
+        """Say once per hang that the job stalled, with one line per process: where it is in its own code.
+
+        The whole stacks go to the run record (and ``rayjobs stack`` shows them); a job that waits for
+        resources is not stalled, and is said to wait instead.
+        """
+        waiting = self.watch.resource_wait
+        if waiting is not None:
+            self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has made no progress for "
+                      f"{silent_s:.0f}s: {waiting.text()}; it is left running")
+            return
+        self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
+                  f"no progress for {silent_s:.0f}s (stall_after_s {self.after():g}); it is left running. "
+                  f"Where each process is (the whole stacks: `rayjobs stack {self.job_id}`):")
+        stacks = job_stacks(self.client, info, self.watch.progress)
+        # py-spy names each process by its command line, which holds the entrypoint's arguments.
+        mask = job_mask(info)
+        for stack in stacks:
+            self._say(mask.mask_text(f"rayjobs:   {stack.where()}"))
+        if not stacks:
+            self._say("rayjobs:   no process of the job to read yet: its driver has not connected to Ray")
+            return
+        self._keep_in_record(info, "\n".join(mask.mask_text(stack.render()) for stack in stacks))
+
+    def _keep_in_record(self, info: dict[str, Any], text: str) -> None:
+        """The stacks go into the job's run record too, where they outlive this terminal."""
+        from runner.errors import RayJobsError
+        from runner.runs.store import save_stacks
+
+        try:
+            where = save_stacks(info, text, cluster_is_local=self.client.connection.local_cluster is not None)
+        except (RayJobsError, OSError) as exc:
+            self._say(f"rayjobs: the stacks could not be kept in the run record: {exc}")
+            return
+        if where is not None:
+            self._say(f"rayjobs: stacks kept in the run record: {where}")
+
+    def _say(self, line: str) -> None:
+        notes = self.watch.notes
+        notes.write(line + "\n")
+        notes.flush()
