@@ -14,6 +14,7 @@ Helpers live in ``tests/support``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -47,10 +48,10 @@ os.environ.setdefault("RAY_num_workers_soft_limit", "16")
 
 _FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "RAYJOBS_CLUSTER")
 
-CLUSTER_FIXTURES = frozenset({"ray_cluster", "ray_cluster_home", "ray_cluster_env", "rj"})
+CLUSTER_FIXTURES = frozenset({"ray_cluster", "ray_cluster_home", "ray_cluster_env", "rayjobs_cli"})
 RAY_FIXTURES = frozenset({"workload_ray"})
 _TIER_ORDER = {"unit": 0, "ray": 1, "cluster": 2}
-_FOLLOW_FAULTS_MODULE = "test_follow_faults"
+_FOLLOW_FAULTS_MODULE = "test_follow_faults_cluster"
 # The follower's fault scenarios (~30 s, mostly waiting) run in the background of the process that checks
 # them, while that process runs these modules' cluster tests first.
 _FAULT_GROUP_MODULES = frozenset({_FOLLOW_FAULTS_MODULE, "test_cli_cluster"})
@@ -82,7 +83,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     "a test is of one tier")
         if used & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
-        elif used & RAY_FIXTURES or "mlflow_tracking" in used:
+        elif used & RAY_FIXTURES or "mlflow_tracking_server" in used:
             # A local service either way: the MLflow server starts in seconds, not in the fast tier's milliseconds.
             item.add_marker(pytest.mark.ray)
         # Tests spread over the test processes by module: a module's tests stay together (its module
@@ -90,12 +91,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # a test of its asks (an in-process Ray or a cluster costs ~10 s; one process holding every test
         # that uses the session cluster made that group alone longer than the rest of the suite).
         item.add_marker(pytest.mark.xdist_group(_group_of(item, used)))
-    # A stable sort keeps each module's tests of one tier together, so module fixtures are built once.
-    # The follower's fault scenarios run in the background through the cluster tier; their checks go last.
-    items.sort(key=lambda item: (_TIER_ORDER[tier_of(item)], not _in_fault_group(item),
+    # pytest-xdist hands out the groups in the order their first test comes. The longest go first, so that
+    # no test process is left with one of them while the other has finished; the rest by tier. A stable sort
+    # keeps each module's tests of one tier together, so module fixtures are built once. In the fault group
+    # the follower's scenarios run in the background while the CLI's tests run; their checks go last.
+    items.sort(key=lambda item: (_longest_first_rank(item), _TIER_ORDER[tier_of(item)], not _in_fault_group(item),
                                  item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)))
     config.stash[_FOLLOW_FAULTS_SELECTED] = any(item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)
                                                 for item in items)
+
+
+# The modules (or groups, by one of their modules) that take longest, longest first: measured with
+# `pytest --durations=0` on 2 cores (the sweep's 7 tests took 573 s of a process's time, the next ones 150–250 s).
+_LONGEST_FIRST = ("test_sweep", "test_diagnosis_cluster", "test_vision_e2e_cluster", "test_multinode_cluster",
+                  "test_cli_cluster", "test_learning_real_photos_cluster", "test_vision_train", "test_vision_ingest",
+                  "test_queue_cluster", "test_local_clusters_cluster", "test_progress_cluster", "test_hf_vit",
+                  "test_tracking_script_cluster", "test_run_policy_cluster")
+
+
+def _longest_first_rank(item: pytest.Item) -> int:
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    if module == _FOLLOW_FAULTS_MODULE:
+        module = "test_cli_cluster"  # its group's
+    if "tiny_run" in getattr(item, "fixturenames", ()):
+        module = "test_vision_train"  # the shared run's group
+    return _LONGEST_FIRST.index(module) if module in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
 
 def _in_fault_group(item: pytest.Item) -> bool:
@@ -133,7 +153,7 @@ def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[Non
 
 @pytest.fixture(autouse=True)
 def _follow_fault_scenarios_start_with_the_cluster_tier(request: pytest.FixtureRequest) -> None:
-    """The first test of the fault group starts the follower's fault scenarios, when tests/test_follow_faults.py
+    """The first test of the fault group starts the follower's fault scenarios, when tests/test_follow_faults_cluster.py
     will check them (in the same test process)."""
     if (uses_session_cluster(request.node) and _in_fault_group(request.node)
             and request.config.stash.get(_FOLLOW_FAULTS_SELECTED, False)):
@@ -213,8 +233,8 @@ def workdir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture
-def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run the real `rayjobs` command against the session cluster: ``rj("status", job_id)``."""
+def rayjobs_cli(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the real `rayjobs` command against the session cluster: ``rayjobs_cli("status", job_id)``."""
     from tests.support.cli import run_rayjobs
 
     def run(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -224,32 +244,57 @@ def rj(ray_cluster: LocalCluster, ray_cluster_home: Path) -> Callable[..., subpr
 
 
 @pytest.fixture(scope="session")
-def workload_ray() -> Iterator[None]:
-    """One private in-process Ray shared by every test that asks for it (marker ``ray``).
+def _private_ray_stack() -> Iterator[contextlib.ExitStack]:
+    """Where the in-process Ray's start-ups are kept, so that the session's end shuts down the last one."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
-    Starting and stopping a Ray instance costs several seconds, so it lives until the
-    session ends. Its workers run tests/support/train_faults.py's setup hook, which stays
-    idle unless a test asks for a failing training worker.
-    """
+
+def _ensure_private_ray(stack: contextlib.ExitStack) -> None:
+    """Start the in-process Ray unless it is up: a Ray started implicitly (by Ray Train or Ray Data) would lack the
+    setup hook the fault-injecting tests need."""
+    import ray
+
     from tests.support.train_faults import SETUP_HOOK
 
-    with private_ray(log_to_driver=False, runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
-        yield
+    if not ray.is_initialized():
+        stack.enter_context(private_ray(log_to_driver=False, runtime_env={"worker_process_setup_hook": SETUP_HOOK}))
 
 
 @pytest.fixture(scope="session")
-def tiny_run(workload_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def workload_ray(_private_ray_stack: contextlib.ExitStack) -> None:
+    """One private in-process Ray shared by every test that asks for it (marker ``ray``).
+
+    Starting and stopping a Ray instance costs several seconds, so it lives until the
+    session ends, or until this test process turns to tests of another tier (see
+    ``pytest_runtest_teardown``). Its workers run tests/support/train_faults.py's setup hook, which stays
+    idle unless a test asks for a failing training worker.
+    """
+    _ensure_private_ray(_private_ray_stack)
+
+
+@pytest.fixture(autouse=True)
+def _workload_ray_is_up(request: pytest.FixtureRequest) -> None:
+    """A test process whose tests came in two tiers shut its in-process Ray down in between: start it again."""
+    if "workload_ray" in request.fixturenames:
+        _ensure_private_ray(request.getfixturevalue("_private_ray_stack"))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(workload_ray: None, _private_ray_stack: contextlib.ExitStack,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The small training run (with one worker lost and restored) and its batch inference, shared by the
     workload tests: see tests/support/tiny_run.py. Tests that change a run work on a copy."""
     from tests.support.tiny_run import train_tiny_run
 
+    _ensure_private_ray(_private_ray_stack)
     directory = tmp_path_factory.mktemp("tiny-run")
     yield train_tiny_run(directory)
     shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def mlflow_tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def mlflow_tracking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real MLflow tracking server on loopback (SQLite store), shared by the session's tracking tests."""
     pytest.importorskip("mlflow", reason="MLflow's client and server come with the dev extra")
     from tests.support.mlflow_server import mlflow_server

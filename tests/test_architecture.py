@@ -7,6 +7,9 @@ imports still ties the modules together: neither can be understood or moved alon
 What is checked is concepts, not sizes: the picture draws every package and every arrow
 between them and no other, and the "Where to look" table names only packages and files
 that exist. A module is split when it holds two ideas, never to meet a line count.
+
+The tests keep a shape too: a module named ``test_<feature>_cluster.py`` holds exactly the tests that need a
+real cluster, so a feature's tests are found by its name and their tier by the suffix.
 """
 
 from __future__ import annotations
@@ -275,3 +278,84 @@ def test_no_module_has_grown_past_the_sanity_cap():
     long = {str(path.relative_to(REPO_ROOT)): lines for path in module_files().values()
             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > SANITY_LINE_CAP}
     assert long == {}, f"these modules likely hold more than one concept; split them by concept: {long}"
+
+
+# ----------------------------------------------------------------- test modules named for their tier
+
+TESTS_DIR = REPO_ROOT / "tests"
+
+
+def _marks_cluster(decorators: list[ast.expr]) -> bool:
+    """Whether ``@pytest.mark.cluster`` (called or not) is among the decorators."""
+    for decorator in decorators:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if isinstance(target, ast.Attribute) and target.attr == "cluster":
+            return True
+    return False
+
+
+def _fixtures_asked(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The fixtures a test or fixture names: its parameters and ``@pytest.mark.usefixtures``."""
+    asked = {arg.arg for arg in function.args.args + function.args.kwonlyargs}
+    for decorator in function.decorator_list:
+        if isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", "") == "usefixtures":
+            asked |= {arg.value for arg in decorator.args if isinstance(arg, ast.Constant)}
+    return asked
+
+
+def _fixture_graph(tree: ast.Module) -> dict[str, set[str]]:
+    """Each fixture a module defines → the fixtures it asks for."""
+    return {node.name: _fixtures_asked(node) for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any("fixture" in ast.unparse(decorator) for decorator in node.decorator_list)}
+
+
+def cluster_tests_by_module(tests_dir: Path = TESTS_DIR) -> dict[str, dict[str, bool]]:
+    """Module name → {test function → whether it needs a cluster}, read as conftest.py marks them: a test that
+    asks (through any chain of fixtures) for one of conftest's CLUSTER_FIXTURES, or carries the ``cluster`` mark
+    itself or through its module's ``pytestmark``."""
+    conftest = ast.parse((tests_dir / "conftest.py").read_text(encoding="utf-8"))
+    (cluster_fixtures,) = [ast.literal_eval(node.value.args[0]) for node in conftest.body
+                           if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CLUSTER_FIXTURES"]
+    shared_graph = _fixture_graph(conftest)
+    found: dict[str, dict[str, bool]] = {}
+    for path in sorted(tests_dir.glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        graph = {**shared_graph, **_fixture_graph(tree)}
+        module_marked = any(isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "pytestmark"
+                            and ".cluster" in ast.unparse(node.value) for node in tree.body)
+
+        def needs_cluster(names: set[str], seen: frozenset[str] = frozenset()) -> bool:
+            return any(name in cluster_fixtures or (name in graph and name not in seen
+                                                    and needs_cluster(graph[name], seen | {name}))
+                       for name in names)
+
+        found[path.stem] = {node.name: module_marked or _marks_cluster(node.decorator_list)
+                            or needs_cluster(_fixtures_asked(node))
+                            for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and node.name.startswith("test_")}
+    return found
+
+
+def test_a_module_named_for_the_cluster_holds_only_cluster_tests_and_no_other_module_holds_any():
+    """``test_<feature>_cluster.py`` holds a feature's tests that need a real cluster, ``test_<feature>.py``
+    the rest (no Ray, or an in-process Ray), so a feature's tests are found by its name and a tier by the suffix."""
+    misplaced = {f"{module}.py::{test}": "needs a cluster" if cluster else "needs no cluster"
+                 for module, tests in cluster_tests_by_module().items() for test, cluster in tests.items()
+                 if cluster != module.endswith("_cluster")}
+    assert misplaced == {}, "move each test to the module its tier names (test_<feature>_cluster.py or not)"
+
+
+def test_the_tier_reader_follows_fixture_chains_and_marks(tmp_path):
+    (tmp_path / "conftest.py").write_text(
+        'CLUSTER_FIXTURES = frozenset({"ray_cluster"})\n\n'
+        "@pytest.fixture\ndef cli(ray_cluster, tmp_path): ...\n")
+    (tmp_path / "test_x.py").write_text(
+        "@pytest.fixture\ndef home(cli): ...\n\n"
+        "def test_chain(home): ...\n\n"
+        "@pytest.mark.cluster\ndef test_marked(tmp_path): ...\n\n"
+        "@pytest.mark.parametrize('x', [1])\ndef test_fast(x, tmp_path): ...\n")
+    (tmp_path / "test_y_cluster.py").write_text("pytestmark = pytest.mark.cluster\n\ndef test_own(): ...\n")
+    assert cluster_tests_by_module(tmp_path) == {
+        "test_x": {"test_chain": True, "test_marked": True, "test_fast": False},
+        "test_y_cluster": {"test_own": True}}

@@ -19,30 +19,30 @@ SLOW_JOB = ("entrypoint: python -c \"import time; [(print('tick', i, flush=True)
             "for i in range(600)]\"\n")
 
 
-def job_status(rj, job_id: str) -> str:
-    return json.loads(rj("status", job_id, "--output", "json").stdout)["status"]
+def job_status(rayjobs_cli, job_id: str) -> str:
+    return json.loads(rayjobs_cli("status", job_id, "--output", "json").stdout)["status"]
 
 
-def job_ids(rj) -> set[str]:
-    result = rj("list", "--output", "json")
+def job_ids(rayjobs_cli) -> set[str]:
+    result = rayjobs_cli("list", "--output", "json")
     assert result.returncode == 0, result.stderr
     return {job["submission_id"] for job in json.loads(result.stdout) if job.get("submission_id")}
 
 
-def test_submit_follows_to_success(rj, tmp_path):
+def test_submit_follows_to_success(rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "hello-ok", "entrypoint: python -m workloads.hello\n"
                                              "workload:\n  kind: hello\n  tasks: 4\n  work_ms: 10\n")
-    result = rj("submit", str(spec))
+    result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 0, result.stderr
     assert "hello: sum of squares = 14 (expected 14)" in result.stdout
     assert "SUCCEEDED in" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_failing_job_exit_code_and_summary(rj, tmp_path):
+def test_failing_job_exit_code_and_summary(rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "hello-fail", "entrypoint: python -m workloads.hello\n"
                                                "workload:\n  kind: hello\n  tasks: 1\n  fail: true\n")
-    result = rj("submit", str(spec))
+    result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 1, result.stderr
     assert "FAILED in" in result.stderr
     assert "JOB_ENTRYPOINT_COMMAND_ERROR" in result.stderr
@@ -64,9 +64,9 @@ def test_a_proxy_in_the_environment_does_not_stand_between_rayjobs_and_a_local_c
     assert isinstance(json.loads(listed.stdout), list)
 
 
-def test_json_output_keeps_stdout_parsable(rj, tmp_path):
+def test_json_output_keeps_stdout_parsable(rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "json-out", "entrypoint: echo from-the-job\n")
-    result = rj("submit", str(spec), "--output", "json")
+    result = rayjobs_cli("submit", str(spec), "--output", "json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["status"] == "SUCCEEDED" and summary["exit_code"] == 0
@@ -78,78 +78,78 @@ def test_json_output_keeps_stdout_parsable(rj, tmp_path):
                                    "steps": None, "trials": {}}
 
 
-def test_no_wait_then_logs_follow(rj, tmp_path):
+def test_no_wait_then_logs_follow(rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "no-wait", "entrypoint: python -c \"import time; [(print('line', i, flush=True), "
                                            "time.sleep(0.3)) for i in range(5)]\"\n")
-    submitted = rj("submit", str(spec), "--no-wait")
+    submitted = rayjobs_cli("submit", str(spec), "--no-wait")
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     assert job_id.startswith("raysubmit_")
     assert f"rayjobs logs --follow {job_id}" in submitted.stderr
-    followed = rj("logs", job_id, "--follow")
+    followed = rayjobs_cli("logs", job_id, "--follow")
     assert followed.returncode == 0, followed.stderr
     lines = [line for line in followed.stdout.splitlines() if line.startswith("line ")]
     assert lines == [f"line {i}" for i in range(5)]
     # An ended job: the whole log again, same outcome code.
-    again = rj("logs", job_id, "--follow")
+    again = rayjobs_cli("logs", job_id, "--follow")
     assert again.returncode == 0
     assert [line for line in again.stdout.splitlines() if line.startswith("line ")] == lines
-    tail = rj("logs", job_id, "--tail", "1")
+    tail = rayjobs_cli("logs", job_id, "--tail", "1")
     assert tail.stdout.strip() == "line 4"
 
 
-def test_stop_and_status_and_delete(rj, tmp_path):
+def test_stop_and_status_and_delete(rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "to-stop", SLOW_JOB)
-    job_id = rj("submit", str(spec), "--no-wait").stdout.strip()
-    wait_for_condition(lambda: job_status(rj, job_id) == "RUNNING", timeout_s=60)
-    running = rj("status", job_id)
+    job_id = rayjobs_cli("submit", str(spec), "--no-wait").stdout.strip()
+    wait_for_condition(lambda: job_status(rayjobs_cli, job_id) == "RUNNING", timeout_s=60)
+    running = rayjobs_cli("status", job_id)
     assert running.returncode == 0 and "RUNNING" in running.stdout
-    refused = rj("delete", job_id)
+    refused = rayjobs_cli("delete", job_id)
     assert refused.returncode == 2 and "only finished jobs can be deleted" in refused.stderr
-    stopped = rj("stop", job_id, "--wait")
+    stopped = rayjobs_cli("stop", job_id, "--wait")
     assert stopped.returncode == 0, stopped.stderr
     assert "STOPPED" in stopped.stderr
-    status = rj("status", job_id)
+    status = rayjobs_cli("status", job_id)
     assert status.returncode == 3 and "STOPPED" in status.stdout
-    listed = rj("list", "--status", "STOPPED")
+    listed = rayjobs_cli("list", "--status", "STOPPED")
     assert job_id in listed.stdout and "to-stop" in listed.stdout
-    deleted = rj("delete", job_id)
+    deleted = rayjobs_cli("delete", job_id)
     assert deleted.returncode == 0, deleted.stderr
-    gone = rj("status", job_id)
+    gone = rayjobs_cli("status", job_id)
     assert gone.returncode == 6 and "no job" in gone.stderr
 
 
-def test_unknown_job_id(rj):
+def test_unknown_job_id(rayjobs_cli):
     for command in ("status", "logs", "stop"):
-        result = rj(command, "raysubmit_doesnotexist")
+        result = rayjobs_cli(command, "raysubmit_doesnotexist")
         assert result.returncode == 6, (command, result.stderr)
         assert "no job 'raysubmit_doesnotexist'" in result.stderr
         assert "Traceback" not in result.stderr
 
 
-def test_bad_spec_submits_nothing(rj, tmp_path):
-    before = job_ids(rj)
+def test_bad_spec_submits_nothing(rayjobs_cli, tmp_path):
+    before = job_ids(rayjobs_cli)
     spec = write_spec(tmp_path, "bad", "entrypoint: echo hi\nentrypoint_num_gpu: 1\n")
-    result = rj("submit", str(spec))
+    result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 2
     assert "entrypoint_num_gpu: unknown field (did you mean 'entrypoint_num_gpus'?)" in result.stderr
-    assert job_ids(rj) == before
+    assert job_ids(rayjobs_cli) == before
 
 
-def test_timeout_stops_the_job(rj, tmp_path):
+def test_timeout_stops_the_job(rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "too-slow", SLOW_JOB + "timeout_s: 3\n")
-    result = rj("submit", str(spec))
+    result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 5, result.stderr
     assert "ran past its timeout_s of 3s" in result.stderr
     job_id = next(word for word in result.stderr.split() if word.startswith("raysubmit_"))
     if "The stop is queued" in result.stderr:
         # On a loaded machine the job may still be PENDING at 3 s: Ray applies the stop once it starts.
-        wait_for_condition(lambda: job_status(rj, job_id) == "STOPPED", timeout_s=HANG_GUARD_S)
+        wait_for_condition(lambda: job_status(rayjobs_cli, job_id) == "STOPPED", timeout_s=HANG_GUARD_S)
     else:
-        assert job_status(rj, job_id) == "STOPPED"
+        assert job_status(rayjobs_cli, job_id) == "STOPPED"
 
 
-def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rj, tmp_path):
+def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rayjobs_cli, tmp_path):
     spec = write_spec(tmp_path, "detach", SLOW_JOB)
     # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print every thread's stack.
     process = popen_rayjobs("submit", str(spec), home=ray_cluster_home, PYTHONFAULTHANDLER="1")
@@ -173,17 +173,17 @@ def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rj, tmp_pa
     assert process.returncode == 130, stderr
     assert "keeps running on the cluster" in stderr
     job_id = next(word.rstrip(",") for word in stderr.split() if word.startswith("raysubmit_"))
-    assert job_status(rj, job_id) == "RUNNING"
-    assert rj("stop", job_id, "--wait").returncode == 0
+    assert job_status(rayjobs_cli, job_id) == "RUNNING"
+    assert rayjobs_cli("stop", job_id, "--wait").returncode == 0
 
 
-def test_interop_with_ray_job_cli(ray_cluster, rj, tmp_path):
+def test_interop_with_ray_job_cli(ray_cluster, rayjobs_cli, tmp_path):
     env = cli_env(None, RAY_ADDRESS=ray_cluster.dashboard_url, RAY_AUTH_MODE="token",
                   RAY_AUTH_TOKEN_PATH=str(ray_cluster.token_file))
     ray_cli = [str(Path(sys.executable).parent / "ray"), "job"]
     # rayjobs submits, Ray's CLI reads it.
     spec = write_spec(tmp_path, "interop", "entrypoint: echo interop-from-rayjobs\n")
-    submitted = rj("submit", str(spec), "--output", "json")
+    submitted = rayjobs_cli("submit", str(spec), "--output", "json")
     job_id = json.loads(submitted.stdout)["submission_id"]
     ray_status = subprocess.run([*ray_cli, "status", job_id], capture_output=True, text=True, env=env, timeout=120)
     assert ray_status.returncode == 0, ray_status.stderr
@@ -194,17 +194,10 @@ def test_interop_with_ray_job_cli(ray_cluster, rj, tmp_path):
     ray_submit = subprocess.run([*ray_cli, "submit", "--no-wait", "--submission-id", "from-ray-cli", "--",
                                  "echo", "interop-from-ray"], capture_output=True, text=True, env=env, timeout=120)
     assert ray_submit.returncode == 0, ray_submit.stderr
-    followed = rj("logs", "from-ray-cli", "--follow")
+    followed = rayjobs_cli("logs", "from-ray-cli", "--follow")
     assert followed.returncode == 0, followed.stderr
     assert "interop-from-ray" in followed.stdout
-    assert rj("status", "from-ray-cli").returncode == 0
-
-
-def test_unreachable_cluster_is_a_clear_error(tmp_path):
-    result = run_rayjobs("status", "anything", "--address", "http://127.0.0.1:9", home=tmp_path)
-    assert result.returncode == 4
-    assert "cannot reach the Ray dashboard at http://127.0.0.1:9" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert rayjobs_cli("status", "from-ray-cli").returncode == 0
 
 
 def test_missing_token_is_refused_clearly(ray_cluster, tmp_path):

@@ -76,3 +76,10 @@ def test_wrong_scheme_is_bad_input(tmp_path):
     result = run_rayjobs("status", "x", "--address", "ray://127.0.0.1:10001", home=tmp_path)
     assert result.returncode == 2
     assert "Ray Client port" in result.stderr
+
+
+def test_unreachable_cluster_is_a_clear_error(tmp_path):
+    result = run_rayjobs("status", "anything", "--address", "http://127.0.0.1:9", home=tmp_path)
+    assert result.returncode == 4
+    assert "cannot reach the Ray dashboard at http://127.0.0.1:9" in result.stderr
+    assert "Traceback" not in result.stderr

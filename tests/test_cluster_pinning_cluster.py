@@ -47,8 +47,8 @@ def _actors(cluster: LocalCluster) -> list[dict]:
     return document["data"]["result"]["result"]
 
 
-def test_a_training_job_stays_on_its_own_cluster_while_another_runs_on_the_host(ray_cluster, second_cluster, rj,
-                                                                                  tmp_path):
+def test_a_training_job_stays_on_its_own_cluster_while_another_runs_on_the_host(ray_cluster, second_cluster,
+                                                                                  rayjobs_cli, tmp_path):
     assert second_cluster.gcs_address != ray_cluster.gcs_address
     code = tmp_path / "code"
     code.mkdir()
@@ -58,7 +58,7 @@ def test_a_training_job_stays_on_its_own_cluster_while_another_runs_on_the_host(
                     f"--epoch-s 0 --max-failures 0\nrecord_path: {tmp_path / 'records'}\n"
                     f"runtime_env:\n  working_dir: {code}\n")
     # --raw: the log exactly as written, so that no line of Ray's is held back from the check below.
-    result = rj("submit", str(spec), "--raw", timeout=300)
+    result = rayjobs_cli("submit", str(spec), "--raw", timeout=300)
     shown = result.stdout + result.stderr
     assert result.returncode == 0, shown[-4000:]
     assert "final loss" in result.stdout

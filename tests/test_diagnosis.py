@@ -2,7 +2,7 @@
 
 The lines below were copied from real logs (Ray 2.60, torch 2.14). A full disk and refused object-store
 credentials are also brought about here, in the test process, and their real errors read through the
-follower's view; the causes that need a cluster are reproduced on one (tests/test_failure_causes_cluster.py).
+follower's view; the causes that need a cluster are reproduced on one (tests/test_diagnosis_cluster.py).
 """
 
 from __future__ import annotations

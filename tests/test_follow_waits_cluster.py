@@ -26,14 +26,14 @@ JOB = textwrap.dedent("""\
 WAIT = "waiting for resources: 3 CPUs for one task or actor, 2 on its largest node"
 
 
-def test_a_task_that_no_node_can_take_is_named_as_a_wait_and_again_when_the_timeout_stops_it(rj, tmp_path):
+def test_a_task_that_no_node_can_take_is_named_as_a_wait_and_again_when_the_timeout_stops_it(rayjobs_cli, tmp_path):
     code = tmp_path / "code"
     code.mkdir()
     (code / "job.py").write_text(JOB)
     spec = tmp_path / "waits.yaml"
     spec.write_text(f"name: waits\nentrypoint: python job.py\nrecord: false\nprogress: false\ntimeout_s: 25\n"
                     f"runtime_env:\n  working_dir: {code}\n")
-    result = rj("submit", str(spec), timeout=240)
+    result = rayjobs_cli("submit", str(spec), timeout=240)
     assert result.returncode == 5, result.stderr[-3000:]  # stopped at its timeout
     said = result.stderr.splitlines()
     assert [line for line in said if line.startswith(f"rayjobs: {WAIT}")], result.stderr[-3000:]

@@ -140,7 +140,7 @@ MARK = 2.5
 
 
 def test_vit_fine_tuned_from_local_weights_learns_writes_its_run_to_s3_and_to_mlflow(
-        workload_ray, s3_endpoint, aws_env, mlflow_tracking, monkeypatch, capsys, tmp_path):
+        workload_ray, s3_endpoint, aws_env, mlflow_tracking_server, monkeypatch, capsys, tmp_path):
     # The spec's stages on the in-process Ray, as its job's entry point runs them: submitting and following a
     # job is the same for every workload, and the CLI tests prove it on the session's cluster.
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
@@ -166,7 +166,7 @@ def test_vit_fine_tuned_from_local_weights_learns_writes_its_run_to_s3_and_to_ml
     create_bucket(s3_endpoint, HF_BUCKET)
     experiment = f"hf-{tmp_path.name}"
     # What the job's environment holds (rayjobs sets it from the spec's tracking block).
-    monkeypatch.setenv(TRACKING_ENV_VAR, json.dumps({"mlflow": {"tracking_uri": mlflow_tracking.uri,
+    monkeypatch.setenv(TRACKING_ENV_VAR, json.dumps({"mlflow": {"tracking_uri": mlflow_tracking_server.uri,
                                                                 "experiment": experiment}}))
     loaded = load_spec(REPO_ROOT / "specs" / "vit-hf.yaml", [
         f"workload.data.path={data}", f"workload.model.weights={pretrained}", "workload.run_name=from-local",
@@ -199,7 +199,7 @@ def test_vit_fine_tuned_from_local_weights_learns_writes_its_run_to_s3_and_to_ml
     assert tuned["classifier.weight"].shape == (3, 32)  # a new head for the three classes
 
     # One MLflow run for the training run (two workers report; one logs), each epoch's metrics at its step.
-    client = mlflow_tracking.client()
+    client = mlflow_tracking_server.client()
     (tracked,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert tracked.info.status == "FINISHED" and tracked.data.tags["rayjobs.run_dir"] == f"s3://{HF_BUCKET}/runs/from-local"
     assert tracked.data.params["train.num_workers"] == "2" and tracked.data.params["model.weights"] == str(pretrained)

@@ -2,7 +2,7 @@
 ``max_failures`` reaches Ray Train as it is.
 
 Both logs in tests/data/logs are from real runs (Ray 2.60, torch 2.14) of the quickstart on a 3-node local
-cluster, a worker node's raylet SIGKILLed during epoch 2 (tests/test_multinode.py), Ray's lines kept as
+cluster, a worker node's raylet SIGKILLed during epoch 2 (tests/test_multinode_cluster.py), Ray's lines kept as
 written and the raylet's own log tail left out. ``node_lost_failed_attempt.log``: ``max_failures: 0``, the
 attempt fails (rank 0 was on the lost node). ``node_lost_restarted.log`` (long lines abridged):
 ``max_failures: 1``, the surviving rank fails first (gloo's broken connection) and Ray Train restarts on the

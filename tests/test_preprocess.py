@@ -301,12 +301,6 @@ def test_a_bad_data_root_exits_2_from_the_preprocess_entry_point(tmp_path):
     _run_with_a_missing_data_root(tmp_path, "workloads.vision.preprocess", env)
 
 
-def test_a_bad_data_root_exits_2_from_the_workload_entry_point(ray_cluster, ray_cluster_env, tmp_path):
-    # This entry point connects to Ray before it runs the stage: give it the session's cluster.
-    env = {**ray_cluster_env, "PYTHONPATH": str(REPO_ROOT), "RAY_ADDRESS": ray_cluster.gcs_address}
-    _run_with_a_missing_data_root(tmp_path, "workloads.vision", env)
-
-
 def test_synthetic_is_deterministic_and_classes_differ(ray_local, tmp_path):
     data = DataConfig(source="synthetic", classes=["a", "b", "c", "d"], synthetic_per_class=12, image_size=32,
                       output_dir=tmp_path / "one")

@@ -2,9 +2,9 @@
 
 The script (tests/data/scripts/plain_ray_train.py) is written like Ray's own examples: two workers,
 ``ray.train.report`` each epoch, a checkpoint from rank 0 (restarts within a job and their reasons are read
-where a rank dies in every attempt, tests/test_failure_causes_cluster.py). Rank 1 hangs in the last epoch without reporting it, so rank 0
-waits in ``ray.train.report`` forever: the follower must call it a stall and show both ranks' stacks,
-and leave the job running until the test stops it. One job is followed as a pipe shows it, then its
+where a rank dies in every attempt, tests/test_diagnosis_cluster.py). Rank 1 hangs in the last epoch without
+reporting it, so rank 0 waits in ``ray.train.report`` forever: the follower must call it a stall and show both
+ranks' stacks, and leave the job running until the test stops it. One job is followed as a pipe shows it, then its
 log is read again, exactly as written, through a pseudo-terminal, and by ``status``.
 """
 
@@ -116,19 +116,19 @@ def test_a_hang_is_called_a_stall_with_every_ranks_stack_and_the_job_is_left_run
     assert "train_func" in stacks.stdout
 
 
-def test_the_saved_log_is_printed_exactly_and_following_it_again_replays_the_progress(followed, rj):
+def test_the_saved_log_is_printed_exactly_and_following_it_again_replays_the_progress(followed, rayjobs_cli):
     job_id = followed["job_id"]
-    raw = rj("logs", job_id)
+    raw = rayjobs_cli("logs", job_id)
     assert raw.returncode == 0
     # As written: the events are in the log itself (start, attempt, and the reports of epochs before the hang).
     assert raw.stdout.count("rayjobs-event ") >= (EPOCHS - 1) + 2
 
-    status = rj("status", job_id)
+    status = rayjobs_cli("status", job_id)
     assert re.search(rf"^progress: +epoch {EPOCHS - 1}/{EPOCHS} · loss \d", status.stdout, re.MULTILINE), \
         status.stdout
     assert re.search(r"^training attempts: +1, 0 restarts$", status.stdout, re.MULTILINE), status.stdout
 
-    again = rj("logs", "--follow", job_id, "--raw")
+    again = rayjobs_cli("logs", "--follow", job_id, "--raw")
     assert again.returncode == 3  # the job's outcome: STOPPED
     assert "rayjobs-event " in again.stdout  # --raw: the log as written
     assert f"rayjobs: epoch {EPOCHS - 1}/{EPOCHS}" in again.stderr  # and still read for progress
@@ -182,20 +182,20 @@ def test_status_shows_ray_trains_runs_with_each_workers_node_cpu_and_memory(foll
                      text, re.MULTILINE), text
 
 
-def test_the_job_keeps_its_own_record_log_events_and_stacks(followed, rj):
+def test_the_job_keeps_its_own_record_log_events_and_stacks(followed, rayjobs_cli):
     """The script keeps its run record with nobody asking (it names no storage of its own: record_path)."""
     job_id = followed["job_id"]
-    listed = rj("runs", str(followed["records"]), "--output", "json")
+    listed = rayjobs_cli("runs", str(followed["records"]), "--output", "json")
     assert listed.returncode == 0, listed.stderr
     (run,) = json.loads(listed.stdout)
     assert (run["run"], run["status"], run["attempts"]) == (f"plain-train-{job_id}", "STOPPED", 1)
     assert run["iterations"] == EPOCHS - 1 and "loss" in run["metrics"]
 
     run_dir = run["location"]
-    saved, live = rj("logs", run_dir), rj("logs", job_id)
+    saved, live = rayjobs_cli("logs", run_dir), rayjobs_cli("logs", job_id)
     assert saved.returncode == 0 and saved.stdout == live.stdout, "the record holds the driver log as written"
 
-    shown = json.loads(rj("show", run_dir, "--output", "json").stdout)
+    shown = json.loads(rayjobs_cli("show", run_dir, "--output", "json").stdout)
     assert shown["cluster"] == {"nodes": 1, "cpus": 2.0, "gpus": 0}
     assert shown["spec"]["entrypoint"].startswith("python train.py --storage")
     assert shown["code"]["working_dir_package"].startswith("_ray_pkg_") and shown["code"]["git"] is None

@@ -35,7 +35,7 @@ class BrokenProgress(ProgressCallback):
 '''
 
 
-def test_a_failing_progress_hook_beside_the_jobs_own_callback_leaves_the_training_successful(rj, tmp_path):
+def test_a_failing_progress_hook_beside_the_jobs_own_callback_leaves_the_training_successful(rayjobs_cli, tmp_path):
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(SCRIPT, code / "train.py")
@@ -45,14 +45,14 @@ def test_a_failing_progress_hook_beside_the_jobs_own_callback_leaves_the_trainin
                     f"--epochs {EPOCHS} --epoch-s 0.1\nrecord_path: {tmp_path / 'records'}\nrecord_every_s: 1\n"
                     f"runtime_env:\n  working_dir: {code}\n  env_vars:\n"
                     "    RAY_TRAIN_CALLBACKS: user_callbacks.CountingCallback,user_callbacks.BrokenProgress\n")
-    submitted = rj("submit", str(spec), timeout=300)
+    submitted = rayjobs_cli("submit", str(spec), timeout=300)
     assert submitted.returncode == 0, submitted.stderr[-4000:]
 
     (run,) = [name for name in Folder(str(tmp_path / "records")).subfolders()]
     folder = Folder(str(tmp_path / "records" / run))
     document = read_run(folder)
     assert document["status"] == "SUCCEEDED"
-    log = rj("logs", str(folder.location)).stdout
+    log = rayjobs_cli("logs", str(folder.location)).stdout
     assert [line.split("user callback: ", 1)[1] for line in log.splitlines() if "user callback: " in line] == [
         f"report at epoch {epoch}" for epoch in range(1, EPOCHS + 1)], "the job's own callback ran"
     said = [line for line in log.splitlines() if "rayjobs: progress unavailable" in line]

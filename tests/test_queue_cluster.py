@@ -42,40 +42,40 @@ def _submitted_id(result) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-def _queue(rj) -> dict:
-    shown = rj("queue", QUEUE, "--output", "json")
+def _queue(rayjobs_cli) -> dict:
+    shown = rayjobs_cli("queue", QUEUE, "--output", "json")
     assert shown.returncode == 0, shown.stderr
     (queue,) = json.loads(shown.stdout)
     return queue
 
 
-def _jobs(rj, ids: list[str]) -> dict[str, dict]:
+def _jobs(rayjobs_cli, ids: list[str]) -> dict[str, dict]:
     """Each job's entry in `rayjobs list` (its status, and `queue` while it waits in its queue)."""
-    listed = rj("list", "--output", "json")
+    listed = rayjobs_cli("list", "--output", "json")
     assert listed.returncode == 0, listed.stderr
     return {job["submission_id"]: job for job in json.loads(listed.stdout) if job["submission_id"] in ids}
 
 
-def _times(rj, job_id: str) -> tuple[float, float]:
-    log = rj("logs", job_id).stdout
+def _times(rayjobs_cli, job_id: str) -> tuple[float, float]:
+    log = rayjobs_cli("logs", job_id).stdout
     started = re.search(r"queued-job started ([\d.]+)", log)
     ended = re.search(r"queued-job ended ([\d.]+)", log)
     assert started and ended, log
     return float(started.group(1)), float(ended.group(1))
 
 
-def test_eight_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rj, ray_cluster_home, tmp_path):
+def test_eight_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayjobs_cli, ray_cluster_home, tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "times.py").write_text(TIMES)
     flag = tmp_path / "release"
-    limited = rj("queue", "set", QUEUE, "--max-running", "2")
+    limited = rayjobs_cli("queue", "set", QUEUE, "--max-running", "2")
     assert limited.returncode == 0, limited.stderr
     assert f"queue {QUEUE}: 0 of 2 running" in limited.stdout, limited.stdout
 
-    blockers = [_submitted_id(rj("submit", str(_spec(tmp_path, f"hold-{index}", 0, str(flag))), "--no-wait"))
+    blockers = [_submitted_id(rayjobs_cli("submit", str(_spec(tmp_path, f"hold-{index}", 0, str(flag))), "--no-wait"))
                 for index in range(2)]
-    wait_for_condition(lambda: [job.get("status") for job in _jobs(rj, blockers).values()] == ["RUNNING"] * 2
-                       and rj("logs", blockers[1]).stdout.count("queued-job started") == 1,
+    wait_for_condition(lambda: [job.get("status") for job in _jobs(rayjobs_cli, blockers).values()] == ["RUNNING"] * 2
+                       and rayjobs_cli("logs", blockers[1]).stdout.count("queued-job started") == 1,
                        timeout_s=HANG_GUARD_S, interval_s=1)
 
     # (name, priority) in submission order; expected start order: priority first, then submission.
@@ -94,30 +94,32 @@ def test_eight_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rj
             follower.wait(timeout=HANG_GUARD_S)
             ids[name] = re.search(r"as (\S+) to", line).group(1)
         else:
-            ids[name] = _submitted_id(rj("submit", spec, "--no-wait"))
-    wait_for_condition(lambda: sum("queue" in job for job in _jobs(rj, list(ids.values())).values()) == len(waiting),
+            ids[name] = _submitted_id(rayjobs_cli("submit", spec, "--no-wait"))
+    wait_for_condition(lambda: sum("queue" in job for job in _jobs(rayjobs_cli, list(ids.values())).values())
+                       == len(waiting),
                        timeout_s=HANG_GUARD_S, interval_s=1)
 
-    status = rj("status", ids["w-low-2"])
+    status = rayjobs_cli("status", ids["w-low-2"])
     assert status.returncode == 0, status.stderr
     assert f"QUEUED: position 6 in queue {QUEUE}" in status.stdout, status.stdout
-    listed = rj("list")
+    listed = rayjobs_cli("list")
     assert re.search(rf"{ids['w-doomed']}\s+QUEUED \(1\)", listed.stdout), listed.stdout
-    stopped = rj("stop", ids["w-doomed"], "--wait")
+    stopped = rayjobs_cli("stop", ids["w-doomed"], "--wait")
     assert stopped.returncode == 0, stopped.stderr
-    queue = _queue(rj)
+    queue = _queue(rayjobs_cli)
     assert sorted(job["id"] for job in queue["running"]) == sorted(blockers), queue
     assert [job["id"] for job in queue["waiting"]] == \
         [ids[name] for name in ("w-high-1", "w-high-2", "w-mid-1", "w-low-1", "w-low-2")], queue
 
     flag.touch()
     everyone = [*blockers, *ids.values()]
-    wait_for_condition(lambda: all(job.get("status") in ("SUCCEEDED", "STOPPED") for job in _jobs(rj, everyone).values()),
+    wait_for_condition(lambda: all(job.get("status") in ("SUCCEEDED", "STOPPED")
+                                   for job in _jobs(rayjobs_cli, everyone).values()),
                        timeout_s=HANG_GUARD_S, interval_s=1)
-    assert json.loads(rj("status", ids["w-doomed"], "--output", "json").stdout)["status"] == "STOPPED"
-    assert "queued-job started" not in rj("logs", ids["w-doomed"]).stdout, "it never ran"
+    assert json.loads(rayjobs_cli("status", ids["w-doomed"], "--output", "json").stdout)["status"] == "STOPPED"
+    assert "queued-job started" not in rayjobs_cli("logs", ids["w-doomed"]).stdout, "it never ran"
 
-    ran = {name: _times(rj, job_id) for name, job_id in [*zip(("hold-0", "hold-1"), blockers), *ids.items()]
+    ran = {name: _times(rayjobs_cli, job_id) for name, job_id in [*zip(("hold-0", "hold-1"), blockers), *ids.items()]
            if name != "w-doomed"}
     moments = sorted([(start, 1) for start, _ in ran.values()] + [(end, -1) for _, end in ran.values()])
     running, most = 0, 0
@@ -127,15 +129,15 @@ def test_eight_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rj
     assert most == 2, ran
     started_in = sorted((start, name) for name, (start, _) in ran.items() if name.startswith("w-"))
     assert [name for _, name in started_in] == ["w-high-1", "w-high-2", "w-mid-1", "w-low-1", "w-low-2"]
-    assert _queue(rj) == {"queue": QUEUE, "max_running": 2, "running": [], "waiting": []}
+    assert _queue(rayjobs_cli) == {"queue": QUEUE, "max_running": 2, "running": [], "waiting": []}
 
 
-def test_a_queued_job_the_whole_cluster_cannot_hold_is_refused_at_submit(rj, tmp_path):
+def test_a_queued_job_the_whole_cluster_cannot_hold_is_refused_at_submit(rayjobs_cli, tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "times.py").write_text(TIMES)
     spec = _spec(tmp_path, "too-big", 0)
     spec.write_text(spec.read_text().replace("needs: {CPU: 0}", "needs: {CPU: 64}"))
-    refused = rj("submit", str(spec), "--no-wait")
+    refused = rayjobs_cli("submit", str(spec), "--no-wait")
     assert refused.returncode == 2, refused.stderr
     assert "needs CPU 64" in refused.stderr and "have CPU 2 in all" in refused.stderr, refused.stderr
     assert f"wait in queue {QUEUE} forever" in refused.stderr

@@ -1,6 +1,6 @@
 """A job that keeps no run record says so once when it is submitted, with the field that gives it one.
 
-The command runs in-process (typer's CliRunner) against the scripted client of tests/test_cli_unit.py;
+The command runs in-process (typer's CliRunner) against the scripted client of tests/test_cli.py;
 whether a spec keeps a record is read from the real submission ``jobs.submission.build_submission`` builds.
 """
 

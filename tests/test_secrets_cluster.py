@@ -8,7 +8,7 @@ import os
 import textwrap
 
 
-def test_planted_secrets_appear_in_no_file_of_the_record_and_no_byte_of_output(rj, tmp_path):
+def test_planted_secrets_appear_in_no_file_of_the_record_and_no_byte_of_output(rayjobs_cli, tmp_path):
     token, password = "tok-" + os.urandom(12).hex(), "pw-" + os.urandom(12).hex()
     code = tmp_path / "code"
     code.mkdir()
@@ -32,7 +32,7 @@ def test_planted_secrets_appear_in_no_file_of_the_record_and_no_byte_of_output(r
             API_TOKEN: {token}
         """))
 
-    submitted = rj("submit", str(spec))
+    submitted = rayjobs_cli("submit", str(spec))
     outputs = [(("submit",), submitted)]
     assert submitted.returncode == 1, submitted.stderr
     assert "from the shell ***" in submitted.stdout, "the job ran and its output was masked, not dropped"
@@ -40,7 +40,7 @@ def test_planted_secrets_appear_in_no_file_of_the_record_and_no_byte_of_output(r
     job_id = run.name.removeprefix("planted-secrets-")
     for args in (("status", job_id), ("status", job_id, "--output", "json"), ("list", "--output", "json"),
                  ("logs", job_id), ("logs", str(run)), ("show", str(run), "--output", "json")):
-        done = rj(*args)
+        done = rayjobs_cli(*args)
         assert done.returncode in (0, 1), (args, done.stderr)
         outputs.append((args, done))
 

@@ -52,14 +52,15 @@ def run_sweep_in_process(document: dict) -> dict:
     return run_stages(loaded.workload, loaded.spec.sweep)
 
 
-def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_infers_with_the_best_and_refits_when_asked(workload_ray, mlflow_tracking,
+def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_infers_with_the_best_and_refits_when_asked(workload_ray,
+                                                                                     mlflow_tracking_server,
                                                                                      monkeypatch, tmp_path, capsys):
     import ray
 
     from jobs.keys import TRACKING_ENV_VAR
 
     document, run_dir = sweep_spec(tmp_path)
-    tracking = {"mlflow": {"tracking_uri": mlflow_tracking.uri, "experiment": f"sweep-{tmp_path.name}"}}
+    tracking = {"mlflow": {"tracking_uri": mlflow_tracking_server.uri, "experiment": f"sweep-{tmp_path.name}"}}
     document["tracking"] = tracking
     # What the job's environment holds (rayjobs sets it from the spec's tracking block).
     monkeypatch.setenv(TRACKING_ENV_VAR, json.dumps(tracking))
@@ -116,7 +117,7 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_infers_with_the_bes
                                    for group in ray.util.placement_group_table().values()), timeout_s=60)
 
     # MLflow: the sweep's run, and under it one run per trial, whatever the number of workers.
-    client = mlflow_tracking.client()
+    client = mlflow_tracking_server.client()
     experiment_id = client.get_experiment_by_name(f"sweep-{tmp_path.name}").experiment_id
     runs = {run.data.tags["rayjobs.run_dir"]: run for run in client.search_runs([experiment_id])}
     assert set(runs) == {str(run_dir), str(good.run_dir), str(failed.run_dir)}

@@ -36,14 +36,14 @@ def test_a_server_down_at_start_is_one_line_and_the_run_goes_on_untracked(tmp_pa
     assert len(said) == 1 and said[0].startswith(f"rayjobs: MLflow at {down} could not start the run (")
 
 
-def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_the_run(mlflow_tracking, tmp_path,
-                                                                                        capsys):
+def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_the_run(mlflow_tracking_server,
+                                                                                        tmp_path, capsys):
     from workloads.training.tracking import UNSENT_FILE, MlflowRun
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     experiment = f"tracking-{tmp_path.name}"
-    with FaultProxy(mlflow_tracking.port) as proxy:
+    with FaultProxy(mlflow_tracking_server.port) as proxy:
         through_proxy = {"tracking_uri": proxy.address, "experiment": experiment}
         run = MlflowRun.open(run_dir, "tracked", {"train": {"lr": 0.1, "epochs": 3}, "stages": ["train"]},
                              settings=through_proxy)
@@ -63,7 +63,7 @@ def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_
         # The driver ends the run; what the controller could not send goes first.
         MlflowRun(run.settings, run_dir, run.run_id).close("FINISHED")
     assert not (run_dir / UNSENT_FILE).exists()
-    client = mlflow_tracking.client()
+    client = mlflow_tracking_server.client()
     history = client.get_metric_history(run.run_id, "val_loss")
     assert [(point.step, point.value) for point in history] == [(1, 0.9), (2, 0.5), (3, 0.3)]
     recorded = client.get_run(run.run_id)
@@ -73,7 +73,7 @@ def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_
 
     # A later attempt of the same run folder continues the same MLflow run.
     again = MlflowRun.open(run_dir, "tracked", {"train": {"lr": 0.1, "epochs": 4}},
-                           settings={"tracking_uri": mlflow_tracking.uri, "experiment": experiment})
+                           settings={"tracking_uri": mlflow_tracking_server.uri, "experiment": experiment})
     assert again is not None and again.run_id == run.run_id
     assert client.get_run(run.run_id).data.params["train.epochs"] == "3", "a parameter keeps its first value"
     assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1

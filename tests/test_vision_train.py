@@ -207,7 +207,8 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(tiny_run):
 
 def test_a_finished_run_is_not_trained_again(tiny_run, tmp_path):
     """Resuming after a checkpoint (epochs raised, the schedule stretched) is the S3 quickstart's test
-    (tests/test_vision_e2e.py); here, what needs no cluster: a run already at its last epoch is left as it is."""
+    (tests/test_vision_e2e_cluster.py); here, what needs no cluster: a run already at its last epoch is left as it
+    is."""
     from workloads.vision.training.stage import run_training
 
     params = copy_run(tiny_run, tmp_path / "runs")

@@ -2,7 +2,7 @@
 cuts, refuses or stalls connections or answers 502 while a job prints numbered lines, plus ten
 submits at once. They mostly wait on jobs that sleep, so the session starts them in the background
 as soon as its cluster tier begins (``follow_fault_scenarios`` in tests/conftest.py), and
-tests/test_follow_faults.py, which runs last in that tier, checks what each one saw. Meanwhile the
+tests/test_follow_faults_cluster.py, which runs last in that tier, checks what each one saw. Meanwhile the
 other cluster tests keep the cluster busy, which is when faults should strike.
 """
 

@@ -36,7 +36,7 @@ def tiny_params(dataset: Path, storage: Path, run_name: str = RUN_NAME, **train:
         "run_name": run_name, "storage_path": str(storage),
         "data": {"output_dir": str(dataset), "image_size": IMAGE_SIZE},
         "train": settings,
-        # One model actor: a pool of two (the quickstart's) is run by tests/test_vision_e2e.py.
+        # One model actor: a pool of two (the quickstart's) is run by tests/test_vision_e2e_cluster.py.
         "infer": {"batch_size": 4, "num_actors": 1, "cpus_per_actor": 1},
     })
 

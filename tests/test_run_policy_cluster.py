@@ -12,55 +12,55 @@ SUBMITTERS = 6
 
 
 
-def test_retry_on_exit_code_resubmits_with_linked_attempts(rj, tmp_path):
+def test_retry_on_exit_code_resubmits_with_linked_attempts(rayjobs_cli, tmp_path):
     marker = tmp_path / "first-attempt-done"
     # Fails with exit code 3 the first time, succeeds the second.
     entrypoint = (f"python -c \"import os, sys; m='{marker}'; first = not os.path.exists(m); "
                   f"open(m, 'w').close(); print('attempt', 'first' if first else 'again'); sys.exit(3 if first else 0)\"")
     spec = write_spec(tmp_path, "flaky", f"entrypoint: {entrypoint}\nmax_retries: 2\nretry_on: ['exit_code:3']\n"
                                          "retry_backoff: {initial_s: 1}\n")
-    result = rj("submit", str(spec), "--output", "json")
+    result = rayjobs_cli("submit", str(spec), "--output", "json")
     assert result.returncode == 0, result.stderr
     assert "submitting attempt 2 of 3 in 1s (retry_backoff)" in result.stderr
     second_id = json.loads(result.stdout)["submission_id"]
-    status = rj("status", second_id)
+    status = rayjobs_cli("status", second_id)
     assert "attempts:" in status.stdout
     lines = [line.strip() for line in status.stdout.split("attempts:")[1].strip().splitlines()]
     assert lines[0].startswith("1. ") and "FAILED JOB_ENTRYPOINT_COMMAND_ERROR" in lines[0]
     assert lines[1] == f"2. {second_id}  SUCCEEDED"
-    info = json.loads(rj("status", second_id, "--output", "json").stdout)
+    info = json.loads(rayjobs_cli("status", second_id, "--output", "json").stdout)
     assert info["metadata"]["rayjobs.attempt"] == "2"
     assert info["metadata"]["rayjobs.parent"] == lines[0].split()[1]
 
 
-def test_a_missing_module_is_never_retried(rj, tmp_path):
+def test_a_missing_module_is_never_retried(rayjobs_cli, tmp_path):
     # retry_on takes any failure of the entrypoint, and max_retries allows three more attempts: a module that
     # is missing now is missing then too, so it fails once. (Exit codes outside retry_on: tests/test_run_policy.py.)
     spec = write_spec(tmp_path, "no-retry", "entrypoint: python -c \"import rayjobs_no_such_module\"\n"
                                             "max_retries: 3\nretry_on: [JOB_ENTRYPOINT_COMMAND_ERROR]\n")
-    result = rj("submit", str(spec))
+    result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 1
     assert "submitting attempt" not in result.stderr
     assert ("not retried, although max_retries is 3: the failure is module_missing, and a missing module is "
             "missing again in the next attempt") in result.stderr
 
 
-def test_fixed_submission_id_attaches_or_conflicts(rj, tmp_path):
+def test_fixed_submission_id_attaches_or_conflicts(rayjobs_cli, tmp_path):
     job_id = f"fixed-{uuid.uuid4().hex[:8]}"
     spec = write_spec(tmp_path, "fixed", f"entrypoint: echo fixed-id-job\nsubmission_id: {job_id}\n")
-    first = rj("submit", str(spec))
+    first = rayjobs_cli("submit", str(spec))
     assert first.returncode == 0, first.stderr
-    again = rj("submit", str(spec))
+    again = rayjobs_cli("submit", str(spec))
     assert again.returncode == 0, again.stderr
     assert f"job {job_id} was already submitted from this spec" in again.stderr
     assert "fixed-id-job" in again.stdout
     changed = write_spec(tmp_path, "fixed", f"entrypoint: echo something else\nsubmission_id: {job_id}\n")
-    conflict = rj("submit", str(changed))
+    conflict = rayjobs_cli("submit", str(changed))
     assert conflict.returncode == 2
     assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
 
 
-def test_submitters_of_one_spec_started_at_once_share_one_job(rj, ray_cluster_home, tmp_path):
+def test_submitters_of_one_spec_started_at_once_share_one_job(rayjobs_cli, ray_cluster_home, tmp_path):
     # As CI retries and parallel pipelines start them: every submitter finds the id free at first.
     job_id = f"race-{uuid.uuid4().hex[:8]}"
     spec = tmp_path / "race.yaml"
@@ -72,51 +72,52 @@ def test_submitters_of_one_spec_started_at_once_share_one_job(rj, ray_cluster_ho
     assert sum(f"submitted race as {job_id}" in err for _, _, err in finished) == 1, [err for _, _, err in finished]
     assert sum("was already submitted from this spec" in err for _, _, err in finished) == SUBMITTERS - 1
     assert all("race-job-ran" in out for _, out, _ in finished)
-    jobs = json.loads(rj("list", "--output", "json").stdout)
+    jobs = json.loads(rayjobs_cli("list", "--output", "json").stdout)
     assert [job["submission_id"] for job in jobs].count(job_id) == 1
 
     other = tmp_path / "other.yaml"
     other.write_text(f"name: other\nentrypoint: echo another spec\nsubmission_id: {job_id}\n")
-    conflict = rj("submit", str(other))
+    conflict = rayjobs_cli("submit", str(other))
     assert conflict.returncode == 2
     assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
 
 
-def test_secrets_masked_in_status_and_list(rj, tmp_path):
+def test_secrets_masked_in_status_and_list(rayjobs_cli, tmp_path):
     spec = tmp_path / "secrets.yaml"
     spec.write_text("name: secrets\nentrypoint: echo done\nruntime_env:\n  env_vars:\n    DB_PASSWORD: hunter2\n"
                     "    PLAIN_BUT_PRIVATE: swordfish\n    VISIBLE: shown\nsecret_env_vars: [PLAIN_BUT_PRIVATE]\n")
-    result = rj("submit", str(spec), "--output", "json")
+    result = rayjobs_cli("submit", str(spec), "--output", "json")
     assert result.returncode == 0, result.stderr
     job_id = json.loads(result.stdout)["submission_id"]
-    for output in (rj("status", job_id, "--output", "json").stdout, rj("list", "--output", "json").stdout):
+    for output in (rayjobs_cli("status", job_id, "--output", "json").stdout,
+                   rayjobs_cli("list", "--output", "json").stdout):
         assert "hunter2" not in output and "swordfish" not in output
-    env = json.loads(rj("status", job_id, "--output", "json").stdout)["runtime_env"]["env_vars"]
+    env = json.loads(rayjobs_cli("status", job_id, "--output", "json").stdout)["runtime_env"]["env_vars"]
     assert env == {"DB_PASSWORD": "****", "PLAIN_BUT_PRIVATE": "****", "VISIBLE": "shown"}
     assert "hunter2" not in result.stdout + result.stderr
 
 
-def test_entrypoint_no_node_can_host_is_refused_before_submission(rj, tmp_path):
-    before = {job.get("submission_id") for job in json.loads(rj("list", "--output", "json").stdout)}
+def test_entrypoint_no_node_can_host_is_refused_before_submission(rayjobs_cli, tmp_path):
+    before = {job.get("submission_id") for job in json.loads(rayjobs_cli("list", "--output", "json").stdout)}
     spec = write_spec(tmp_path, "needs-gpu", "entrypoint: echo never\nentrypoint_num_gpus: 1\n")
-    result = rj("submit", str(spec))
+    result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 2, result.stderr
     assert "the entrypoint asks for GPU 1, but the largest of the cluster's 1 node(s) offers GPU 0" in result.stderr
-    after = {job.get("submission_id") for job in json.loads(rj("list", "--output", "json").stdout)}
+    after = {job.get("submission_id") for job in json.loads(rayjobs_cli("list", "--output", "json").stdout)}
     assert after == before
 
 
-def test_start_timeout_stops_a_job_left_pending(rj, tmp_path):
+def test_start_timeout_stops_a_job_left_pending(rayjobs_cli, tmp_path):
     # The blocker holds both of the cluster's CPUs, so the second job cannot start.
     blocker = write_spec(tmp_path, "blocker", "entrypoint: python -c \"import time; time.sleep(120)\"\n"
                                               "entrypoint_num_cpus: 2\n")
-    blocker_id = rj("submit", str(blocker), "--no-wait").stdout.strip()
+    blocker_id = rayjobs_cli("submit", str(blocker), "--no-wait").stdout.strip()
     try:
         waiting = write_spec(tmp_path, "waiting", "entrypoint: echo never\nentrypoint_num_cpus: 2\n"
                                                   "start_timeout_s: 3\n")
-        result = rj("submit", str(waiting))
+        result = rayjobs_cli("submit", str(waiting))
         assert result.returncode == 5, result.stderr
         assert "still PENDING after 3s (start_timeout_s)" in result.stderr
         assert "which asks for CPU 2" in result.stderr and "The stop is queued" in result.stderr
     finally:
-        rj("stop", blocker_id, "--wait")
+        rayjobs_cli("stop", blocker_id, "--wait")

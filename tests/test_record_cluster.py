@@ -1,7 +1,7 @@
 """A run record that outlives its cluster: a job submitted with ``--no-wait`` keeps its record in S3 (the
 moto server) while it runs; the head node is SIGKILLed mid-run and the cluster taken down; then the record
 is read with no cluster at all. What a followed job keeps, and its stacks, is checked in
-tests/test_progress_cluster.py; the keeper itself in tests/test_run_record.py."""
+tests/test_progress_cluster.py; the keeper itself in tests/test_record.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ epoch is checkpointed, and the same spec submitted again with one epoch more reu
 resumes after the last checkpoint (every epoch once, the schedule stretched to the new length), runs
 batch inference and leaves every artefact in the run's storage, and nothing on local disk. It runs in
 S3 only: every path of it goes through the storage layer that local disk shares, and the vision specs
-run end to end on local disk in tests/test_vision_ingest.py and tests/test_learning_real_photos.py.
+run end to end on local disk in tests/test_vision_ingest.py and tests/test_learning_real_photos_cluster.py.
 """
 
 from __future__ import annotations

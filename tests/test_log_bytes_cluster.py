@@ -77,7 +77,7 @@ def follow_through_cuts(cluster, home: Path, directory: Path, name: str, script:
     spec.write_text(f"name: {name}\nentrypoint: python job.py\nruntime_env:\n  working_dir: {directory}\n")
     with FaultProxy(dashboard_port(cluster)) as proxy:
         # --raw: what is compared is every byte of the log, Ray's own lines included (the default view
-        # hides those; tests/test_progress_view.py and tests/test_progress_cluster.py check what it hides).
+        # hides those; tests/test_progress.py and tests/test_progress_cluster.py check what it hides).
         run = CliRun(["submit", str(spec), "--address", proxy.address, "--give-up-after", "30", "--raw"],
                      proxied_env(cluster, home), raw_stdout=True)
         try:
@@ -130,13 +130,13 @@ def test_log_with_invalid_utf8_reaches_the_user_through_cuts(followed):
     assert "| line 39 caf\ufffd" in tail and "| truncated at the end \ufffd" in tail, result["stderr"]
 
 
-def test_logs_prints_a_log_with_invalid_utf8_whole(followed, rj, ray_cluster_home):
+def test_logs_prints_a_log_with_invalid_utf8_whole(followed, rayjobs_cli, ray_cluster_home):
     result = followed["mixed"].result(timeout=300)
     printed = subprocess.run([*rayjobs_command(), "logs", result["job_id"]], capture_output=True, cwd=REPO_ROOT,
                              env=cli_env(ray_cluster_home), timeout=60)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.decode("utf-8") == result["raw_log"].decode("utf-8", "replace")
-    tail = rj("logs", result["job_id"], "--tail", "2")
+    tail = rayjobs_cli("logs", result["job_id"], "--tail", "2")
     assert tail.returncode == 0, tail.stderr
     assert tail.stdout.splitlines() == ["line 39 caf\ufffd \ufffd\ufffd\ufffd ok", "truncated at the end \ufffd"]
 

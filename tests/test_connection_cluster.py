@@ -37,28 +37,28 @@ def spec_file(directory: Path, name: str, body: str) -> Path:
 def test_every_command_reaches_a_cluster_by_name(alias_home, tmp_path):
     env = cli_env(alias_home, RAY_ADDRESS=NOWHERE)
 
-    def rj(*args: str):
+    def rayjobs_cli(*args: str):
         return run_rayjobs(*args, "--cluster", "dev", env=env)
 
     assert run_rayjobs("list", env=env).returncode == 4  # without --cluster, RAY_ADDRESS is used
-    submitted = rj("submit", str(spec_file(tmp_path, "by-name", QUICK_JOB)), "--no-wait")
+    submitted = rayjobs_cli("submit", str(spec_file(tmp_path, "by-name", QUICK_JOB)), "--no-wait")
     assert submitted.returncode == 0, submitted.stderr
     assert "local cluster 'dev' via --cluster" in submitted.stderr
     job_id = submitted.stdout.strip()
     assert f"rayjobs logs --follow {job_id} --cluster dev" in submitted.stderr
 
-    followed = rj("logs", job_id, "--follow")
+    followed = rayjobs_cli("logs", job_id, "--follow")
     assert followed.returncode == 0 and "reached-by-name" in followed.stdout, followed.stderr
-    status = rj("status", job_id)
+    status = rayjobs_cli("status", job_id)
     assert status.returncode == 0 and "SUCCEEDED" in status.stdout, status.stderr
-    listed = rj("list", "--output", "json")
+    listed = rayjobs_cli("list", "--output", "json")
     assert listed.returncode == 0, listed.stderr
     assert job_id in {job["submission_id"] for job in json.loads(listed.stdout)}
-    stopped = rj("stop", job_id)
+    stopped = rayjobs_cli("stop", job_id)
     assert stopped.returncode == 0 and "had already ended: SUCCEEDED" in stopped.stderr, stopped.stderr
     by_env = run_rayjobs("status", job_id, env=cli_env(alias_home, RAY_ADDRESS=NOWHERE, RAYJOBS_CLUSTER="dev"))
     assert by_env.returncode == 0 and "SUCCEEDED" in by_env.stdout, by_env.stderr
-    deleted = rj("delete", job_id)
+    deleted = rayjobs_cli("delete", job_id)
     assert deleted.returncode == 0, deleted.stderr
 
 

@@ -16,8 +16,8 @@ from tests.support.waiting import wait_for_condition
 SLOW_JOB = "entrypoint: python -c \"import time; time.sleep(120)\"\n"
 
 
-def jobs_named(rj, name: str) -> list[dict]:
-    listed = rj("list", "--output", "json")
+def jobs_named(rayjobs_cli, name: str) -> list[dict]:
+    listed = rayjobs_cli("list", "--output", "json")
     assert listed.returncode == 0, listed.stderr
     return [job for job in json.loads(listed.stdout) if (job.get("metadata") or {}).get("rayjobs.name") == name]
 
@@ -38,7 +38,8 @@ def big_working_dir(tmp_path):
     shutil.rmtree(working_dir, ignore_errors=True)
 
 
-def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home, rj, tmp_path, big_working_dir):
+def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home, rayjobs_cli, tmp_path,
+                                                                big_working_dir):
     spec = tmp_path / "big-upload.yaml"
     spec.write_text(f"name: big-upload\nruntime_env:\n  working_dir: {big_working_dir}\nentrypoint: echo never\n")
 
@@ -63,7 +64,7 @@ def test_ctrl_c_while_uploading_the_working_dir_submits_nothing(ray_cluster_home
     assert "Aborted!" not in stdout + stderr, stdout + stderr
     assert "Traceback" not in stderr, stderr
     assert "submitted big-upload as" not in stderr, stderr
-    assert jobs_named(rj, "big-upload") == []
+    assert jobs_named(rayjobs_cli, "big-upload") == []
 
 
 # A job request goes out one of two ways: straight to the job API (nothing to upload), or through Ray's

@@ -1,0 +1,282 @@
+"""Multi-node local clusters, live: `rayjobs cluster up --nodes N`, their status, jobs across nodes,
+a lost node, and `cluster down`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.support.waiting import wait_for_condition
+from runner.errors import ExitCode
+from runner.local import LocalCluster, cluster_processes
+from runner.local.nodes import dashboard_json
+from runner.local.state import WorkerNode
+from runner.local.processes import psutil_module
+from tests.support.cli import cli_env, popen_rayjobs, read_metrics_csv, run_rayjobs
+
+CLUSTER_NAME = "multi"
+NODES = 3
+
+SPREAD_DRIVER = '''\
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+ray.init()
+group = placement_group([{"CPU": 1}] * 3, strategy="STRICT_SPREAD")
+ray.get(group.ready(), timeout=120)
+
+
+@ray.remote(num_cpus=1)
+def node_id():
+    return ray.get_runtime_context().get_node_id()
+
+
+ids = ray.get([
+    node_id.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)).remote()
+    for i in range(3)
+])
+print("distinct nodes:", len(set(ids)))
+'''
+
+
+def _processes_with_token_file(token_file: Path) -> list:
+    """Live processes whose environment names ``token_file``: every process of a cluster inherits it."""
+    psutil = psutil_module()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("RAY_AUTH_TOKEN_PATH") == str(token_file):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_a_worker_node_that_fails_to_start_stops_the_whole_cluster(tmp_path):
+    # A `ray` whose interpreter starts the head as usual but refuses to run a worker node.
+    real_ray = Path(sys.executable).parent / "ray"
+    fake_python = tmp_path / "python3"
+    fake_python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo "no worker today" >&2; exit 3; fi\n'
+                           f'exec {sys.executable} "$@"\n')
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text(f"#!{fake_python}\n" + real_ray.read_text().split("\n", 1)[1])
+    for script in (fake_python, fake_ray):
+        script.chmod(0o755)
+    home = tmp_path / "home"
+    result = run_rayjobs("cluster", "up", "--name", "broken", "--nodes", "2", "--num-cpus", "1", home=home,
+                         timeout=300, env=cli_env(home, RAYJOBS_RAY_EXECUTABLE=str(fake_ray)))
+    assert result.returncode == ExitCode.CLUSTER_UNREACHABLE, result.stderr
+    assert "Worker node 'worker-1'" in result.stderr and "exited with code 3" in result.stderr
+    assert "no worker today" in result.stderr
+    directory = home / "clusters" / "broken"
+    assert not (directory / "cluster.json").exists()
+    assert _processes_with_token_file(directory / "auth_token") == []
+
+
+# ----------------------------------------------------------------- one 3-node cluster for the module
+
+
+@pytest.fixture(scope="module")
+def multi_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """RAYJOBS_HOME of a 3-node, 1-CPU-per-node cluster started through the CLI; stopped afterwards."""
+    home = tmp_path_factory.mktemp("multinode-home")
+    # The GCS declares a silent node dead after health checks fail (by default about 15 s); checked every
+    # second and given up after three misses, the node-death test waits seconds instead. Nothing else changes.
+    quick_health_checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                           "RAY_health_check_failure_threshold": "3"}
+    up = run_rayjobs("cluster", "up", "--name", CLUSTER_NAME, "--nodes", str(NODES), "--num-cpus", "1",
+                     home=home, timeout=400, env=cli_env(home, **quick_health_checks))
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"with {NODES} nodes" in up.stderr
+        yield home
+    finally:
+        run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=home, timeout=120)
+
+
+@pytest.fixture
+def multi_cluster(multi_home: Path) -> LocalCluster:
+    return LocalCluster.from_json((multi_home / "clusters" / CLUSTER_NAME / "cluster.json").read_text())
+
+
+def _status(home: Path) -> dict:
+    result = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, "--output", "json", home=home, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_status_lists_every_node_alive_with_one_cpu(multi_home, multi_cluster):
+    status = _status(multi_home)
+    assert status["node_count"] == NODES and status["nodes_error"] is None
+    nodes = status["nodes"]
+    assert [node["role"] for node in nodes] == ["head", "worker-1", "worker-2"]
+    assert all(node["alive"] and node["cpus"] == 1 for node in nodes)
+    assert len({node["node_id"] for node in nodes}) == NODES
+    assert [worker.name for worker in multi_cluster.worker_nodes] == ["worker-1", "worker-2"]
+
+    text = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
+    assert text.returncode == 0, text.stderr
+    assert f"nodes:     {NODES} ({NODES} alive)" in text.stdout
+    for node in nodes:
+        assert node["node_id"] in text.stdout
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_every_node_listens_on_loopback_only(multi_cluster):
+    psutil = psutil_module()
+    addresses = set()
+    for proc in cluster_processes(multi_cluster):
+        try:
+            connections = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        addresses |= {conn.laddr.ip for conn in connections if conn.status == psutil.CONN_LISTEN}
+    assert addresses
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        assert ip.is_loopback, f"a node listens on {address}"
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_job_runs_tasks_on_three_distinct_nodes(multi_home, tmp_path):
+    (tmp_path / "spread.py").write_text(SPREAD_DRIVER)
+    spec = tmp_path / "spread.yaml"
+    spec.write_text("name: spread\nentrypoint: python spread.py\nruntime_env:\n  working_dir: .\n")
+    result = run_rayjobs("submit", str(spec), "--cluster", CLUSTER_NAME, home=multi_home, timeout=300)
+    assert result.returncode == ExitCode.SUCCEEDED, result.stdout + result.stderr
+    assert "SUCCEEDED" in result.stderr
+    assert f"distinct nodes: {NODES}" in result.stdout
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
+    spec = tmp_path / "note.yaml"
+    spec.write_text(
+        "name: note\nentrypoint: echo stored\nruntime_env:\n  working_dir: .\nworkload:\n  kind: vision\n"
+        "  storage_path: ./results\n  data:\n    source: synthetic\n    output_dir: ./shards\n")
+    result = run_rayjobs("submit", str(spec), "--cluster", CLUSTER_NAME, "--no-wait", home=multi_home, timeout=120)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("rayjobs: note: ")]
+    assert len(notes) == 1, result.stderr
+    assert "workload.storage_path" in notes[0] and "workload.data.output_dir" in notes[0]
+    assert "shared mount or object storage" in notes[0]
+
+
+# ----------------------------------------------------------------- node death, then the end of the cluster
+
+
+def _training_worker_nodes(cluster: LocalCluster) -> set[str]:
+    """Node ids of the live Ray Train worker actors, from the dashboard's state API."""
+    document = dashboard_json(cluster, "/api/v0/actors?limit=1000", timeout_s=10)
+    return {row["node_id"] for row in document["data"]["result"]["result"]
+            if "RayTrainWorker" in row.get("class_name", "") and row.get("state") == "ALIVE"}
+
+
+def _raylet_of(cluster: LocalCluster, node: WorkerNode):
+    """The raylet of a worker node rayjobs started: the one in that node's process session."""
+    raylets = [proc for proc in cluster_processes(cluster)
+               if proc.name() == "raylet" and os.getsid(proc.pid) == node.pid]
+    assert len(raylets) == 1, raylets
+    return raylets[0]
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_a_lost_worker_node_fails_the_attempt_which_is_retried_by_cause_and_resumes(multi_home, multi_cluster,
+                                                                                     tmp_path):
+    # Preprocessing spreads its tasks over the 1-CPU nodes. Two 1-CPU training workers: at least one of them
+    # is on a worker node, whose raylet is SIGKILLed once epoch 1 is checkpointed. With max_failures 0 Ray
+    # Train does not restart by itself: the attempt fails, its log names the lost node, and rayjobs submits
+    # again, which resumes on the two nodes left (they still fit both workers).
+    run_dir = tmp_path / "results" / "node-death"
+    overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
+                 "workload.data.synthetic_per_class=24", "workload.data.image_size=24", "workload.train.epochs=4",
+                 "workload.train.batch_size=32", "workload.train.max_failures=0", "workload.run_name=node-death",
+                 "workload.stages=[preprocess, train]",
+                 "retry_on=[node_lost]", "max_retries=1", "retry_backoff.initial_s=0"]
+    job = popen_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME,
+                        *[arg for override in overrides for arg in ("--set", override)], home=multi_home)
+    try:
+        def first_epoch_checkpointed() -> bool:
+            snapshot = run_dir / "checkpoint_manager_snapshot.json"
+            return snapshot.exists() and "checkpoint_epoch_0001" in snapshot.read_text()
+
+        wait_for_condition(first_epoch_checkpointed, timeout_s=300, interval_s=0.5)
+        roles = {node["node_id"]: node["role"] for node in _status(multi_home)["nodes"]}
+        victims = sorted(roles[node_id] for node_id in _training_worker_nodes(multi_cluster) if roles[node_id] != "head")
+        assert victims, "both training workers ran on the head node"
+        victim = next(node for node in multi_cluster.worker_nodes if node.name == victims[0])
+        _raylet_of(multi_cluster, victim).send_signal(signal.SIGKILL)
+        epochs_before = [int(row["epoch"]) for row in read_metrics_csv(run_dir)]
+        assert epochs_before[-1] < 4, "training ended before the node died"
+
+        stdout, stderr = job.communicate(timeout=480)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    shown = stdout[-4000:] + stderr[-4000:]
+    assert job.returncode == ExitCode.SUCCEEDED, shown
+    # How many nodes encoded is not pinned: 240 small images take one worker about 2 s, often less than a
+    # worker on another node needs to start, and that node's lease then finds no chunk left (tasks on three
+    # nodes at once are test_job_runs_tasks_on_three_distinct_nodes, above).
+    assert re.search(r"preprocess: wrote .* 240 images \(.* images/s, on [123] nodes?\)", stdout), stdout[:3000]
+    notes = [line for line in stderr.splitlines() if line.startswith("rayjobs: ")]
+    assert "rayjobs: training started: 2 workers, 4 epochs, max_failures 0" in notes, notes
+    # The first attempt failed of the lost node, named from its log, that cause retried it, and the second
+    # attempt (a new job) went on from the latest checkpoint: every epoch trained once.
+    def first(check) -> int:
+        return next((index for index, line in enumerate(notes) if check(line)), -1)
+
+    failed = first(lambda line: re.match(r"rayjobs: job \S+ FAILED in ", line))
+    why = first(lambda line: line.startswith("rayjobs: why: A node of the cluster was lost while the job ran"))
+    retried = first(lambda line: line == "rayjobs: attempt 1 failed with node_lost (in retry_on); "
+                                         "submitting attempt 2 of 2")
+    succeeded = first(lambda line: re.match(r"rayjobs: job \S+ SUCCEEDED in ", line))
+    assert 0 <= failed < why < retried < succeeded, notes
+    assert re.search(r"Resuming run 'node-death' after epoch [1-3] from ", stdout), stdout[-3000:]
+    assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == [1, 2, 3, 4]
+    attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
+    assert [(attempt["attempt"], attempt["status"]) for attempt in attempts] == [(1, "FAILED"), (2, "SUCCEEDED")]
+
+    def victim_dead() -> dict | None:
+        nodes = {node["role"]: node for node in _status(multi_home)["nodes"]}
+        return nodes if nodes[victim.name]["state"] == "DEAD" else None
+
+    nodes = wait_for_condition(victim_dead, timeout_s=60, interval_s=2)
+    assert sum(node["alive"] for node in nodes.values()) == NODES - 1
+    text = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
+    assert f"nodes:     {NODES} ({NODES - 1} alive)" in text.stdout
+
+
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_cluster_down_stops_every_process_of_every_node(multi_home, multi_cluster):
+    psutil = psutil_module()
+    members = cluster_processes(multi_cluster)
+    # The head's `ray start` leader is a member (a worker node's may have exited with its raylet
+    # in the test before).
+    assert multi_cluster.pid in {p.pid for p in members}
+    assert _processes_with_token_file(Path(multi_cluster.token_file))
+    down = run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=multi_home, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert "stopped" in down.stderr
+    assert cluster_processes(multi_cluster) == []
+    assert _processes_with_token_file(Path(multi_cluster.token_file)) == []
+    for proc in members:
+        assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, proc
+    assert not Path(multi_cluster.temp_dir).exists()
+    gone = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, home=multi_home, timeout=60)
+    assert gone.returncode == ExitCode.CLUSTER_UNREACHABLE
