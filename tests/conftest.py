@@ -25,9 +25,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from runner.local import DEFAULT_CLUSTER_NAME, LocalCluster, loopback_env
-from runner.local import start as start_local_cluster
-from runner.local import stop as stop_local_cluster
-from tests.support.ray_instances import environ_set, private_ray
+from tests.support.ray_instances import local_cluster_in, private_ray
 
 # Variables that would silently point code under test at some other cluster.
 # Ray Train's controller looks at its workers every 2 s, so each training run ends (and a lost worker
@@ -182,14 +180,8 @@ def ray_cluster(ray_cluster_home: Path) -> Iterator[LocalCluster]:
     """One token-auth local cluster (2 CPUs) shared by the whole test session."""
     # The session's own RAYJOBS_HOME keeps it apart from a user's cluster of the same name,
     # and the default name lets `rayjobs` subprocesses find it without flags.
-    name = DEFAULT_CLUSTER_NAME
-    with environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
-        cluster = start_local_cluster(name=name, num_cpus=2)
-    try:
+    with local_cluster_in(ray_cluster_home, DEFAULT_CLUSTER_NAME, num_cpus=2) as cluster:
         yield cluster
-    finally:
-        with environ_set(RAYJOBS_HOME=str(ray_cluster_home)):
-            stop_local_cluster(name)
 
 
 @pytest.fixture

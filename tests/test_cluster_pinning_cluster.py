@@ -19,11 +19,9 @@ from typing import Iterator
 import pytest
 
 from runner.local import LocalCluster
-from runner.local import start as start_local_cluster
-from runner.local import stop as stop_local_cluster
 from runner.local.nodes import dashboard_json
 from tests.support.cli import REPO_ROOT
-from tests.support.ray_instances import environ_set
+from tests.support.ray_instances import local_cluster_in
 
 SCRIPT = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
 OTHER = "pinning-other"
@@ -32,14 +30,8 @@ OTHER = "pinning-other"
 @pytest.fixture
 def second_cluster(ray_cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalCluster]:
     """A second 1-CPU cluster on the host, beside the session's (a second GCS for Ray's scan to find); stopped after."""
-    home = tmp_path / "other-home"
-    with environ_set(RAYJOBS_HOME=str(home)):
-        cluster = start_local_cluster(name=OTHER, num_cpus=1)
-    try:
+    with local_cluster_in(tmp_path / "other-home", OTHER, num_cpus=1) as cluster:
         yield cluster
-    finally:
-        with environ_set(RAYJOBS_HOME=str(home)):
-            stop_local_cluster(OTHER)
 
 
 def _actors(cluster: LocalCluster) -> list[dict]:

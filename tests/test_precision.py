@@ -190,25 +190,12 @@ def test_the_precision_reported_as_text_is_left_out_of_tensorboard(tmp_path):
 
 
 def test_the_live_view_names_the_precision_the_job_reported_beside_its_metrics():
-    import io
+    from tests.support.live_view import progress_after, rendered_live_view
 
-    from rich.console import Console
-
-    from runner.follow.display import LiveProgress
-    from runner.follow.progress import RunProgress
-
-    progress = RunProgress()
-    for event in ({"event": "train_start", "epochs": 4},
-                  {"event": "report", "iteration": 1,
-                   "metrics": {"epoch": 1, "val_loss": 1.5, "val_accuracy": 0.25, "precision": "bf16"}}):
-        progress.update(event)
-    live = LiveProgress(progress, "raysubmit_x", stream=io.StringIO())
-    try:
-        console = Console(file=io.StringIO(), width=120, color_system=None)
-        console.print(live)
-        screen = console.file.getvalue()
-    finally:
-        live.close()
+    screen = rendered_live_view(progress_after([
+        {"event": "train_start", "epochs": 4},
+        {"event": "report", "iteration": 1,
+         "metrics": {"epoch": 1, "val_loss": 1.5, "val_accuracy": 0.25, "precision": "bf16"}}]))
     assert "val_loss 1.5 · val_accuracy 0.25 · bf16" in screen, screen
 
 

@@ -166,10 +166,8 @@ def test_the_source_line_under_a_hidden_ray_warning_is_hidden_and_the_jobs_own_i
 
 
 def test_steps_within_an_epoch_move_the_live_bar_and_print_no_plain_line():
-    from rich.console import Console
-
-    from runner.follow.display import LiveProgress
     from runner.follow.progress import epochs_done
+    from tests.support.live_view import progress_after, rendered_live_view
 
     notes = io.StringIO()
     plain = PlainProgress(RunProgress(), notes)
@@ -178,17 +176,10 @@ def test_steps_within_an_epoch_move_the_live_bar_and_print_no_plain_line():
     assert notes.getvalue().count("\n") == 1, "a step is for the live bar only"
     assert epochs_done(plain.progress) == 0.25
 
-    progress = RunProgress()
-    for event in ({"event": "train_start", "epochs": 4}, {"event": "report", "iteration": 1, "metrics": {"epoch": 1}},
-                  {"event": "step", "epoch": 2, "step": 20, "steps": 40}):
-        progress.update(event)
-    live = LiveProgress(progress, "raysubmit_x", stream=io.StringIO())
-    try:
-        console = Console(file=io.StringIO(), width=120, color_system=None)
-        console.print(live)
-        screen = console.file.getvalue()
-    finally:
-        live.close()
+    progress = progress_after([{"event": "train_start", "epochs": 4},
+                               {"event": "report", "iteration": 1, "metrics": {"epoch": 1}},
+                               {"event": "step", "epoch": 2, "step": 20, "steps": 40}])
+    screen = rendered_live_view(progress)
     assert "epoch 2/4 · step 20/40" in screen and " 38%" in screen, screen
     progress.update({"event": "report", "iteration": 2, "metrics": {"epoch": 2}})
     assert (progress.step, progress.step_epoch, progress.as_dict()["steps"], epochs_done(progress)) == \

@@ -68,3 +68,17 @@ def kill_processes(processes: list[Any]) -> None:
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
+
+
+@contextlib.contextmanager
+def local_cluster_in(home: os.PathLike | str, name: str, num_cpus: int) -> Iterator[Any]:
+    """A local cluster started with ``home`` as its RAYJOBS_HOME, stopped when the block ends: its ``LocalCluster``."""
+    from runner.local import start, stop
+
+    with environ_set(RAYJOBS_HOME=str(home)):
+        cluster = start(name=name, num_cpus=num_cpus)
+    try:
+        yield cluster
+    finally:
+        with environ_set(RAYJOBS_HOME=str(home)):
+            stop(name)
