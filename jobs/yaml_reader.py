@@ -95,10 +95,33 @@ class _Builder:
         return result
 
 
+class _TooDeep(Exception):
+    """Raised by the composer past :data:`_COMPOSE_DEPTH_LIMIT` levels."""
+
+
+# PyYAML composes nodes recursively: a document thousands of brackets deep used to be refused only when Python's
+# recursion limit gave way, after 1.6 CPU-seconds of unwinding. Composing stops well before that, and above
+# MAX_DEPTH, so a document nested just past MAX_DEPTH still gets the builder's message naming the field.
+_COMPOSE_DEPTH_LIMIT = 2 * MAX_DEPTH
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    _compose_depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._compose_depth += 1
+        try:
+            if self._compose_depth > _COMPOSE_DEPTH_LIMIT:
+                raise _TooDeep
+            return super().compose_node(parent, index)
+        finally:
+            self._compose_depth -= 1
+
+
 def _new_loader(text: str, source: str, with_line: bool = True) -> yaml.SafeLoader:
     # PyYAML checks every character as soon as the loader is made, before any parsing.
     try:
-        return yaml.SafeLoader(text)
+        return _DepthLimitedLoader(text)
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1 if with_line else None
         raise SpecError.single(source, f"not valid YAML: the unprintable character U+{exc.character:04X} is not "
@@ -124,7 +147,7 @@ def parse_yaml_mapping(text: str, file: str) -> tuple[dict[str, Any], dict[Field
     try:
         try:
             root = loader.get_single_node()
-        except RecursionError:
+        except (RecursionError, _TooDeep):
             raise SpecError.single(file, "the document is nested too deeply") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
@@ -191,7 +214,7 @@ def parse_yaml_value(text: str, source: str) -> Any:
     try:
         try:
             node = loader.get_single_node()
-        except RecursionError:
+        except (RecursionError, _TooDeep):
             raise SpecError.single(source, "value is nested too deeply") from None
         except yaml.YAMLError as exc:
             raise SpecError.single(source, f"value is not valid YAML: {getattr(exc, 'problem', None) or exc}") from None

@@ -100,11 +100,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The modules (or groups, by one of their modules) that take longest, longest first: measured with
-# `pytest --durations=0` on 2 cores (the sweep's 7 tests took 573 s of a process's time, the next ones 150–250 s).
-_LONGEST_FIRST = ("test_sweep", "test_diagnosis_cluster", "test_vision_e2e_cluster", "test_multinode_cluster",
-                  "test_cli_cluster", "test_learning_real_photos_cluster", "test_vision_train", "test_vision_ingest",
-                  "test_queue_cluster", "test_local_clusters_cluster", "test_progress_cluster", "test_hf_vit",
-                  "test_tracking_script_cluster", "test_run_policy_cluster")
+# `pytest --junitxml` on 2 cores (the sweep's 7 tests took 354 s of a process's time, the next ones 100-230 s).
+_LONGEST_FIRST = ("test_sweep", "test_multinode_cluster", "test_vision_e2e_cluster", "test_vision_ingest",
+                  "test_vision_train", "test_learning_real_photos_cluster", "test_diagnosis_cluster",
+                  "test_cli_cluster", "test_training_last_batch", "test_cluster_pinning_cluster",
+                  "test_progress_cluster", "test_code_upload_cluster", "test_hf_vit", "test_queue_cluster",
+                  "test_run_policy_cluster", "test_local_clusters_cluster")
 
 
 def _longest_first_rank(item: pytest.Item) -> int:

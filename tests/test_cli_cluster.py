@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env, popen_rayjobs, run_rayjobs, write_spec
+from runner.errors import RayJobsError
+from tests.support.cli import cli_env, direct_api, popen_rayjobs, run_rayjobs, write_spec
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
 
@@ -19,8 +21,21 @@ SLOW_JOB = ("entrypoint: python -c \"import time; [(print('tick', i, flush=True)
             "for i in range(600)]\"\n")
 
 
+def plain_spec(directory: Path, name: str, body: str) -> Path:
+    """A spec that uploads no code: its job runs without the run record's keeper, one process fewer on the
+    cluster (a job whose entrypoint is a shell command or `python -c` needs neither)."""
+    path = directory / f"{name}.yaml"
+    path.write_text(f"name: {name}\n{body}")
+    return path
+
+
 def job_status(rayjobs_cli, job_id: str) -> str:
     return json.loads(rayjobs_cli("status", job_id, "--output", "json").stdout)["status"]
+
+
+def api_status(cluster, job_id: str) -> str:
+    """A job's status read in this process: waits poll with it, since a `rayjobs` subprocess per poll costs CPU."""
+    return direct_api(cluster).get_job(job_id)["status"]
 
 
 def job_ids(rayjobs_cli) -> set[str]:
@@ -30,11 +45,12 @@ def job_ids(rayjobs_cli) -> set[str]:
 
 
 def test_submit_follows_to_success(rayjobs_cli, tmp_path):
+    # Two tasks: each task start is a worker process; 0² + 1² still shows the tasks' results came back.
     spec = write_spec(tmp_path, "hello-ok", "entrypoint: python -m workloads.hello\n"
-                                             "workload:\n  kind: hello\n  tasks: 4\n  work_ms: 10\n")
+                                             "workload:\n  kind: hello\n  tasks: 2\n  work_ms: 10\n")
     result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 0, result.stderr
-    assert "hello: sum of squares = 14 (expected 14)" in result.stdout
+    assert "hello: sum of squares = 1 (expected 1)" in result.stdout
     assert "SUCCEEDED in" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -64,9 +80,15 @@ def test_a_proxy_in_the_environment_does_not_stand_between_rayjobs_and_a_local_c
     assert isinstance(json.loads(listed.stdout), list)
 
 
-def test_json_output_keeps_stdout_parsable(rayjobs_cli, tmp_path):
-    spec = write_spec(tmp_path, "json-out", "entrypoint: echo from-the-job\n")
-    result = rayjobs_cli("submit", str(spec), "--output", "json")
+@pytest.fixture(scope="module")
+def json_submitted(ray_cluster, ray_cluster_home, tmp_path_factory) -> subprocess.CompletedProcess:
+    """`rayjobs submit --output json` of a job that prints one line: its JSON output, and a job Ray's CLI then reads."""
+    spec = plain_spec(tmp_path_factory.mktemp("json-out"), "json-out", "entrypoint: echo from-the-job\n")
+    return run_rayjobs("submit", str(spec), "--output", "json", home=ray_cluster_home)
+
+
+def test_json_output_keeps_stdout_parsable(json_submitted):
+    result = json_submitted
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["status"] == "SUCCEEDED" and summary["exit_code"] == 0
@@ -79,7 +101,7 @@ def test_json_output_keeps_stdout_parsable(rayjobs_cli, tmp_path):
 
 
 def test_no_wait_then_logs_follow(rayjobs_cli, tmp_path):
-    spec = write_spec(tmp_path, "no-wait", "entrypoint: python -c \"import time; [(print('line', i, flush=True), "
+    spec = plain_spec(tmp_path, "no-wait", "entrypoint: python -c \"import time; [(print('line', i, flush=True), "
                                            "time.sleep(0.3)) for i in range(5)]\"\n")
     submitted = rayjobs_cli("submit", str(spec), "--no-wait")
     assert submitted.returncode == 0, submitted.stderr
@@ -98,10 +120,9 @@ def test_no_wait_then_logs_follow(rayjobs_cli, tmp_path):
     assert tail.stdout.strip() == "line 4"
 
 
-def test_stop_and_status_and_delete(rayjobs_cli, tmp_path):
-    spec = write_spec(tmp_path, "to-stop", SLOW_JOB)
-    job_id = rayjobs_cli("submit", str(spec), "--no-wait").stdout.strip()
-    wait_for_condition(lambda: job_status(rayjobs_cli, job_id) == "RUNNING", timeout_s=60)
+def test_stop_and_status_and_delete(detached, rayjobs_cli):
+    # The job the Ctrl-C test left running (one slow job serves both).
+    job_id = detached["job_id"]
     running = rayjobs_cli("status", job_id)
     assert running.returncode == 0 and "RUNNING" in running.stdout
     refused = rayjobs_cli("delete", job_id)
@@ -112,7 +133,7 @@ def test_stop_and_status_and_delete(rayjobs_cli, tmp_path):
     status = rayjobs_cli("status", job_id)
     assert status.returncode == 3 and "STOPPED" in status.stdout
     listed = rayjobs_cli("list", "--status", "STOPPED")
-    assert job_id in listed.stdout and "to-stop" in listed.stdout
+    assert job_id in listed.stdout and "detach" in listed.stdout
     deleted = rayjobs_cli("delete", job_id)
     assert deleted.returncode == 0, deleted.stderr
     gone = rayjobs_cli("status", job_id)
@@ -136,21 +157,27 @@ def test_bad_spec_submits_nothing(rayjobs_cli, tmp_path):
     assert job_ids(rayjobs_cli) == before
 
 
-def test_timeout_stops_the_job(rayjobs_cli, tmp_path):
-    spec = write_spec(tmp_path, "too-slow", SLOW_JOB + "timeout_s: 3\n")
+def test_timeout_stops_the_job(ray_cluster, rayjobs_cli, tmp_path):
+    spec = plain_spec(tmp_path, "too-slow", SLOW_JOB + "timeout_s: 3\n")
     result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 5, result.stderr
     assert "ran past its timeout_s of 3s" in result.stderr
     job_id = next(word for word in result.stderr.split() if word.startswith("raysubmit_"))
     if "The stop is queued" in result.stderr:
         # On a loaded machine the job may still be PENDING at 3 s: Ray applies the stop once it starts.
-        wait_for_condition(lambda: job_status(rayjobs_cli, job_id) == "STOPPED", timeout_s=HANG_GUARD_S)
+        wait_for_condition(lambda: api_status(ray_cluster, job_id) == "STOPPED", timeout_s=HANG_GUARD_S,
+                           interval_s=0.5)
     else:
         assert job_status(rayjobs_cli, job_id) == "STOPPED"
 
 
-def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rayjobs_cli, tmp_path):
-    spec = write_spec(tmp_path, "detach", SLOW_JOB)
+@pytest.fixture(scope="module")
+def detached(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
+    """A slow job followed by `rayjobs submit` until Ctrl-C: the command's exit, and the job it left running.
+
+    The test of `stop`, `status` and `delete` goes on with that same job (it stops it); without it the job is
+    stopped when the module ends."""
+    spec = plain_spec(tmp_path_factory.mktemp("detach"), "detach", SLOW_JOB)
     # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print every thread's stack.
     process = popen_rayjobs("submit", str(spec), home=ray_cluster_home, PYTHONFAULTHANDLER="1")
     try:
@@ -170,26 +197,34 @@ def test_ctrl_c_detaches_and_leaves_the_job_running(ray_cluster_home, rayjobs_cl
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, stderr
-    assert "keeps running on the cluster" in stderr
-    job_id = next(word.rstrip(",") for word in stderr.split() if word.startswith("raysubmit_"))
-    assert job_status(rayjobs_cli, job_id) == "RUNNING"
-    assert rayjobs_cli("stop", job_id, "--wait").returncode == 0
+    job_id = next((word.rstrip(",") for word in stderr.split() if word.startswith("raysubmit_")), None)
+    yield {"code": process.returncode, "stderr": stderr, "job_id": job_id,
+           "status_after": api_status(ray_cluster, job_id) if job_id else None}
+    if job_id:
+        # The stop test normally stopped and deleted it already (then the job is gone: nothing to stop).
+        with contextlib.suppress(RayJobsError):
+            direct_api(ray_cluster).stop_job(job_id)
 
 
-def test_interop_with_ray_job_cli(ray_cluster, rayjobs_cli, tmp_path):
+def test_ctrl_c_detaches_and_leaves_the_job_running(detached):
+    assert detached["code"] == 130, detached["stderr"]
+    assert "keeps running on the cluster" in detached["stderr"]
+    assert detached["job_id"], detached["stderr"]
+    assert detached["status_after"] == "RUNNING"
+
+
+def test_interop_with_ray_job_cli(ray_cluster, rayjobs_cli, json_submitted):
     env = cli_env(None, RAY_ADDRESS=ray_cluster.dashboard_url, RAY_AUTH_MODE="token",
                   RAY_AUTH_TOKEN_PATH=str(ray_cluster.token_file))
     ray_cli = [str(Path(sys.executable).parent / "ray"), "job"]
     # rayjobs submits, Ray's CLI reads it.
-    spec = write_spec(tmp_path, "interop", "entrypoint: echo interop-from-rayjobs\n")
-    submitted = rayjobs_cli("submit", str(spec), "--output", "json")
-    job_id = json.loads(submitted.stdout)["submission_id"]
+    assert json_submitted.returncode == 0, json_submitted.stderr
+    job_id = json.loads(json_submitted.stdout)["submission_id"]
     ray_status = subprocess.run([*ray_cli, "status", job_id], capture_output=True, text=True, env=env, timeout=120)
     assert ray_status.returncode == 0, ray_status.stderr
     assert "succeeded" in ray_status.stdout.lower()
     ray_logs = subprocess.run([*ray_cli, "logs", job_id], capture_output=True, text=True, env=env, timeout=120)
-    assert "interop-from-rayjobs" in ray_logs.stdout
+    assert "from-the-job" in ray_logs.stdout
     # Ray's CLI submits, rayjobs reads it.
     ray_submit = subprocess.run([*ray_cli, "submit", "--no-wait", "--submission-id", "from-ray-cli", "--",
                                  "echo", "interop-from-ray"], capture_output=True, text=True, env=env, timeout=120)

@@ -46,8 +46,9 @@ def test_a_training_job_stays_on_its_own_cluster_while_another_runs_on_the_host(
     code.mkdir()
     shutil.copy(SCRIPT, code / "train.py")
     spec = tmp_path / "pinned.yaml"
+    # One training worker is enough: the controller and the worker are both actors the scan could mislead.
     spec.write_text(f"name: pinned\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 2 "
-                    f"--epoch-s 0 --max-failures 0\nrecord_path: {tmp_path / 'records'}\n"
+                    f"--epoch-s 0 --max-failures 0 --workers 1\nrecord_path: {tmp_path / 'records'}\n"
                     f"runtime_env:\n  working_dir: {code}\n")
     # --raw: the log exactly as written, so that no line of Ray's is held back from the check below.
     result = rayjobs_cli("submit", str(spec), "--raw", timeout=300)

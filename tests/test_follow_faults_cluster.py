@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from jobs.infra.status import TERMINAL_STATUSES
 from runner.local import loopback_env
 from tests.support.cli import REPO_ROOT, cli_env, dashboard_port, direct_api, rayjobs_command
 from tests.support.fault_proxy import FaultProxy
 from tests.support.follow_scenarios import (
     CLI_TIMEOUT_S,
+    ENDED_JOB_LINES,
     EXPECTED_LINES,
     LINE_COUNT,
     LINE_GAP_S,
@@ -39,7 +39,7 @@ from tests.support.follow_scenarios import (
     numbered_lines,
     record_figure,
 )
-from tests.support.waiting import HANG_GUARD_S, wait_for_condition
+from tests.support.waiting import HANG_GUARD_S
 
 
 @pytest.fixture(scope="module")
@@ -144,23 +144,17 @@ def _cli(home: Path, cluster, *args: str, timeout: float = CLI_TIMEOUT_S, addres
                           cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
 
 
-def _ended_job(cluster, home: Path, directory: Path, name: str, lines: int, exit_code: int) -> str:
-    spec = directory / f"{name}.yaml"
-    spec.write_text(f"name: {name}\nentrypoint: python -c \"import sys; [print('line', i) for i in range({lines})]; "
-                    f"sys.exit({exit_code})\"\n")
-    submitted = _cli(home, cluster, "submit", str(spec), "--no-wait")
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip()
-    api = direct_api(cluster)
-    wait_for_condition(lambda: api.get_job(job_id)["status"] in TERMINAL_STATUSES, timeout_s=120)
-    return job_id
-
-
 @pytest.fixture(scope="module")
-def ended_jobs(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict[int, str]:
-    """One job that succeeded and one that failed, each after printing 300 lines: exit code → id."""
-    directory = tmp_path_factory.mktemp("ended-jobs")
-    return {code: _ended_job(ray_cluster, ray_cluster_home, directory, f"ended-{code}", 300, code) for code in (0, 1)}
+def ended_jobs(follow_fault_scenarios) -> dict[int, str]:
+    """One job that succeeded and one that failed, each after printing 300 lines: exit code → id.
+
+    They are the first two of the concurrent submits, which print those lines too."""
+    runs = follow_fault_scenarios["many"].result(timeout=HANG_GUARD_S * 3)
+    ended = {}
+    for run in runs[:2]:
+        assert run["code"] == run["expected_code"], run
+        ended[run["expected_code"]] = re.search(r"submitted many-\d+ as (raysubmit_\w+)", run["stderr"])[1]
+    return ended
 
 
 def test_logs_follow_on_an_ended_job(ray_cluster, ray_cluster_home, ended_jobs, figures_file):
@@ -168,7 +162,7 @@ def test_logs_follow_on_an_ended_job(ray_cluster, ray_cluster_home, ended_jobs, 
     for code, job_id in ended_jobs.items():
         followed = _cli(ray_cluster_home, ray_cluster, "logs", job_id, "--follow")
         assert followed.returncode == code, followed.stderr
-        assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(300)], followed.stderr
+        assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(ENDED_JOB_LINES)], followed.stderr
         assert "Traceback" not in followed.stderr
     record_figure("logs_follow_ended_s", round(time.monotonic() - started, 1))
 
@@ -189,7 +183,7 @@ def test_logs_follow_through_status_answers_cut_off_mid_body(ray_cluster, ray_cl
     assert "Traceback" not in followed.stderr, followed.stderr
     assert followed.returncode == 1, followed.stderr
     assert faults_left == 0  # both cut-off answers really happened
-    assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(300)], followed.stderr
+    assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(ENDED_JOB_LINES)], followed.stderr
 
 
 def test_logs_follow_through_502s_on_the_final_log_fetch(ray_cluster, ray_cluster_home, ended_jobs):
@@ -199,5 +193,5 @@ def test_logs_follow_through_502s_on_the_final_log_fetch(ray_cluster, ray_cluste
                                                    ("/api/v0/logs/file", "502"))
     assert followed.returncode == 0, followed.stderr
     assert "could not fetch" not in followed.stderr
-    assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(300)], followed.stderr
+    assert numbered_lines(followed.stdout) == [f"line {i}" for i in range(ENDED_JOB_LINES)], followed.stderr
     assert faults_left == 0  # both 502s really happened

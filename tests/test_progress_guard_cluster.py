@@ -41,8 +41,10 @@ def test_a_failing_progress_hook_beside_the_jobs_own_callback_leaves_the_trainin
     shutil.copy(SCRIPT, code / "train.py")
     (code / "user_callbacks.py").write_text(USER_CALLBACKS)
     spec = tmp_path / "guarded.yaml"
+    # One training worker: the callbacks run in the Train controller, whatever the number of workers.
     spec.write_text(f"name: guarded-train\nentrypoint: python train.py --storage {tmp_path / 'runs'} "
-                    f"--epochs {EPOCHS} --epoch-s 0.1\nrecord_path: {tmp_path / 'records'}\nrecord_every_s: 1\n"
+                    f"--epochs {EPOCHS} --epoch-s 0.1 --workers 1\n"
+                    f"record_path: {tmp_path / 'records'}\nrecord_every_s: 1\n"
                     f"runtime_env:\n  working_dir: {code}\n  env_vars:\n"
                     "    RAY_TRAIN_CALLBACKS: user_callbacks.CountingCallback,user_callbacks.BrokenProgress\n")
     submitted = rayjobs_cli("submit", str(spec), timeout=300)

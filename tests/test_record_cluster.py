@@ -64,8 +64,10 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
             for name, value in aws.items():
                 patch.setenv(name, value)
             run = Folder(f"s3://records/runs/counting-{job_id}")
-            # Nobody follows the job: what is in S3 was put there by the job itself.
-            wait_for_condition(lambda: attempt_log(run, job_id).count(b"\nline ") >= 30, timeout_s=HANG_GUARD_S)
+            # Nobody follows the job: what is in S3 was put there by the job itself, once a second
+            # (record_every_s), so looking more often would only add reads.
+            wait_for_condition(lambda: attempt_log(run, job_id).count(b"\nline ") >= 30, timeout_s=HANG_GUARD_S,
+                               interval_s=1)
             # session_latest links to the session's folder: one file, found under two names.
             (driver_log,) = {path.resolve() for path in
                              Path(cluster.temp_dir).glob(f"session_*/logs/job-driver-{job_id}.log")}

@@ -1,5 +1,8 @@
 """The commands that read run records with no cluster (``runs``, ``show``, ``logs RUN``, ``compare``, ``rerun``),
-on records the job's own keeper wrote, and what ``submit`` asks a job to record."""
+on records the job's own keeper wrote, and what ``submit`` asks a job to record.
+
+One ``runs`` and one ``rerun`` go through the real ``rayjobs`` process; the other calls run the same command
+in-process, where what they print and their exit codes are the same and a process start is not the point."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from jobs.loader import load_spec
 from jobs.submission import RECORD_COMMAND, build_submission, user_entrypoint
 from runner.errors import ExitCode
 from runner.runs.report import LOST, run_status
-from tests.support.cli import cli_env, run_rayjobs
+from tests.support.cli import cli_env, rayjobs_in_process, run_rayjobs
 from tests.support.waiting import HANG_GUARD_S
 from workloads.rayjobs_observe import record
 
@@ -64,23 +67,23 @@ def test_runs_lists_each_run_newest_first_with_status_and_metrics(records):
     assert first.split()[:2] == ["lr-large", "FAILED"] and second.split()[:2] == ["lr-small", "SUCCEEDED"]
     assert "val_loss 0.4" in second and "val_accuracy 0.6" in second
 
-    as_json = json.loads(run_rayjobs("runs", str(records), "--output", "json").stdout)
+    as_json = json.loads(rayjobs_in_process("runs", str(records), "--output", "json").stdout)
     assert [(run["run"], run["status"], run["iterations"]) for run in as_json] == [
         ("lr-large", "FAILED", 2), ("lr-small", "SUCCEEDED", 3)]
 
 
 def test_show_logs_and_compare_read_the_record_alone(records, tmp_path):
-    shown = run_rayjobs("show", str(records / "lr-small"))
+    shown = rayjobs_in_process("show", str(records / "lr-small"))
     assert shown.returncode == 0, shown.stderr
     assert "status:     SUCCEEDED" in shown.stdout and "3 of 3 reports" in shown.stdout
     assert "1. raysubmit_small  SUCCEEDED exit 0" in shown.stdout
 
-    logs = run_rayjobs("logs", str(records / "lr-small"))
+    logs = rayjobs_in_process("logs", str(records / "lr-small"))
     assert logs.stdout.encode() == (records / "raysubmit_small.log").read_bytes()
-    assert run_rayjobs("logs", str(records / "lr-small"), "--tail", "1").stdout.count("\n") == 1
+    assert rayjobs_in_process("logs", str(records / "lr-small"), "--tail", "1").stdout.count("\n") == 1
 
     plot = tmp_path / "curves.png"
-    compared = run_rayjobs("compare", str(records / "lr-small"), str(records / "lr-large"), "--plot", str(plot))
+    compared = rayjobs_in_process("compare", str(records / "lr-small"), str(records / "lr-large"), "--plot", str(plot))
     assert compared.returncode == 0, compared.stderr
     rows = {line.split()[0]: line.split()[1:] for line in compared.stdout.splitlines()[1:]}
     assert rows["status"] == ["SUCCEEDED", "FAILED"]
@@ -89,11 +92,11 @@ def test_show_logs_and_compare_read_the_record_alone(records, tmp_path):
 
 
 def test_a_missing_run_or_one_run_to_compare_is_a_clear_error(records, tmp_path):
-    missing = run_rayjobs("show", str(tmp_path / "nothing-here"))
+    missing = rayjobs_in_process("show", str(tmp_path / "nothing-here"))
     assert missing.returncode == ExitCode.NOT_FOUND and "no run record at" in missing.stderr
-    alone = run_rayjobs("compare", str(records / "lr-small"))
+    alone = rayjobs_in_process("compare", str(records / "lr-small"))
     assert alone.returncode == ExitCode.BAD_INPUT and "at least two" in alone.stderr
-    empty = run_rayjobs("runs", str(tmp_path))
+    empty = rayjobs_in_process("runs", str(tmp_path))
     assert empty.returncode == 0 and "no runs recorded in" in empty.stderr
 
 
@@ -154,17 +157,17 @@ def test_rerun_submits_the_recorded_spec_and_refuses_changed_code(tmp_path):
     assert refused.returncode == ExitCode.BAD_INPUT and "set API_KEY in this shell's environment" in refused.stderr
 
     env["API_KEY"] = "s3cret"
-    same = run_rayjobs("rerun", str(run_dir), "--dry-run", "--output", "json", env=env)
+    same = rayjobs_in_process("rerun", str(run_dir), "--dry-run", "--output", "json", env=env)
     assert same.returncode == 0, same.stderr
     assert json.loads(same.stdout)["runtime_env"]["working_dir"] == str(code)
 
     (code / "train.py").write_text("print('v2')\n")
-    changed = run_rayjobs("rerun", str(run_dir), "--dry-run", env=env)
+    changed = rayjobs_in_process("rerun", str(run_dir), "--dry-run", env=env)
     assert changed.returncode == ExitCode.BAD_INPUT and "has changed since the run" in changed.stderr
-    forced = run_rayjobs("rerun", str(run_dir), "--dry-run", "--force", env=env)
+    forced = rayjobs_in_process("rerun", str(run_dir), "--dry-run", "--force", env=env)
     assert forced.returncode == 0 and "warning: the code in" in forced.stderr
 
     shutil.rmtree(code)
-    gone = run_rayjobs("rerun", str(run_dir), "--dry-run", env=env)
+    gone = rayjobs_in_process("rerun", str(run_dir), "--dry-run", env=env)
     assert gone.returncode == ExitCode.BAD_INPUT
     assert "is not valid here" in gone.stderr and "working_dir" in gone.stderr and "does not exist" in gone.stderr

@@ -15,7 +15,7 @@ from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.errors import ExitCode
 from runner.runs.store import Folder
-from tests.support.cli import REPO_ROOT, cli_env, run_rayjobs
+from tests.support.cli import REPO_ROOT, cli_env, rayjobs_in_process, run_rayjobs
 
 
 def recorded_run(tmp_path: Path, spec_text: str, run_name: str, *, reruns: list[str] | None = None) -> Path:
@@ -56,7 +56,7 @@ def test_a_rerun_is_a_new_run_beside_the_old_one_and_continue_keeps_the_old_one(
     assert "the spec differs" not in planned.stderr, "the recorded spec comes back as it was recorded"
     assert "reruns" not in json.loads((old / "run.json").read_text()), "a dry run links nothing"
 
-    continued = run_rayjobs("rerun", str(old), "--dry-run", "--continue", "--output", "json", env=env)
+    continued = rayjobs_in_process("rerun", str(old), "--dry-run", "--continue", "--output", "json", env=env)
     assert continued.returncode == 0, continued.stderr
     record = json.loads(json.loads(continued.stdout)["runtime_env"]["env_vars"][RECORD_ENV_VAR])
     assert record["run_dir"] == str(old) and "links" not in record
@@ -79,7 +79,7 @@ def test_each_difference_from_the_recorded_run_is_listed_and_changed_py_modules_
     (old / "run.json").write_text(json.dumps(document))
     env = cli_env(tmp_path / "home")
 
-    same = run_rayjobs("rerun", str(old), "--dry-run", "--set", "runtime_env.env_vars.SEED=2", env=env)
+    same = rayjobs_in_process("rerun", str(old), "--dry-run", "--set", "runtime_env.env_vars.SEED=2", env=env)
     assert same.returncode == 0, same.stderr
     assert ("warning: the spec differs from the recorded one: runtime_env.env_vars.SEED: (not set) in the record, "
             '"2" now') in same.stderr
@@ -87,10 +87,10 @@ def test_each_difference_from_the_recorded_run_is_listed_and_changed_py_modules_
     assert "py_modules" not in same.stderr
 
     (shared_code / "util.py").write_text("SCALE = 2\n")
-    refused = run_rayjobs("rerun", str(old), "--dry-run", env=env)
+    refused = rayjobs_in_process("rerun", str(old), "--dry-run", env=env)
     assert refused.returncode == ExitCode.BAD_INPUT
     assert f"the code in the py_modules entry {shared_code} has changed since the run" in refused.stderr
-    forced = run_rayjobs("rerun", str(old), "--dry-run", "--force", env=env)
+    forced = rayjobs_in_process("rerun", str(old), "--dry-run", "--force", env=env)
     assert forced.returncode == 0 and "running the code as it is now (--force)" in forced.stderr
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 
-from tests.support.cli import popen_rayjobs, write_spec
+import pytest
+
+from tests.support.cli import popen_rayjobs, run_rayjobs, write_spec
 from tests.support.waiting import HANG_GUARD_S
 
-SUBMITTERS = 6
-
+# Three submitters at once already race for one id; each is a `rayjobs` process following the job to its end.
+SUBMITTERS = 3
 
 
 def test_retry_on_exit_code_resubmits_with_linked_attempts(rayjobs_cli, tmp_path):
@@ -45,16 +47,33 @@ def test_a_missing_module_is_never_retried(rayjobs_cli, tmp_path):
             "missing again in the next attempt") in result.stderr
 
 
-def test_fixed_submission_id_attaches_or_conflicts(rayjobs_cli, tmp_path):
+@pytest.fixture(scope="module")
+def fixed_job(ray_cluster_home, tmp_path_factory) -> dict:
+    """One job with a fixed submission id and secrets in its environment, submitted with `--output json`.
+
+    Each job costs the cluster a driver and a worker process: this one serves both the attach-or-conflict test
+    and the masking test."""
+    directory = tmp_path_factory.mktemp("fixed")
     job_id = f"fixed-{uuid.uuid4().hex[:8]}"
-    spec = write_spec(tmp_path, "fixed", f"entrypoint: echo fixed-id-job\nsubmission_id: {job_id}\n")
-    first = rayjobs_cli("submit", str(spec))
+    spec = directory / "fixed.yaml"
+    spec.write_text(f"name: fixed\nentrypoint: echo fixed-id-job\nsubmission_id: {job_id}\n"
+                    "runtime_env:\n  env_vars:\n    DB_PASSWORD: hunter2\n    PLAIN_BUT_PRIVATE: swordfish\n"
+                    "    VISIBLE: shown\nsecret_env_vars: [PLAIN_BUT_PRIVATE]\n")
+    first = run_rayjobs("submit", str(spec), "--output", "json", home=ray_cluster_home)
+    return {"job_id": job_id, "spec": spec, "first": first}
+
+
+def test_fixed_submission_id_attaches_or_conflicts(fixed_job, rayjobs_cli):
+    job_id, spec = fixed_job["job_id"], fixed_job["spec"]
+    first = fixed_job["first"]
     assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["submission_id"] == job_id
     again = rayjobs_cli("submit", str(spec))
     assert again.returncode == 0, again.stderr
     assert f"job {job_id} was already submitted from this spec" in again.stderr
     assert "fixed-id-job" in again.stdout
-    changed = write_spec(tmp_path, "fixed", f"entrypoint: echo something else\nsubmission_id: {job_id}\n")
+    changed = spec.with_name("changed.yaml")
+    changed.write_text(spec.read_text().replace("echo fixed-id-job", "echo something else"))
     conflict = rayjobs_cli("submit", str(changed))
     assert conflict.returncode == 2
     assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
@@ -82,11 +101,8 @@ def test_submitters_of_one_spec_started_at_once_share_one_job(rayjobs_cli, ray_c
     assert f"submission_id '{job_id}' is already taken by a job with different content" in conflict.stderr
 
 
-def test_secrets_masked_in_status_and_list(rayjobs_cli, tmp_path):
-    spec = tmp_path / "secrets.yaml"
-    spec.write_text("name: secrets\nentrypoint: echo done\nruntime_env:\n  env_vars:\n    DB_PASSWORD: hunter2\n"
-                    "    PLAIN_BUT_PRIVATE: swordfish\n    VISIBLE: shown\nsecret_env_vars: [PLAIN_BUT_PRIVATE]\n")
-    result = rayjobs_cli("submit", str(spec), "--output", "json")
+def test_secrets_masked_in_status_and_list(fixed_job, rayjobs_cli):
+    result = fixed_job["first"]
     assert result.returncode == 0, result.stderr
     job_id = json.loads(result.stdout)["submission_id"]
     for output in (rayjobs_cli("status", job_id, "--output", "json").stdout,

@@ -9,6 +9,7 @@ attempt that starts again continues its run. Plus the spec's side: the block's c
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -21,7 +22,9 @@ from tests.support.cli import REPO_ROOT
 from tests.support.fault_proxy import FaultProxy
 from tests.support.mlflow_server import free_port
 
-pytest.importorskip("mlflow", reason="MLflow's client comes with the dev extra (rayjobs[mlflow])")
+# Looked up, not imported: importing MLflow costs every test process seconds at collection, tests or not.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
+                                reason="MLflow's client comes with the dev extra (rayjobs[mlflow])")
 
 QUICKSTART = REPO_ROOT / "specs" / "quickstart.yaml"
 

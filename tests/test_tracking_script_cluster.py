@@ -19,7 +19,8 @@ def test_a_plain_ray_train_script_is_recorded_in_mlflow_with_no_change_to_it(ray
     experiment = f"script-{tmp_path.name}"
     spec = tmp_path / "tracked.yaml"
     spec.write_text(f"name: tracked-script\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 2 "
-                    f"--epoch-s 0\nrecord_path: {tmp_path / 'records'}\nruntime_env:\n  working_dir: {code}\n"
+                    f"--epoch-s 0 --workers 1\nrecord_path: {tmp_path / 'records'}\n"
+                    f"runtime_env:\n  working_dir: {code}\n"
                     + TRACKING.format(uri=mlflow_tracking_server.uri, experiment=experiment))
     result = rayjobs_cli("submit", str(spec), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

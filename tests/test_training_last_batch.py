@@ -69,15 +69,16 @@ def test_ray_data_training_on_a_size_that_leaves_one_image_per_worker_finishes_a
         workload_ray, tmp_path):
     from workloads.vision.training.stage import run_training
 
-    root = write_tiny_dataset(tmp_path / "data", CLASSES, {"train": TRAIN_PER_CLASS, "val": VAL_PER_CLASS},
-                              image_size=IMAGE_SIZE)
+    # Three classes of 6: the same 18 training rows, and 15 validation rows that two workers cannot split evenly.
+    classes = [*CLASSES, "blue"]
+    root = write_tiny_dataset(tmp_path / "data", classes, {"train": 6, "val": VAL_PER_CLASS}, image_size=IMAGE_SIZE)
     params = tiny_params(root, tmp_path / "runs", "odd", epochs=1, ingest="ray_data", data_cpus=0, num_to_keep=1)
     params = params.model_copy(update={"data": params.data.model_copy(update={"image_size": IMAGE_SIZE})})
     outcome = run_training(params, dataset_info(root))
 
     assert [int(row["epoch"]) for row in read_metrics_csv(outcome.metrics_csv)] == [1]
     meta = json.loads((Path(outcome.best_checkpoint) / "meta.json").read_text())
-    assert meta["val_rows"] == len(CLASSES) * VAL_PER_CLASS, "evaluation saw every validation image"
+    assert meta["val_rows"] == len(classes) * VAL_PER_CLASS == 15, "evaluation saw every validation image"
 
 
 def test_the_dataloader_path_trains_on_batches_of_two_or_more_and_says_once_what_an_epoch_skips(tmp_path, monkeypatch,

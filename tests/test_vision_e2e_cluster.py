@@ -58,10 +58,12 @@ def where(s3_endpoint: str, aws_env: dict[str, str], tmp_path: Path) -> Where:
 def test_quickstart_in_s3_stopped_mid_training_then_submitted_again_resumes_and_finishes(ray_cluster,
                                                                                           ray_cluster_home, where):
     run_dir = where.run_dir("e2e")
+    # Two training workers, as the spec has them (the summary names both), but one inference replica: what
+    # inference wrote is checked, not how many replicas wrote it.
     overrides = [*(f"runtime_env.env_vars.{name}={value}" for name, value in where.job_env.items()),
                  f"workload.data.output_dir={where.data}", f"workload.storage_path={where.runs}",
                  f"workload.data.synthetic_per_class={PER_CLASS}", "workload.data.image_size=24",
-                 "workload.train.batch_size=32", "workload.run_name=e2e"]
+                 "workload.train.batch_size=32", "workload.infer.num_actors=1", "workload.run_name=e2e"]
     first = [*overrides, f"workload.train.epochs={EPOCHS - 1}"]
     submitted = run_rayjobs("submit", "specs/quickstart.yaml", *[a for o in first for a in ("--set", o)],
                             "--no-wait", home=ray_cluster_home)

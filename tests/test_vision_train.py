@@ -1,6 +1,7 @@
 """Training stage of the vision workload: Parquet reading, Ray Train loop, checkpoints, resume, recovery.
 
-The Ray Train tests read the session's shared run (tests/support/tiny_run.py) instead of training their own.
+The Ray Train tests, fine-tuning from ImageNet weights included, read the session's shared run
+(tests/support/tiny_run.py) instead of training their own.
 """
 
 from __future__ import annotations
@@ -205,12 +206,13 @@ def test_validation_metrics_over_two_workers_equal_full_split_figures(tiny_run):
     assert reported["val_loss"] == pytest.approx(loss_sum / len(dataset), rel=1e-4)
 
 
-def test_a_finished_run_is_not_trained_again(tiny_run, tmp_path):
+def test_a_finished_run_is_not_trained_again(tiny_run, tmp_path, monkeypatch):
     """Resuming after a checkpoint (epochs raised, the schedule stretched) is the S3 quickstart's test
     (tests/test_vision_e2e_cluster.py); here, what needs no cluster: a run already at its last epoch is left as it
     is."""
     from workloads.vision.training.stage import run_training
 
+    monkeypatch.setenv("TORCH_HOME", str(tiny_run.torch_home))  # the run's ImageNet weights are read first
     params = copy_run(tiny_run, tmp_path / "runs")
     again = run_training(params, dataset_info(tiny_run.dataset))
     assert again.skipped and again.epochs_trained == []
@@ -283,27 +285,15 @@ def test_imagenet_weights_missing_offline_name_the_cache_and_how_to_seed_it(tmp_
     assert not (tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth").exists()
 
 
-def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbone(
-        workload_ray, tiny_dataset, workdir, monkeypatch):
+def test_imagenet_weights_from_a_pre_seeded_cache_fine_tune_with_a_frozen_backbone(tiny_run):
+    # The shared run starts from "ImageNet" weights seeded into torch.hub's cache (tests/support/tiny_run.py),
+    # which nothing downloads, with the backbone frozen for its first epoch.
     import torch
-    from torchvision.models import resnet18
 
-    from workloads.vision.training.stage import run_training
-
-    # torch.hub's cache layout; the hash in the name is only checked when downloading.
-    seeded = workdir / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
-    seeded.parent.mkdir(parents=True)
-    torch.manual_seed(7)
-    pretrained = resnet18(weights=None).state_dict()
-    torch.save(pretrained, seeded)
-    monkeypatch.setenv("TORCH_HOME", str(workdir / "torch"))
-    try:
-        outcome = run_training(_params(tiny_dataset, workdir / "runs", "imagenet", weights="imagenet",
-                                       freeze_epochs=1, lr=None, num_workers=1), dataset_info(tiny_dataset))
-    finally:
-        seeded.unlink()  # 45 MB
-    frozen = torch.load(outcome.run_dir / "checkpoint_epoch_0001" / "state.pt", map_location="cpu", weights_only=False)
-    unfrozen = torch.load(outcome.run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu", weights_only=False)
+    pretrained, run_dir = tiny_run.pretrained, tiny_run.outcome.run_dir
+    assert tiny_run.params.train.weights == "imagenet" and tiny_run.params.train.freeze_epochs == 1
+    frozen = torch.load(run_dir / "checkpoint_epoch_0001" / "state.pt", map_location="cpu", weights_only=False)
+    unfrozen = torch.load(run_dir / "checkpoint_epoch_0002" / "state.pt", map_location="cpu", weights_only=False)
     # Epoch 1 trained the new head only; epoch 2 the whole network.
     assert torch.equal(frozen["model"]["layer4.1.conv2.weight"], pretrained["layer4.1.conv2.weight"])
     assert frozen["model"]["fc.weight"].shape == (len(CLASSES), 512)

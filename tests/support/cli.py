@@ -49,6 +49,33 @@ def run_rayjobs(*args: str, home: Path | None = None, timeout: float = 180, cwd:
                           cwd=cwd or REPO_ROOT, env=env or cli_env(home), stdin=subprocess.DEVNULL)
 
 
+def rayjobs_in_process(*args: str, home: Path | None = None,
+                       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command run inside this test process (typer's runner), with the environment ``run_rayjobs`` would give it.
+
+    For commands whose process start is not what a test checks: a ``rayjobs`` process costs about half a
+    CPU-second to start (Python, pydantic, typer), many times over in a suite on 2 cores. The result is
+    shaped like ``run_rayjobs``'s, so a test can use either.
+    """
+    from typer.testing import CliRunner
+
+    from runner.cli.app import app
+
+    wanted = env or cli_env(home)
+    # The runner sets what it is given and restores it after; variables the real process would not see go too.
+    changes: dict[str, str | None] = {key: None for key in os.environ if key not in wanted}
+    changes.update(wanted)
+    previous = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        result = CliRunner().invoke(app, list(args), env=changes)
+    finally:
+        os.chdir(previous)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["rayjobs", *args], result.exit_code, result.stdout, result.stderr)
+
+
 def _interruptible() -> None:
     # A test suite started in the background inherits an ignored SIGINT, and Python keeps it
     # ignored; the command must see Ctrl-C the way it does in a terminal.

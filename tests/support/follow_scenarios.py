@@ -30,6 +30,7 @@ COUNTING_JOB = (f"entrypoint: python -c \"import time; [(print('line', i, flush=
 MAX_REQUESTS_PER_S = 2.0
 CLI_TIMEOUT_S = 180
 MANY_JOBS = 6
+ENDED_JOB_LINES = 300
 MANY_TIMEOUT_S = 300
 
 _figures: dict[str, Any] = {}
@@ -136,15 +137,20 @@ def outage_until_exit(proxy: FaultProxy, run: CliRun, cluster) -> dict[str, Any]
 
 
 def submit_many(cluster, home: Path, directory: Path) -> list[dict[str, Any]]:
-    """``MANY_JOBS`` short jobs submitted and followed at once, each by its own process; half fail."""
+    """``MANY_JOBS`` short jobs submitted and followed at once, each by its own process; half fail.
+
+    The first two (one succeeds, one fails) also print ``ENDED_JOB_LINES`` numbered lines: once ended, they are
+    the jobs whose whole log tests/test_follow_faults_cluster.py follows again (each job costs the cluster a
+    worker process and a driver, so these serve both)."""
     directory.mkdir(parents=True, exist_ok=True)
     env = cli_env(home, **loopback_env(cluster))
     started = time.monotonic()
     runs = []
     for index in range(MANY_JOBS):
         spec = directory / f"many-{index}.yaml"
+        numbered = f"[print('line', i) for i in range({ENDED_JOB_LINES})]; " if index < 2 else ""
         spec.write_text(f"name: many-{index}\nentrypoint: python -c \"import sys; [print('job {index} says', n) "
-                        f"for n in range(3)]; sys.exit({index % 2})\"\n")
+                        f"for n in range(3)]; {numbered}sys.exit({index % 2})\"\n")
         runs.append((index, subprocess.Popen([*rayjobs_command(), "submit", str(spec)], stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env,
                                              stdin=subprocess.DEVNULL)))

@@ -1,8 +1,10 @@
 """The one small training run the workload tests share: trained once per session, on the in-process Ray.
 
-Three colour classes at 16 px, two Ray Train workers, two epochs. Rank 1 dies at the start of the
-second epoch and Ray Train restores the run from the first epoch's checkpoint, so the same run proves
-recovery, the artefacts of a finished run and (after it) batch inference over its validation split.
+Three colour classes at 16 px, two Ray Train workers, two epochs, fine-tuned from ImageNet weights read
+from a pre-seeded torch.hub cache with the backbone frozen for the first epoch. Rank 1 dies at the start
+of the second epoch and Ray Train restores the run from the first epoch's checkpoint, so the same run
+proves fine-tuning, recovery, the artefacts of a finished run and (after it) batch inference over its
+validation split. Every Ray Train run costs tens of CPU-seconds of processes, so one run serves them all.
 Tests that change a run work on a copy (:func:`copy_run`), so none depends on the order they run in.
 """
 
@@ -23,6 +25,9 @@ TRAIN_PER_CLASS, VAL_PER_CLASS = 12, 5  # 15 validation rows: two ranks cannot s
 IMAGE_SIZE = 16
 RUN_NAME = "tiny"
 FAILING_EPOCH_INDEX = 1  # rank 1 exits at the start of epoch 2
+# torch.hub's cache layout; the hash in the name is only checked when downloading.
+IMAGENET_CACHE_FILE = Path("hub") / "checkpoints" / "resnet18-f37072fd.pth"
+PRETRAINED_SEED = 7
 
 
 def tiny_params(dataset: Path, storage: Path, run_name: str = RUN_NAME, **train: Any):
@@ -58,12 +63,31 @@ class TinyRun:
     rows: list[dict[str, float]]  # metrics.csv
     inference: dict[str, Any]  # the infer stage's metrics
     infer_printed: str  # what the infer stage, run alone on the finished run, printed
+    torch_home: Path  # TORCH_HOME whose torch.hub cache holds the "ImageNet" weights the run started from
+    pretrained: dict[str, Any]  # those weights (a ResNet-18 state dict)
 
 
 def write_tiny_data(directory: Path) -> Path:
     """The tiny dataset, in the preprocess stage's layout."""
     return write_tiny_dataset(directory, CLASSES, {"train": TRAIN_PER_CLASS, "val": VAL_PER_CLASS},
                               image_size=IMAGE_SIZE)
+
+
+def seed_imagenet_cache(torch_home: Path) -> dict[str, Any]:
+    """Put a ResNet-18 state dict where torch.hub caches the ImageNet weights under ``torch_home``; return it.
+
+    Seeded weights, not the published ones: nothing is downloaded, and the tests only need to tell them apart
+    from a fresh model's.
+    """
+    import torch
+    from torchvision.models import resnet18
+
+    seeded = torch_home / IMAGENET_CACHE_FILE
+    seeded.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(PRETRAINED_SEED)
+    pretrained = resnet18(weights=None).state_dict()
+    torch.save(pretrained, seeded)
+    return pretrained
 
 
 def train_tiny_run(directory: Path) -> TinyRun:
@@ -80,8 +104,11 @@ def train_tiny_run(directory: Path) -> TinyRun:
     from workloads.vision.training.stage import run_training
 
     dataset = write_tiny_data(directory / "data")
-    params = tiny_params(dataset, directory / "runs", max_failures=1)
+    torch_home = directory / "torch"
+    pretrained = seed_imagenet_cache(torch_home)
+    params = tiny_params(dataset, directory / "runs", max_failures=1, weights="imagenet", freeze_epochs=1)
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_HOME", str(torch_home))
         fail_workers_at_epoch(patch, FAILING_EPOCH_INDEX)
         outcome = run_training(params, dataset_info(dataset))
     rows = read_metrics_csv(outcome.run_dir / "metrics.csv")
@@ -89,7 +116,7 @@ def train_tiny_run(directory: Path) -> TinyRun:
     with contextlib.redirect_stdout(printed):
         produced = run_stages(params.model_copy(update={"stages": ["infer"]}))
     return TinyRun(dataset=dataset, params=params, outcome=outcome, rows=rows, inference=produced["infer"],
-                   infer_printed=printed.getvalue())
+                   infer_printed=printed.getvalue(), torch_home=torch_home, pretrained=pretrained)
 
 
 def copy_run(run: TinyRun, storage: Path):

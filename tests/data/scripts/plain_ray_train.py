@@ -1,6 +1,6 @@
 """A Ray Train script written the way Ray's own examples are, knowing nothing of rayjobs.
 
-Two workers fit a line for a few epochs, report loss each epoch and checkpoint from rank 0; a run
+Two workers (``--workers``) fit a line for a few epochs, report loss each epoch and checkpoint from rank 0; a run
 restarted by Ray Train continues after its last checkpoint. With ``--hang-at-epoch N`` rank 1 stops
 in epoch N without reporting it, the hang the Ray Train guide lists first under troubleshooting; with
 ``--collective-timeout-s`` as well, rank 0 gives up waiting for it in DDP's gradient all-reduce.
@@ -63,6 +63,7 @@ if __name__ == "__main__":
     parser.add_argument("--die-at-epoch", type=int, default=0, help="rank 1's process exits in this epoch (0: never)")
     parser.add_argument("--collective-timeout-s", type=int, default=None, help="gloo's timeout (default: Ray's)")
     parser.add_argument("--max-failures", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2, help="Ray Train workers (the rank 1 options need two)")
     args = parser.parse_args()
     torch_config = ray.train.torch.TorchConfig(**({"timeout_s": args.collective_timeout_s}
                                                   if args.collective_timeout_s else {}))
@@ -71,7 +72,7 @@ if __name__ == "__main__":
         train_loop_config={"epochs": args.epochs, "epoch_s": args.epoch_s,
                            "hang_at_epoch": args.hang_at_epoch, "die_at_epoch": args.die_at_epoch},
         torch_config=torch_config,
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(name="plain", storage_path=args.storage,
                              failure_config=FailureConfig(max_failures=args.max_failures)),
     )
