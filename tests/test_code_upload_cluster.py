@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env, run_rayjobs
+from tests.support.cli import cli_env, own_cluster, run_rayjobs
 from tests.support.s3_server import aws_variables, create_bucket, object_keys
 
 BUCKET = "team-code"
@@ -54,9 +54,7 @@ def test_a_150_mib_working_dir_runs_through_object_storage_and_is_uploaded_once(
     spec.write_text(f"name: big-code\nentrypoint: python check.py\ncode_path: s3://{BUCKET}/packages\n"
                     f"record_path: {tmp_path / 'records'}\nruntime_env:\n  working_dir: {code}\n")
 
-    up = run_rayjobs("cluster", "up", "--name", "code-from-s3", "--num-cpus", "1", home=home, timeout=400, env=env)
-    assert up.returncode == 0, up.stderr
-    try:
+    with own_cluster("code-from-s3", home, env):
         first = run_rayjobs("submit", str(spec), "--cluster", "code-from-s3", home=home, env=env, timeout=600)
         assert first.returncode == 0, first.stderr
         assert f"blob {CODE_MIB * 2**20} {digest}" in first.stdout, first.stdout + first.stderr
@@ -73,5 +71,3 @@ def test_a_150_mib_working_dir_runs_through_object_storage_and_is_uploaded_once(
         assert "uploaded working_dir" not in second.stderr, second.stderr
         records = sorted((tmp_path / "records").iterdir())
         assert len(records) == 2 and all((record / "run.json").is_file() for record in records), records
-    finally:
-        run_rayjobs("cluster", "down", "--name", "code-from-s3", home=home, timeout=120, env=env)

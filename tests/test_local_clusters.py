@@ -28,6 +28,14 @@ def _state_file(name: str) -> Path:
     return cluster_dir(name) / "cluster.json"
 
 
+def _write_state_of_a_gone_cluster(name: str, pid: int, temp_dir: str) -> None:
+    """The state file a cluster started a minute ago would have left, its pid now ``pid`` and nothing listening."""
+    stale = LocalCluster(name=name, dashboard_url="http://127.0.0.1:9", gcs_address="127.0.0.1:9", pid=pid,
+                         temp_dir=temp_dir, token_file=None, log_file="", started_at=time.time() - 60)
+    cluster_dir(name).mkdir(parents=True)
+    _state_file(name).write_text(stale.to_json())
+
+
 def test_rayjobs_home_follows_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("RAYJOBS_HOME", str(tmp_path / "elsewhere"))
     assert rayjobs_home() == tmp_path / "elsewhere"
@@ -159,18 +167,7 @@ def test_stale_state_of_a_dead_process_is_dropped():
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()
     temp_dir = tempfile.mkdtemp(prefix="rj-", dir="/tmp")
-    stale = LocalCluster(
-        name="stale",
-        dashboard_url="http://127.0.0.1:9",
-        gcs_address="127.0.0.1:9",
-        pid=finished.pid,
-        temp_dir=temp_dir,
-        token_file=None,
-        log_file="",
-        started_at=time.time() - 60,
-    )
-    cluster_dir("stale").mkdir(parents=True)
-    _state_file("stale").write_text(stale.to_json())
+    _write_state_of_a_gone_cluster("stale", finished.pid, temp_dir)
 
     assert local.status("stale") is None
     assert not _state_file("stale").exists()
@@ -183,18 +180,7 @@ def test_state_pointing_at_an_unrelated_process_never_kills_it():
     # that leads its own session, like our `ray start` did.
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        stale = LocalCluster(
-            name="reused",
-            dashboard_url="http://127.0.0.1:9",
-            gcs_address="127.0.0.1:9",
-            pid=bystander.pid,
-            temp_dir="/tmp/rj-never-created",
-            token_file=None,
-            log_file="",
-            started_at=time.time() - 60,
-        )
-        cluster_dir("reused").mkdir(parents=True)
-        _state_file("reused").write_text(stale.to_json())
+        _write_state_of_a_gone_cluster("reused", bystander.pid, "/tmp/rj-never-created")
         assert local.status("reused") is None
         assert not _state_file("reused").exists()
         assert bystander.poll() is None

@@ -14,7 +14,7 @@ import pytest
 from runner.local.state import LocalCluster
 from runner.runs.report import LOST, run_status
 from runner.runs.store import Folder, attempt_log, read_run
-from tests.support.cli import cli_env, run_rayjobs
+from tests.support.cli import cli_env, own_cluster, run_rayjobs
 from tests.support.ray_instances import kill_processes
 from tests.support.s3_server import aws_variables, create_bucket
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
@@ -53,10 +53,7 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
     spec.write_text(f"name: counting\nentrypoint: python count.py\nrecord_path: s3://records/runs\n"
                     f"record_every_s: 1\nruntime_env:\n  working_dir: {code}\n  env_vars:\n{env_vars}")
 
-    up = run_rayjobs("cluster", "up", "--name", "doomed", "--num-cpus", "1", home=home, timeout=400, env=env)
-    assert up.returncode == 0, up.stderr
-    try:
-        cluster = LocalCluster.from_json((home / "clusters" / "doomed" / "cluster.json").read_text())
+    with own_cluster("doomed", home, env) as cluster:
         submitted = run_rayjobs("submit", str(spec), "--no-wait", "--cluster", "doomed", home=home, env=env)
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted.stdout.strip()
@@ -78,8 +75,6 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
             psutil.wait_procs(victims, timeout=HANG_GUARD_S)
             written = driver_log.read_bytes()
             document, saved = read_run(run), attempt_log(run, job_id)
-    finally:
-        run_rayjobs("cluster", "down", "--name", "doomed", home=home, timeout=120, env=env)
 
     (attempt,) = document["attempts"]
     assert document["status"] == "RUNNING", "nobody was left to say how it ended"

@@ -76,6 +76,20 @@ def rayjobs_in_process(*args: str, home: Path | None = None,
     return subprocess.CompletedProcess(["rayjobs", *args], result.exit_code, result.stdout, result.stderr)
 
 
+@contextlib.contextmanager
+def own_cluster(name: str, home: Path, env: dict[str, str]) -> Iterator[Any]:
+    """``rayjobs cluster up --name NAME --num-cpus 1`` with ``env`` (its nodes inherit it, credentials included);
+    yields its ``LocalCluster`` and takes it down afterwards, whatever happened."""
+    from runner.local.state import LocalCluster
+
+    up = run_rayjobs("cluster", "up", "--name", name, "--num-cpus", "1", home=home, timeout=400, env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield LocalCluster.from_json((home / "clusters" / name / "cluster.json").read_text())
+    finally:
+        run_rayjobs("cluster", "down", "--name", name, home=home, timeout=120, env=env)
+
+
 def _interruptible() -> None:
     # A test suite started in the background inherits an ignored SIGINT, and Python keeps it
     # ignored; the command must see Ctrl-C the way it does in a terminal.
