@@ -24,13 +24,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.yaml_reader import MAX_SPEC_BYTES
 from runner.cli.app import app
-from tests.support.cli import run_rayjobs
+from tests.support.cli import rayjobs_in_process, run_rayjobs
 from tests.support.images import jpeg_bytes, make_hf_shards, write_text_as_jpeg, write_truncated_jpeg
 from workloads.vision.config import DataConfig
 from workloads.vision.errors import DataSourceError
@@ -163,18 +162,6 @@ def check_message(stderr: str, path: Path, case: Case) -> None:
         assert fragment in message, f"{fragment!r} not in: {message}"
 
 
-def rayjobs_in_process(*args: str, directory: Path):
-    """The command run in this process, from ``directory``: (exit code, stdout, stderr)."""
-    previous = os.getcwd()
-    os.chdir(directory)
-    try:
-        result = CliRunner().invoke(app, list(args))
-    finally:
-        os.chdir(previous)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result.exit_code, result.stdout, result.stderr
-
-
 def test_corpus_folder_and_table_agree():
     on_disk = {p.name for p in CORPUS.iterdir()}
     assert on_disk == set(CHECKED_IN)
@@ -184,20 +171,20 @@ def test_corpus_folder_and_table_agree():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_validate_refuses(case, tmp_path):
     path = case.make(tmp_path)
-    code, stdout, stderr = rayjobs_in_process("validate", str(path), directory=tmp_path)
-    assert code == 2, stderr
-    assert stdout == ""
-    check_message(stderr, path, case)
+    result = rayjobs_in_process("validate", str(path), home=tmp_path, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    check_message(result.stderr, path, case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_submit_refuses_before_any_network_use(case, tmp_path):
     path = case.make(tmp_path)
-    code, stdout, stderr = rayjobs_in_process("submit", str(path), "--address", CLOSED_ADDRESS, directory=tmp_path)
-    assert code == 2, stderr
-    assert stdout == ""
-    check_message(stderr, path, case)
-    assert "cannot reach" not in stderr
+    result = rayjobs_in_process("submit", str(path), "--address", CLOSED_ADDRESS, home=tmp_path, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    check_message(result.stderr, path, case)
+    assert "cannot reach" not in result.stderr
     # The python/object/apply payload would have created this file in the working directory.
     assert not (tmp_path / "rayjobs-corpus-pwned").exists()
 

@@ -49,8 +49,8 @@ def run_rayjobs(*args: str, home: Path | None = None, timeout: float = 180, cwd:
                           cwd=cwd or REPO_ROOT, env=env or cli_env(home), stdin=subprocess.DEVNULL)
 
 
-def rayjobs_in_process(*args: str, home: Path | None = None,
-                       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def rayjobs_in_process(*args: str, home: Path | None = None, env: dict[str, str] | None = None,
+                       cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The command run inside this test process (typer's runner), with the environment ``run_rayjobs`` would give it.
 
     For commands whose process start is not what a test checks: a ``rayjobs`` process costs about half a
@@ -66,7 +66,7 @@ def rayjobs_in_process(*args: str, home: Path | None = None,
     changes: dict[str, str | None] = {key: None for key in os.environ if key not in wanted}
     changes.update(wanted)
     previous = os.getcwd()
-    os.chdir(REPO_ROOT)
+    os.chdir(cwd or REPO_ROOT)
     try:
         result = CliRunner().invoke(app, list(args), env=changes)
     finally:
