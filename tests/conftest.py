@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from runner.local import DEFAULT_CLUSTER_NAME, LocalCluster, loopback_env
+from runner.local.environment import RAY_TRAIN_PREEMPTION_WATCHER_ENV
 from tests.support.ray_instances import local_cluster_in, private_ray
 
 # Variables that would silently point code under test at some other cluster.
@@ -34,7 +35,7 @@ from tests.support.ray_instances import local_cluster_in, private_ray
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 # Each Ray Train run starts an actor that watches for nodes being drained by a cloud provider (spot
 # preemption); no test drains a node, and on 2 cores its process cost 1.5 CPU-seconds a run.
-os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault(RAY_TRAIN_PREEMPTION_WATCHER_ENV, "0")  # as on a local cluster
 # Ray's worker pool, tuned for a suite of many short runs on 2 cores, where process start-ups (each
 # importing Ray, pyarrow, often torch) are much of the work: no workers are started ahead of a driver's
 # first task (most went unused), and up to 16 idle workers are kept for the next tasks instead of 2 (one
@@ -48,7 +49,6 @@ _FOREIGN_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADER
 
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "ray_cluster_home", "ray_cluster_env", "rayjobs_cli"})
 RAY_FIXTURES = frozenset({"workload_ray"})
-_TIER_ORDER = {"unit": 0, "ray": 1, "cluster": 2}
 _FOLLOW_FAULTS_MODULE = "test_follow_faults_cluster"
 # The follower's fault scenarios (~30 s, mostly waiting) run in the background of the process that checks
 # them, while that process runs these modules' cluster tests first.
@@ -89,11 +89,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # a test of its asks (an in-process Ray or a cluster costs ~10 s; one process holding every test
         # that uses the session cluster made that group alone longer than the rest of the suite).
         item.add_marker(pytest.mark.xdist_group(_group_of(item, used)))
-    # pytest-xdist hands out the groups in the order their first test comes. The longest go first, so that
-    # no test process is left with one of them while the other has finished; the rest by tier. A stable sort
-    # keeps each module's tests of one tier together, so module fixtures are built once. In the fault group
-    # the follower's scenarios run in the background while the CLI's tests run; their checks go last.
-    items.sort(key=lambda item: (_longest_first_rank(item), _TIER_ORDER[tier_of(item)], not _in_fault_group(item),
+    # pytest-xdist hands out the groups in the order their first test comes. By phase first: the in-process Ray's
+    # tests, then those that start clusters of their own, then those on the session cluster, then the unit
+    # tests. A test process then starts its in-process Ray once and its session cluster once, and never runs
+    # one idle beside the other (a Ray instance costs ~15 CPU-s to start and ~5 CPU-s a minute to keep).
+    # Within a phase the longest go first, so that no test process is left with one of them while the other
+    # has finished; the unit tests fill the end. A stable sort keeps each module's tests of one tier together,
+    # so module fixtures are built once. In the fault group the follower's scenarios run in the background
+    # while the CLI's tests run; their checks go last.
+    items.sort(key=lambda item: (_phase(item), _longest_first_rank(item), not _in_fault_group(item),
                                  item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)))
     config.stash[_FOLLOW_FAULTS_SELECTED] = any(item.module.__name__.endswith(_FOLLOW_FAULTS_MODULE)
                                                 for item in items)
@@ -106,6 +110,16 @@ _LONGEST_FIRST = ("test_sweep", "test_multinode_cluster", "test_vision_e2e_clust
                   "test_cli_cluster", "test_training_last_batch", "test_cluster_pinning_cluster",
                   "test_progress_cluster", "test_code_upload_cluster", "test_hf_vit", "test_queue_cluster",
                   "test_run_policy_cluster", "test_local_clusters_cluster")
+
+
+def _phase(item: pytest.Item) -> int:
+    """When a test runs: the in-process Ray's tier, own clusters, the session cluster, then the unit tests."""
+    tier = tier_of(item)
+    if tier == "ray":
+        return 0
+    if tier == "cluster":
+        return 2 if uses_session_cluster(item) else 1
+    return 3
 
 
 def _longest_first_rank(item: pytest.Item) -> int:
@@ -134,8 +148,10 @@ def _group_of(item: pytest.Item, used: set[str]) -> str:
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     # The in-process Ray serves the `ray` tier only: it goes when that tier ends, so the cluster tier
-    # gets the machine to itself (and the Ray client's in-process commands there meet no second Ray).
-    if tier_of(item) == "ray" and (nextitem is None or tier_of(nextitem) != "ray") and "ray" in sys.modules:
+    # gets the machine to itself (and the Ray client's in-process commands there meet no second Ray). A
+    # connection a cluster test's in-process command left goes before the unit tests, which must start none.
+    if (tier_of(item) != "unit" and (nextitem is None or tier_of(nextitem) != tier_of(item))
+            and "ray" in sys.modules):
         sys.modules["ray"].shutdown()
 
 

@@ -40,11 +40,12 @@ def test_a_failure_with_a_known_cause_is_named_with_what_to_do(rayjobs_cli, tmp_
 @pytest.mark.parametrize(("cause", "arguments", "named"), [
     ("collective_timeout", "--hang-at-epoch 2 --collective-timeout-s 5 --max-failures 0",
      "A collective operation (gloo/NCCL) timed out"),
-    ("max_failures_used_up", "--die-at-epoch 2 --max-failures 1", "used up its max_failures"),
+    # One worker, dying in the first epoch of both attempts: a restart is what is counted, not who dies.
+    ("max_failures_used_up", "--workers 1 --die-at-epoch 1 --max-failures 1", "used up its max_failures"),
 ], ids=["collective_timeout", "max_failures_used_up"])
 def test_failures_brought_about_for_real_are_named(rayjobs_cli, tmp_path, cause, arguments, named):
     """A rank that skips its part of DDP's all-reduce under a short gloo timeout; a rank that dies in every
-    attempt. (More workers than the cluster has is not among them: Ray Train waits for them to fit, and the
+    attempt (the one worker of a run, in its first epoch). (More workers than the cluster has is not among them: Ray Train waits for them to fit, and the
     job stalls instead of failing; the stall warning covers it.)"""
     code = tmp_path / "code"
     code.mkdir()

@@ -112,6 +112,15 @@ def test_loopback_env_names_the_auth_settings(tmp_path):
     assert loopback_env(LocalCluster(token_file=None, **base))["RAY_AUTH_MODE"] == "disabled"
 
 
+def test_a_local_cluster_runs_no_preemption_watcher_unless_the_user_asks(monkeypatch, tmp_path):
+    from runner.local.environment import RAY_TRAIN_PREEMPTION_WATCHER_ENV, ray_start_env
+
+    monkeypatch.delenv(RAY_TRAIN_PREEMPTION_WATCHER_ENV, raising=False)
+    assert ray_start_env("/opt/ray/bin/ray", 6379, None)[RAY_TRAIN_PREEMPTION_WATCHER_ENV] == "0"
+    monkeypatch.setenv(RAY_TRAIN_PREEMPTION_WATCHER_ENV, "1")
+    assert ray_start_env("/opt/ray/bin/ray", 6379, None)[RAY_TRAIN_PREEMPTION_WATCHER_ENV] == "1"
+
+
 def test_picked_ports_are_distinct_free_and_outside_the_ephemeral_range():
     ports = free_ports([f"p{i}" for i in range(9)])
     assert len(set(ports.values())) == 9

@@ -232,7 +232,7 @@ def test_a_sweep_whose_driver_dies_mid_trial_continues_from_s3_and_the_trial_res
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
-            # trial-0001 is in its second epoch, after two trainers' start-ups
+            # trial-0001 is in its second epoch, after its trainer's start-up
             try:
                 wait_for_condition(stalled.exists, timeout_s=2 * HANG_GUARD_S)
             except AssertionError:

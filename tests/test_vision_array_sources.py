@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,7 @@ def test_mnist_class_subset_is_relabelled_in_the_order_asked_and_capped(tmp_path
     assert len(loaded.splits["val"].labels) == 6
 
 
-def test_mnist_missing_or_damaged_files_are_clear_errors(tmp_path, monkeypatch):
+def test_mnist_missing_or_damaged_files_are_clear_errors(tmp_path):
     with pytest.raises(DataSourceError, match=r"train-images-idx3-ubyte.*MNIST/raw.*download=true"):
         _load("mnist", tmp_path / "empty")
 
@@ -77,15 +78,22 @@ def test_mnist_missing_or_damaged_files_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(DataSourceError, match="not a readable gzip file"):
         _load("mnist", tmp_path / "bad")
 
-    # download=true asks torchvision; offline, its failure becomes one clear message.
+
+
+def test_an_mnist_download_that_fails_offline_is_one_clear_message(tmp_path, monkeypatch):
+    # download=true asks torchvision's MNIST for the files; offline, its failure becomes one clear message. The
+    # one seam faked is torchvision's module (importing torchvision costs a process about 5 CPU-s): its MNIST
+    # fails as the real one does without a network.
+    import types
     from urllib.error import URLError
 
-    from torchvision.datasets import MNIST
+    class OfflineMNIST:
+        def __init__(self, root: str, train: bool = True, download: bool = False):
+            if download:
+                raise URLError("no route to host")
 
-    def offline(self):
-        raise URLError("no route to host")
-
-    monkeypatch.setattr(MNIST, "download", offline)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets.mnist",
+                        types.SimpleNamespace(MNIST=OfflineMNIST))
     with pytest.raises(DataSourceError, match=r"downloading MNIST .* failed .*download=false"):
         _load("mnist", tmp_path / "nowhere", download=True)
 

@@ -82,6 +82,16 @@ def test_confusion_helpers():
     assert "50.0%" in lines[2] and "100.0%" in lines[3]
 
 
+def test_the_actor_pool_is_no_larger_than_the_batches_it_has_to_classify():
+    from workloads.vision.config import InferConfig
+    from workloads.vision.inference.stage import actors_for
+
+    config = InferConfig(batch_size=128, num_actors=2)
+    # 48 images are one batch: a second actor would import torch and load the model for nothing.
+    assert [actors_for(config, rows) for rows in (0, 1, 48, 128, 129, 3000)] == [1, 1, 1, 1, 2, 2]
+    assert actors_for(config, None) == 2 and actors_for(InferConfig(batch_size=16, num_actors=8), 40) == 3
+
+
 def _run_module(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
     # In a `ray` test the module's ray.init() joins the session's in-process Ray, as a job's driver
     # joins its cluster; elsewhere the module must fail before it needs Ray at all.

@@ -36,6 +36,8 @@ from jobs.infra.ray_env import RAY_CLIENT_ENV
 from runner.local.ports import LOOPBACK_HOST
 from runner.local.state import LocalCluster
 
+RAY_TRAIN_PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
 # Variables that would point a process at some other cluster, or make it
 # present some other token.
 _FOREIGN_RAY_ENV = (
@@ -103,6 +105,9 @@ def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None) -> dict
     # `rayjobs stack` and the follower's stall warning ask the dashboard for a process's stack (py-spy);
     # Ray turns that off unless the head says otherwise. The dashboard listens on loopback only.
     env["RAY_DASHBOARD_ENABLE_PROFILING"] = "1"
+    # Ray Train starts a preemption watcher per run (a process of its own, about 2 CPU-s to start) that asks
+    # whether a cloud provider is draining a node; nothing drains the nodes of a cluster on this machine.
+    env.setdefault(RAY_TRAIN_PREEMPTION_WATCHER_ENV, "0")
     # Job entrypoints say `python ...`; it must be the interpreter that has
     # this Ray installed, even when the caller's virtualenv is not activated.
     ray_bin_dir = str(Path(ray_path).parent)

@@ -47,16 +47,27 @@ def refit_at_half_the_learning_rate(values: dict[str, Any], name: str, storage_r
 
 def train_with_checkpoints_stalling_once(values: dict[str, Any], name: str, trials_root: Any,
                                          callbacks: list[Any]) -> None:
-    """A trial whose trainer is a real ``TorchTrainer`` of one worker (:func:`workloads.training.trainer.fit`),
-    reporting ``val_accuracy`` = its learning rate with a checkpoint every epoch, and resuming from Ray Train's
-    checkpoint when there is one. The trial of learning rate 0.8, the first time, reports its first epoch and
-    then waits to be killed in its second (touching ``$SWEEP_STALLED``). Each start of a trainer's worker is a
-    line ``<trial> from epoch <n>`` in ``$SWEEP_STARTS``."""
+    """The trial of learning rate 0.8 is a real ``TorchTrainer`` of one worker
+    (:func:`workloads.training.trainer.fit`), reporting ``val_accuracy`` = its learning rate with a checkpoint
+    every epoch, and resuming from Ray Train's checkpoint when there is one; the first time, it reports its first
+    epoch and then waits to be killed in its second (touching ``$SWEEP_STALLED``). Any other trial reports its
+    figures to Tune without a trainer: that it is not run again is Tune's doing, and a trainer of its own would
+    only cost processes. Each start of a trial's training is a line ``<trial> from epoch <n>`` in
+    ``$SWEEP_STARTS``."""
+    import os
+
+    lr = float(values["workload.train.lr"])
+    if lr != 0.8:
+        with open(os.environ["SWEEP_STARTS"], "a") as starts:
+            starts.write(f"{name} from epoch 1\n")
+        report_the_learning_rate(values, name, trials_root, callbacks)
+        return
+
     from workloads.training.config import RayTrainSettings
     from workloads.training.trainer import fit
 
     settings = RayTrainSettings(num_workers=1, cpus_per_worker=1, max_failures=0, num_to_keep=1)
-    config = {"name": name, "lr": float(values["workload.train.lr"]), "run_dir": str(trials_root / name)}
+    config = {"name": name, "lr": lr, "run_dir": str(trials_root / name)}
     fit(_resumable_loop, config, trials_root, name, settings, "val_accuracy", callbacks)
 
 

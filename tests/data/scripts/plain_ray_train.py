@@ -4,7 +4,7 @@ Two workers (``--workers``) fit a line for a few epochs, report loss each epoch 
 restarted by Ray Train continues after its last checkpoint. With ``--hang-at-epoch N`` rank 1 stops
 in epoch N without reporting it, the hang the Ray Train guide lists first under troubleshooting; with
 ``--collective-timeout-s`` as well, rank 0 gives up waiting for it in DDP's gradient all-reduce.
-``--die-at-epoch N`` has rank 1's process exit in epoch N of every attempt.
+``--die-at-epoch N`` has the last rank's process exit in epoch N of every attempt.
 """
 
 import argparse
@@ -37,7 +37,8 @@ def train_func(config):
     for epoch in range(start, config["epochs"]):
         if epoch + 1 == config["hang_at_epoch"] and ray.train.get_context().get_world_rank() == 1:
             time.sleep(3600)  # rank 1 never reports this epoch: rank 0 waits for it in ray.train.report
-        if epoch + 1 == config["die_at_epoch"] and ray.train.get_context().get_world_rank() == 1:
+        context = ray.train.get_context()
+        if epoch + 1 == config["die_at_epoch"] and context.get_world_rank() == context.get_world_size() - 1:
             os._exit(1)
         time.sleep(config["epoch_s"])
         loss = ((model(inputs) - targets) ** 2).mean()
@@ -60,10 +61,11 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--epoch-s", type=float, default=0.5, help="seconds each epoch takes at least")
     parser.add_argument("--hang-at-epoch", type=int, default=0, help="rank 1 hangs in this epoch (0: never)")
-    parser.add_argument("--die-at-epoch", type=int, default=0, help="rank 1's process exits in this epoch (0: never)")
+    parser.add_argument("--die-at-epoch", type=int, default=0,
+                        help="the last rank's process exits in this epoch (0: never)")
     parser.add_argument("--collective-timeout-s", type=int, default=None, help="gloo's timeout (default: Ray's)")
     parser.add_argument("--max-failures", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=2, help="Ray Train workers (the rank 1 options need two)")
+    parser.add_argument("--workers", type=int, default=2, help="Ray Train workers (--hang-at-epoch needs two)")
     args = parser.parse_args()
     torch_config = ray.train.torch.TorchConfig(**({"timeout_s": args.collective_timeout_s}
                                                   if args.collective_timeout_s else {}))

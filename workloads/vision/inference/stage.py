@@ -57,12 +57,22 @@ class BatchPredictor:
         }
 
 
+def actors_for(cfg: InferConfig, rows: int | None) -> int:
+    """The most model actors worth starting for ``rows`` images: ``num_actors``, but never more than there are
+    batches, since an actor costs a process that imports torch and loads the model, and one without a batch to
+    classify only delays the end (``rows`` None: unknown, ``num_actors``)."""
+    if rows is None:
+        return cfg.num_actors
+    return max(1, min(cfg.num_actors, -(-rows // cfg.batch_size)))
+
+
 def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg: InferConfig, filesystem=None,
-                       amp: AmpSetting = "auto"):
+                       amp: AmpSetting = "auto", rows: int | None = None):
     """The Ray Data pipeline of batch inference: read Parquet rows, classify them in a pool of model actors.
 
     ``filesystem``: the ``pyarrow.fs`` filesystem of ``files`` (None: local files); ``amp``: the spec's
-    ``train.amp``, the precision each actor chooses by.
+    ``train.amp``, the precision each actor chooses by; ``rows``: how many rows the files hold, when known
+    (the pool is then no larger than their batches, see :func:`actors_for`).
     """
     from workloads.vision.reading.ray_datasets import read_parquet_on_no_cpu
 
@@ -74,17 +84,18 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg:
                                      filesystem=filesystem)
     # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
     # holding every CPU cannot starve them); grow to num_actors if nodes are added.
+    most = actors_for(cfg, rows)
     resources = ray.cluster_resources()
     fits = resources.get("CPU", 0) // cfg.cpus_per_actor
     if cfg.use_gpu:
         fits = min(fits, resources.get("GPU", 0))
-    start_with = int(max(1, min(cfg.num_actors, fits)))
+    start_with = int(max(1, min(most, fits)))
     return dataset.map_batches(
         BatchPredictor,
         fn_constructor_kwargs={"checkpoint_dir": str(checkpoint_dir), "use_gpu": cfg.use_gpu,
                                "cpus": cfg.cpus_per_actor, "amp": amp},
         batch_size=cfg.batch_size,
-        compute=ray.data.ActorPoolStrategy(min_size=start_with, max_size=cfg.num_actors),
+        compute=ray.data.ActorPoolStrategy(min_size=start_with, max_size=most),
         num_cpus=cfg.cpus_per_actor,
         num_gpus=1 if cfg.use_gpu else 0,
         batch_format="numpy",
@@ -120,13 +131,16 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
         source = f"epoch {int(checkpoint_metrics['epoch'])}, val_accuracy {checkpoint_metrics['val_accuracy']:.4f}"
     else:
         source = "given checkpoint"
-    print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
-          f"{cfg.num_actors} actor(s) x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
     expected_rows = sum(pq.read_metadata(storage.open_input_file(f)).num_rows for f in val_files)
+    actors = actors_for(cfg, expected_rows)
+    fewer = f" ({expected_rows} images fill {actors} batch(es) of {cfg.batch_size})" if actors < cfg.num_actors else ""
+    print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
+          f"{actors} actor(s){fewer} x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
 
     started = time.perf_counter()
     files, filesystem = storage.arrow_paths(val_files)
-    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem, amp=params.train.amp)
+    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem, amp=params.train.amp,
+                                     rows=expected_rows)
     out_dir = run_dir / PREDICTIONS_DIR
     # Old and new predictions are never read back mixed (see storage.replacing_folder).
     with storage.replacing_folder(out_dir) as building:
