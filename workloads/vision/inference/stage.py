@@ -83,7 +83,7 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg:
     dataset = read_parquet_on_no_cpu(files, columns=["image", "label", "path"], max_concurrent_reads=2,
                                      filesystem=filesystem)
     # Start as many actors as the cluster fits now (the reads take no CPU, so a pool
-    # holding every CPU cannot starve them); grow to num_actors if nodes are added.
+    # holding every CPU cannot starve them); grow to `most` if nodes are added.
     most = actors_for(cfg, rows)
     resources = ray.cluster_resources()
     fits = resources.get("CPU", 0) // cfg.cpus_per_actor
