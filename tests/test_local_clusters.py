@@ -151,6 +151,39 @@ def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path):
     assert local.status("broken") is None
 
 
+@pytest.mark.parametrize("ray_says", [
+    # Ray's own words when its node does not register within the 30 s it allows, on a busy machine.
+    "Exception: The current node timed out during startup. This could happen because some of the "
+    "raylet failed to startup or the GCS has become overloaded.",
+    "OSError: [Errno 98] Address already in use",
+])
+def test_a_start_that_may_succeed_on_fresh_ports_is_tried_again_then_reported_once(ray_says, tmp_path):
+    tries = tmp_path / "tries"
+    fake_ray = tmp_path / "fake-ray"
+    fake_ray.write_text(f"#!/bin/sh\necho \"$*\" >> {tries}\necho '{ray_says}'\nexit 1\n")
+    fake_ray.chmod(0o755)
+    lines = []
+    with pytest.raises(ClusterError) as failure:
+        local.start(name="busy", ray_executable=str(fake_ray), timeout_s=30, progress=lines.append)
+    command_lines = tries.read_text().splitlines()
+    assert len(command_lines) == 2
+    assert command_lines[0] != command_lines[1], "the second try must use fresh ports"
+    assert any("trying again on fresh ports" in line for line in lines)
+    message = str(failure.value)
+    assert ray_says in message and "tried 2 times" in message
+    assert not _state_file("busy").exists()
+
+
+def test_a_start_that_fails_for_good_is_not_tried_again(tmp_path):
+    tries = tmp_path / "tries"
+    fake_ray = tmp_path / "fake-ray"
+    fake_ray.write_text(f"#!/bin/sh\necho try >> {tries}\necho 'ModuleNotFoundError: no module named ray'\nexit 1\n")
+    fake_ray.chmod(0o755)
+    with pytest.raises(ClusterError, match="no module named ray"):
+        local.start(name="broken-for-good", ray_executable=str(fake_ray), timeout_s=30)
+    assert tries.read_text().splitlines() == ["try"]
+
+
 @pytest.mark.timeout(HANG_GUARD_S)  # it must not wait for the fake ray's 300 s sleep
 def test_start_timeout_kills_what_was_started(tmp_path):
     fake_ray = tmp_path / "hanging-ray"

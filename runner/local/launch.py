@@ -35,8 +35,13 @@ _HTTP_PROBE_TIMEOUT_S = 2.0
 _CLEANUP_TIMEOUT_S = 5
 
 
-class PortClash(ClusterError):
-    """Ray could not bind one of the ports picked for it; a second try with fresh ports may succeed."""
+class TransientStartFailure(ClusterError):
+    """A start that failed for a reason a second try on fresh ports may not meet again.
+
+    Two such reasons show in Ray's logs: another program took a port picked for Ray before Ray
+    bound it, or a node did not register with the GCS within the 30 s Ray allows itself, which
+    happens when the machine is busy.
+    """
 
 
 def find_ray_executable(explicit: str | None = None) -> str:
@@ -139,7 +144,8 @@ def launch(
         The running cluster's record (not yet written to its state file).
 
     Raises:
-        PortClash: Ray's logs say a port was taken before it could bind it.
+        TransientStartFailure: Ray's logs say a port was taken before it could bind it, or
+            its node did not register in time.
         ClusterError: Ray exited, or was not ready within ``timeout_s``.
     """
     ports = free_ports(list(RAY_PORT_OPTIONS.values()))
@@ -187,8 +193,8 @@ def launch(
         message = str(failure)
         if kept_logs is not None:
             message += f" Ray's own logs of this attempt are in {kept_logs}."
-        if log_shows_port_clash(log_path) or log_shows_port_clash(kept_logs):
-            raise PortClash(message) from None
+        if log_shows_transient_failure(log_path) or log_shows_transient_failure(kept_logs):
+            raise TransientStartFailure(message) from None
         raise ClusterError(message) from None
     return cluster
 
@@ -295,10 +301,19 @@ def log_tail_sentence(log_file: str) -> str:
     return f"Last lines of {log_file}: " + " | ".join(tail)
 
 
-def log_shows_port_clash(log_path: Path | None) -> bool:
-    """Whether `ray start`'s log, or any of Ray's logs in a directory, names a busy port."""
+# What Ray writes when a port was taken under it, or when its node did not register in time.
+_TRANSIENT_FAILURE_SIGNS = (
+    "already in use",
+    "already occupied",
+    "failed to bind",
+    "timed out during startup",
+)
+
+
+def log_shows_transient_failure(log_path: Path | None) -> bool:
+    """Whether `ray start`'s log, or any of Ray's logs in a directory, shows a failure a retry may not meet."""
     if log_path is None:
         return False
     paths = sorted(log_path.glob("*.err")) + sorted(log_path.glob("*.out")) if log_path.is_dir() else [log_path]
     text = "\n".join(line for path in paths for line in _log_tail(str(path), lines=200)).lower()
-    return any(sign in text for sign in ("already in use", "already occupied", "failed to bind"))
+    return any(sign in text for sign in _TRANSIENT_FAILURE_SIGNS)

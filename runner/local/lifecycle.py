@@ -22,7 +22,7 @@ import shutil
 from typing import Callable
 
 from runner.local.errors import ClusterError, InvalidClusterRequest
-from runner.local.launch import PortClash, find_ray_executable, launch
+from runner.local.launch import TransientStartFailure, find_ray_executable, launch
 from runner.local.processes import leader_is_alive, reap, stop_cluster_processes
 from runner.local.state import (
     DEFAULT_CLUSTER_NAME,
@@ -41,8 +41,9 @@ from runner.local.state import (
 )
 from runner.local.workers import add_worker_nodes, object_store_bytes
 
-# Free ports are only reserved until our probe sockets close, so another
-# program may grab one before Ray binds it; one retry with fresh ports covers that race.
+# Free ports are only reserved until our probe sockets close, so another program may grab one
+# before Ray binds it; and Ray gives a node a fixed 30 s to register, which a busy machine can
+# miss. One retry on fresh ports covers both.
 _START_ATTEMPTS = 2
 # Time a dead cluster's leftover processes get to stop before they are killed.
 _STALE_CLEANUP_TIMEOUT_S = 5
@@ -113,14 +114,22 @@ def start(
                 )
                 if nodes > 1:
                     add_worker_nodes(cluster, nodes - 1, ray_path, num_cpus, token_file, timeout_s, progress)
-            except PortClash as clash:
+            except TransientStartFailure as failure:
                 if attempt == _START_ATTEMPTS:
-                    raise ClusterError(str(clash)) from None
+                    raise ClusterError(
+                        f"{failure} It was tried {_START_ATTEMPTS} times, each on fresh ports."
+                    ) from None
+                if progress:
+                    progress(f"cluster '{name}' did not start ({_first_sentence(failure)}); trying again on fresh ports")
                 continue
             write_state(cluster)
             shutil.rmtree(directory / FAILED_START_LOGS, ignore_errors=True)
             return cluster
     raise AssertionError("unreachable")
+
+
+def _first_sentence(failure: Exception) -> str:
+    return str(failure).split(". ", 1)[0]
 
 
 def stop(name: str = DEFAULT_CLUSTER_NAME, timeout_s: float = 30) -> bool:

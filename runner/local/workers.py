@@ -25,8 +25,8 @@ from typing import Callable
 from runner.client.backoff import Backoff, Deadline
 from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
-from runner.local.launch import (PortClash, keep_session_logs, log_shows_port_clash, log_tail_sentence,
-                                 node_options)
+from runner.local.launch import (TransientStartFailure, keep_session_logs, log_shows_transient_failure,
+                                 log_tail_sentence, node_options)
 from jobs.infra.ray_internals import WORKER_NODE_LAUNCHER
 from runner.local.nodes import list_nodes
 from runner.local.ports import LOOPBACK_HOST, NODE_PORT_OPTIONS, free_ports
@@ -152,7 +152,8 @@ def add_worker_nodes(
         ``cluster``, now with its worker nodes.
 
     Raises:
-        PortClash: a worker node could not bind a port picked for it.
+        TransientStartFailure: a worker node could not bind a port picked for it, or did not
+            register in time.
         ClusterError: a worker node exited, or did not join within ``timeout_s``.
     """
     directory = Path(cluster.log_file).parent
@@ -197,8 +198,8 @@ def add_worker_nodes(
             message += f" Ray's own logs of this attempt are in {kept_logs}."
         logs = [Path(worker.log_file) for worker in cluster.worker_nodes] + [kept_logs]
         logs += [kept_logs / worker.name for worker in cluster.worker_nodes]
-        if any(log_shows_port_clash(path if path.exists() else None) for path in logs):
-            raise PortClash(message) from None
+        if any(log_shows_transient_failure(path if path.exists() else None) for path in logs):
+            raise TransientStartFailure(message) from None
         raise ClusterError(message) from None
     return cluster
 
