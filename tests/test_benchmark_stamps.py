@@ -1,7 +1,7 @@
 """`benchmarks/run_all.py --check`: a table or quoted figure is stale once the code it measured changes.
 
-Checked on a temporary project tree, not on docs/benchmarks.md itself: its tables are as fresh as the
-last full run of the benchmarks, which the tests do not make.
+The checker is tested on a temporary project tree; the last test runs it on the project's own docs, so
+a change to measured code fails the fast tier until its benchmarks run again (``--check`` names them).
 """
 
 from __future__ import annotations
@@ -174,3 +174,11 @@ def test_the_check_command_runs_without_ray_or_torch(tmp_path):
     outcome = json.loads(ran.stdout.strip().splitlines()[-1])
     assert outcome == {"code": 1, "heavy": []}, ran.stdout + ran.stderr
     assert f"missing   {docs}: table cli_latency" in ran.stdout
+
+
+def test_every_table_and_quoted_figure_of_the_docs_was_measured_on_the_code_as_it_is():
+    ran = subprocess.run([sys.executable, "benchmarks/run_all.py", "--check"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert ran.returncode == 0, (
+        "the docs quote figures measured on other code; run the benchmarks it names again "
+        "(`benchmarks/run_all.py --only …`):\n" + ran.stdout + ran.stderr)
