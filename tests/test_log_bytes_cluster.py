@@ -5,7 +5,7 @@ Real jobs on the session cluster print bytes that are not valid UTF-8, a 300 kB 
 follows each through a ``FaultProxy`` that cuts every connection again and again. What
 reaches stdout must be the driver log exactly (raw bytes, invalid ones as U+FFFD), each
 byte once and in order, and the bytes the follower downloaded must stay in proportion to
-the log, not grow with the number of cuts. Both jobs run side by side (about 25 s).
+the log, not grow with the number of cuts. Both jobs run side by side (about 35 s).
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ for chunk in {MIXED_CHUNKS!r}:
 sys.exit({MIXED_EXIT})
 """
 
-LONG_LINES = 60_000
-LONG_BATCHES = 40
+# 12 MB over about 20 s: long enough that replaying it on every reconnect (about cuts / 2 times the
+# log) stands well apart from resuming it (the log once, plus a tail per reconnect).
+LONG_LINES = 120_000
+LONG_BATCHES = 80
 LONG_JOB = f"""import sys, time
 out = sys.stdout.buffer
 per_batch = {LONG_LINES // LONG_BATCHES}
@@ -149,14 +151,15 @@ def test_long_log_is_not_downloaded_again_on_every_cut(followed):
     assert numbered == [f"{i:07d} {'x' * 90}" for i in range(LONG_LINES)], result["stderr"][-2000:]
     assert result["stdout"] == raw.decode("utf-8"), result["stderr"][-2000:]
     assert result["log_streams"] >= 4, result["log_streams"]  # the stream was really reopened
-    # Replaying from byte 0 on each reconnect would download about cuts / 2 times the log: 6x for the
-    # 12 cuts of a quiet run. Resuming costs the log once plus a tail per reconnect: 1.3x on a quiet
-    # machine. On a loaded one the follower is away longer, a tail can miss its place and is asked
-    # again four times longer before a replay, and 3.4-3.5x was seen; the bound is what stays below
-    # replaying while the cuts are as many as here.
+    # Replaying from byte 0 on each reconnect would download about cuts / 2 times the log. Resuming costs
+    # the log once plus a tail per reconnect, and a tail is about what was written while the follower was
+    # away: 1.3x on a quiet machine. On a loaded one the follower is away longer and a tail can miss its
+    # place and be asked again with four times the lines, so the cost per cut grows with the load (4.8x
+    # was seen over 15 cuts of a 6 MB log). It does not grow with the log's length, which replaying does:
+    # the bound is half of what replaying would cost.
     ratio = result["bytes_down"] / len(raw)
     replaying = result["cuts"] / 2
     print(f"long log: {len(raw)} bytes, {result['cuts']} cuts, {result['log_streams']} streams, "
           f"{result['bytes_down']} bytes downloaded ({ratio:.2f}x; replaying would be about {replaying:.1f}x)")
-    assert result["cuts"] >= 8, result["cuts"]
-    assert ratio < 4, (result["bytes_down"], result["cuts"])
+    assert result["cuts"] >= 12, result["cuts"]
+    assert ratio < replaying / 2, (result["bytes_down"], len(raw), result["cuts"])
