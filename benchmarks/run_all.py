@@ -88,6 +88,9 @@ class Benchmark:
 CLIENT = ("jobs", "runner", "workloads/rayjobs_observe")
 # A quickstart submitted with `rayjobs submit` and followed: every package takes part.
 QUICKSTART_END_TO_END = ("jobs", "runner", "workloads", "specs/quickstart.yaml")
+# The quickstart-based benchmarks of a full run: 60 generated images per class instead of 120, so that every
+# benchmark fits one sitting on 2 cores.
+QUICKSTART_FULL_SIZE = ["--set", "workload.data.synthetic_per_class=60"]
 
 BENCHMARKS = [
     Benchmark("cli_latency", [Run("cli_latency.py", ["--runs", "5"], ["--runs", "1"])], 2, CLIENT),
@@ -118,19 +121,19 @@ BENCHMARKS = [
             timeout_s=2 * 3600),
     ], 4, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py", "benchmarks/plain_torch.py")),
     Benchmark("multinode_training", [
-        Run("multinode_training.py", ["--rounds", "2", "--epochs", "3", "--set", "workload.data.synthetic_per_class=60"],
+        Run("multinode_training.py", ["--rounds", "2", "--epochs", "3", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=20"]),
     ], 6, QUICKSTART_END_TO_END),
     Benchmark("quickstart_s3", [
-        Run("quickstart_s3.py", ["--rounds", "2", "--set", "workload.data.synthetic_per_class=60"],
+        Run("quickstart_s3.py", ["--rounds", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--set", "workload.train.epochs=1", "--set", "workload.data.synthetic_per_class=20"]),
     ], 6, (*QUICKSTART_END_TO_END, "tests/support/s3_server.py")),
     Benchmark("progress_overhead", [
-        Run("progress_overhead.py", ["--rounds", "2", "--epochs", "2", "--set", "workload.data.synthetic_per_class=60"],
+        Run("progress_overhead.py", ["--rounds", "2", "--epochs", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 6, QUICKSTART_END_TO_END),
     Benchmark("sweep_overhead", [
-        Run("sweep_overhead.py", ["--rounds", "2", "--epochs", "2", "--set", "workload.data.synthetic_per_class=60"],
+        Run("sweep_overhead.py", ["--rounds", "2", "--epochs", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 7, QUICKSTART_END_TO_END),
     Benchmark("sweep_real_photos", [
