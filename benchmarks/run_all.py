@@ -102,11 +102,21 @@ BENCHMARKS = [
     Benchmark("train_throughput", [
         Run("train_throughput.py", ["--rounds", "2"], ["--rounds", "1", "--images", "64", "--size", "32", "--batch", "16"]),
     ], 5, ("workloads", "benchmarks/plain_torch.py")),
+    Benchmark("training_vs_bare_step", [
+        Run("training_vs_bare_step.py", ["--rounds", "2"],
+            ["--rounds", "1", "--images", "128", "--size", "32", "--batch", "8", "--units", "1", "--epochs", "2"]),
+    ], 7, ("workloads", "benchmarks/train_throughput.py", "benchmarks/plain_torch.py", "benchmarks/precision.py",
+           "benchmarks/learning_quality.py")),
     Benchmark("inference_throughput", [
         # 64 px, where start-up weighs most.
         Run("inference_throughput.py", ["--size", "64"],
             ["--rounds", "1", "--images", "300", "--task-images", "4", "--size", "32"]),
     ], 4, ("workloads", "benchmarks/train_throughput.py", "benchmarks/plain_torch.py")),
+    Benchmark("startup_breakdown", [
+        Run("startup_breakdown.py", ["--rounds", "2"],
+            ["--rounds", "1", "--train-images", "64", "--infer-images", "300"]),
+    ], 3, ("workloads", "benchmarks/train_throughput.py", "benchmarks/inference_throughput.py",
+           "benchmarks/plain_torch.py")),
     Benchmark("ingest_throughput", [
         Run("ingest_throughput.py", ["--rounds", "2", "--images", "1024"],
             ["--rounds", "1", "--images", "128", "--size", "32", "--epochs", "2"]),
