@@ -11,7 +11,8 @@ and when the first optimizer step ended.
 Batch inference: the workload's own ``prediction_dataset`` (an actor pool of 2 x 1 CPU) over
 3,000 images of 64 px, with the same task events for its actors, and the moment the
 first predictions reach the driver. Beside it, a fresh process alone times what each actor's
-constructor does (importing the inference module, loading the checkpoint) and its first batch.
+constructor does (importing torch, torchvision and the inference module, loading the checkpoint)
+and its first batch.
 
 Every wall-clock figure is a median over the rounds, each run after a warm-up run. Run:
 
@@ -215,6 +216,8 @@ marks = {}
 import torch
 torch.set_num_threads(1)
 marks["import torch"] = time.perf_counter()
+import torchvision
+marks["import torchvision (the model's definitions)"] = time.perf_counter()
 from workloads.vision.inference import stage
 marks["import the inference module"] = time.perf_counter()
 from workloads.vision.inference.classify import classify_tensors, load_checkpoint_model
@@ -298,21 +301,22 @@ def main() -> None:
         phase_rows(result, "training", TRAINING_PHASES, training)
         phase_rows(result, "inference", INFERENCE_PHASES, inference)
         first_step = result.figures["training_first_step_at_s"]
-        after_placed = result.figure("inference_first_predictions_after_placed_s", Spread.of(
+        after_asked = result.figure("inference_first_predictions_after_asked_s", Spread.of(
             [run["first_predictions"] - run["actors_asked"] for run in inference]), "s")
         end = result.figure("inference_end_s", Spread.of([run["end"] for run in inference]), "s")
         for phase in alone[0]:
-            spread = result.figure(f"alone_{phase.replace(' ', '_')}_s", Spread.of([run[phase] for run in alone]), "s")
+            key = "alone_" + phase.split(" (")[0].replace(" ", "_") + "_s"
+            spread = result.figure(key, Spread.of([run[phase] for run in alone]), "s")
             result.rows.append(["one actor's work, a fresh process alone", phase, spread.text(2, " s"), "—"])
         print(f"[training] first step after {Spread.of(first_step['values']).text(1)} s (goal <= {TRIAL_GOAL_S:g} s)")
-        print(f"[inference] first predictions {after_placed.text(1)} s after the last actor was asked for "
+        print(f"[inference] first predictions {after_asked.text(1)} s after the last actor was asked for "
               f"(goal <= {INFERENCE_GOAL_S:g} s); {args.infer_images} images done after {end.text(1)} s")
         result.notes.append(
             f"Training: `run_training`, 2 workers × 1 CPU, {args.train_images} training images of {args.size} px, "
             f"global batch 32, one epoch. Goal: the first step within {TRIAL_GOAL_S:g} s of the call.")
         result.notes.append(
             f"Inference: `prediction_dataset`, 2 actors × 1 CPU, batch {args.batch}, {args.infer_images} images of "
-            f"{args.size} px, done after {end.text(1)} s. The first predictions came {after_placed.text(1)} s after "
+            f"{args.size} px, done after {end.text(1)} s. The first predictions came {after_asked.text(1)} s after "
             f"the last actor was asked for (goal ≤ {INFERENCE_GOAL_S:g} s).")
         result.notes.append(f"{plural(args.rounds, 'round')} after a warm-up run of each; a private 2-CPU Ray "
                             "instance. Milestones from Ray's task events and from the workers' own clocks.")
