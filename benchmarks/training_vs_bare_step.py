@@ -46,7 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.common import Result, Spread, Stamp, add_json_option, alternate, plural, start_private_ray  # noqa: E402
-from benchmarks.plain_torch import (InMemoryBatches, describe, run_torchrun, setup_plain_worker,  # noqa: E402
+from benchmarks.plain_torch import (InMemoryBatches, run_torchrun, setup_plain_worker,  # noqa: E402
                                     workload_loop_config)
 from benchmarks.train_throughput import vision_params, write_dataset  # noqa: E402
 
