@@ -105,7 +105,7 @@ BENCHMARKS = [
     Benchmark("training_vs_bare_step", [
         Run("training_vs_bare_step.py", ["--rounds", "2"],
             ["--rounds", "1", "--images", "128", "--size", "32", "--batch", "8", "--units", "1", "--epochs", "2"]),
-    ], 7, ("workloads", "benchmarks/train_throughput.py", "benchmarks/plain_torch.py", "benchmarks/precision.py",
+    ], 9, ("workloads", "benchmarks/train_throughput.py", "benchmarks/plain_torch.py", "benchmarks/precision.py",
            "benchmarks/learning_quality.py")),
     Benchmark("inference_throughput", [
         # 64 px, where start-up weighs most.
