@@ -74,8 +74,10 @@ class Follower:
         self.proxy = FaultProxy(int(urllib.parse.urlsplit(cluster.dashboard_url).port), max_lifetime_s=3600)
         self.proxy.__enter__()
         self.started = time.monotonic()
+        # The command line was one module, runner/cli.py, until it became a package (runner/cli/app.py).
+        cli = "runner.cli.app" if (code_dir / "runner" / "cli" / "app.py").exists() else "runner.cli"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runner.cli.app", "logs", "--follow", job_id, "--address", self.proxy.address,
+            [sys.executable, "-m", cli, "logs", "--follow", job_id, "--address", self.proxy.address,
              "--give-up-after", "120",
              # The log exactly as written, to compare byte for byte (followers that filter Ray's lines have --raw).
              *(["--raw"] if (code_dir / "runner" / "follow" / "log_view.py").exists() else [])],

@@ -11,8 +11,8 @@ and when the first optimizer step ended.
 Batch inference: the workload's own ``prediction_dataset`` (an actor pool of 2 x 1 CPU) over
 3,000 images of 64 px, with the same task events for its actors, and the moment the
 first predictions reach the driver. Beside it, a fresh process alone times what each actor's
-constructor does (importing torch, torchvision and the inference module, loading the checkpoint)
-and its first batch.
+constructor does (importing torch and the inference module, loading the checkpoint, which builds
+ResNet-18 without torchvision) and its first batch.
 
 Every wall-clock figure is a median over the rounds, each run after a warm-up run. Run:
 
@@ -216,8 +216,6 @@ marks = {}
 import torch
 torch.set_num_threads(1)
 marks["import torch"] = time.perf_counter()
-import torchvision
-marks["import torchvision (the model's definitions)"] = time.perf_counter()
 from workloads.vision.inference import stage
 marks["import the inference module"] = time.perf_counter()
 from workloads.vision.inference.classify import classify_tensors, load_checkpoint_model

@@ -23,7 +23,7 @@ from workloads.rayjobs_observe import EventKind, emit
 from workloads.storage import StoragePath
 from workloads.training.metrics import (METRICS_CSV, read_metrics_csv, write_metrics_csv,
                                        write_tensorboard_events)
-from workloads.training.precision import Precision, agreed_precision, choose_precision
+from workloads.training.precision import Precision, agreed_precision
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout, normalize
@@ -31,7 +31,7 @@ from workloads.vision.reading.batches import RayDataBatches, TorchBatches
 from workloads.vision.training.model import META_FILE, STATE_FILE, build_model, checkpoint_state, read_checkpoint_state
 from workloads.vision.training.recipe import (HEAD_WEIGHTS_GROUP, Diverged, DivergenceGuard, divergence_report,
                                               epoch_warning, make_optimizer, make_scheduler, recalibrate_batch_norm,
-                                              restart_schedule_at)
+                                              restart_schedule_at, training_precision)
 
 # data_wait_s: seconds per worker blocked waiting for the next batch; compute_s: the
 # rest of the training pass (forward, backward, optimizer step).
@@ -165,7 +165,7 @@ def setup_worker(config: dict) -> Worker:
 
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     nodes = _node_of_every_rank(ray.get_runtime_context().get_node_id(), world_size)
-    precision = agreed_precision(choose_precision(cfg.amp, device.type), world_size)
+    precision = agreed_precision(training_precision(cfg, layout.height, layout.width, device.type), world_size)
     if rank == 0:
         say(precision.line())
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
@@ -357,7 +357,8 @@ def save_checkpoint(worker: Worker, epoch: int, metrics: dict, history: list[dic
                 f"({metrics['images_per_s']:.1f} images/s, {metrics['epoch_s']:.1f}s, "
                 f"data wait {metrics['data_wait_s']:.1f}s, compute {metrics['compute_s']:.1f}s)")
             # A line of its own: a follower that tells the epoch in its own words leaves the line above out.
-            warning = epoch_warning(metrics, len(worker.classes)).strip()
+            previous = history[-2] if len(history) > 1 else None
+            warning = epoch_warning(metrics, len(worker.classes), previous).strip()
             if warning:
                 say(warning)
         ray.train.report(metrics, checkpoint=report_checkpoint, checkpoint_dir_name=f"checkpoint_epoch_{epoch + 1:04d}")

@@ -123,15 +123,18 @@ def head_key(cfg: TrainConfig) -> str:
 
 
 def fresh_model(cfg: TrainConfig, num_classes: int, image_size: int):
-    """The configured torchvision model with random weights and a ``num_classes``-way head."""
-    from torchvision.models import VisionTransformer, resnet18
-
+    """The configured model (torchvision's architecture) with random weights and a ``num_classes``-way head."""
     if cfg.model == "vit":
+        from torchvision.models import VisionTransformer
+
         v = cfg.vit
         return VisionTransformer(image_size=image_size, patch_size=v.patch_size, num_layers=v.num_layers,
                                  num_heads=v.num_heads, hidden_dim=v.hidden_dim, mlp_dim=v.mlp_dim,
                                  dropout=v.dropout, num_classes=num_classes)
-    return resnet18(weights=None, num_classes=num_classes, zero_init_residual=cfg.zeroes_residuals())
+    # Not torchvision's own: importing torchvision would add about 2 s to every inference actor's start (resnet.py).
+    from workloads.vision.training.resnet import ResNet18
+
+    return ResNet18(num_classes=num_classes, zero_init_residual=cfg.zeroes_residuals())
 
 
 def build_model(cfg: TrainConfig, num_classes: int, layout: ImageLayout, pretrained: dict | None = None):
