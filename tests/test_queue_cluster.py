@@ -2,10 +2,11 @@
 
 Two jobs hold the queue's slots until the test lets them go; four more wait behind them, one of them
 submitted by a process killed right after submitting. Then: never more than two ran at once (from
-the start and end times the jobs printed themselves), the three left waiting started in order of
-priority, then submission (a low one submitted first goes last; of two equal ones, the first goes
-first), and a job stopped while it waited left the queue. Every job costs the cluster a driver and a
-worker process, so there are no more of them than these checks need, and waits poll in this process.
+the moments the queue let each job in and the end times the jobs printed themselves), the three left
+waiting were let in by priority, then submission (a low one submitted first goes last; of two equal
+ones, the first goes first), and a job stopped while it waited left the queue. Every job costs the
+cluster a driver and a worker process, so there are no more of them than these checks need, and
+waits poll in this process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 import signal
 from pathlib import Path
 
-from runner.cli.queue import with_queue_place
+from runner.cli.queue import queue_state_from_log, with_queue_place
 from tests.support.cli import direct_api, popen_rayjobs
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
@@ -59,11 +60,16 @@ def _jobs_seen_here(cluster, ids: list[str]) -> dict[str, dict]:
 
 
 def _times(cluster, job_id: str) -> tuple[float, float]:
+    """When the queue let the job in (its keeper's ``admitted`` event) and when its entrypoint said it ended.
+
+    The admission, not the entrypoint's own first line, orders the starts: a Python process that takes
+    longer to start on a loaded machine must not read as a job let in later.
+    """
     log = direct_api(cluster).job_log(job_id)
-    started = re.search(r"queued-job started ([\d.]+)", log)
+    admitted = queue_state_from_log(log)
     ended = re.search(r"queued-job ended ([\d.]+)", log)
-    assert started and ended, log
-    return float(started.group(1)), float(ended.group(1))
+    assert admitted and admitted["state"] == "admitted" and "queued-job started" in log and ended, log
+    return float(admitted["time"]), float(ended.group(1))
 
 
 def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayjobs_cli, ray_cluster,
