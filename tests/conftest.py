@@ -8,7 +8,7 @@
 
 A test gets its marker from the fixtures it uses, so the marker cannot drift from what the test
 really starts; a test that starts Ray by other means carries the marker itself. The suite runs the
-tiers in that order (fast failures first), and an unmarked test that leaves Ray running fails.
+tiers in that order (fast failures first), and an unmarked test that starts Ray fails.
 Helpers live in ``tests/support``.
 """
 
@@ -107,9 +107,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # `pytest --junitxml` on 2 cores (the sweep's 7 tests took 354 s of a process's time, the next ones 100-230 s).
 _LONGEST_FIRST = ("test_sweep", "test_multinode_cluster", "test_vision_e2e_cluster", "test_vision_ingest",
                   "test_vision_train", "test_learning_real_photos_cluster", "test_diagnosis_cluster",
-                  "test_cli_cluster", "test_training_last_batch", "test_cluster_pinning_cluster",
+                  "test_cli_cluster", "test_training_last_batch", "test_local_clusters_cluster",
                   "test_progress_cluster", "test_code_upload_cluster", "test_hf_vit", "test_queue_cluster",
-                  "test_run_policy_cluster", "test_local_clusters_cluster")
+                  "test_run_policy_cluster")
 
 
 def _phase(item: pytest.Item) -> int:
@@ -150,20 +150,30 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     # The in-process Ray serves the `ray` tier only: it goes when that tier ends, so the cluster tier
     # gets the machine to itself (and the Ray client's in-process commands there meet no second Ray). A
     # connection a cluster test's in-process command left goes before the unit tests, which must start none.
-    if (tier_of(item) != "unit" and (nextitem is None or tier_of(nextitem) != tier_of(item))
-            and "ray" in sys.modules):
+    # A module's unit tests run in its group after its `ray` tests: the in-process Ray waits through them
+    # (they start none of their own, `_unmarked_tests_start_no_ray`), since the next group may be of the `ray`
+    # tier again, and starting Ray anew cost ~15 CPU-seconds and the workers it had kept.
+    tier, following = tier_of(item), (tier_of(nextitem) if nextitem is not None else None)
+    if following == tier or {tier, following} == {"ray", "unit"}:
+        return
+    if _ray_is_up():
         sys.modules["ray"].shutdown()
+
+
+def _ray_is_up() -> bool:
+    """Whether this process has a Ray connection (its in-process Ray, or a client of a cluster)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and getattr(ray, "is_initialized", lambda: False)()
 
 
 @pytest.fixture(autouse=True)
 def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The fast tier's promise: a test without a marker leaves no Ray running in this process."""
+    """The fast tier's promise: a test without a marker starts no Ray in this process."""
+    up_before = _ray_is_up()
     yield
-    if tier_of(request.node) == "unit" and "ray" in sys.modules:
-        ray = sys.modules["ray"]
-        if getattr(ray, "is_initialized", lambda: False)():
-            ray.shutdown()
-            pytest.fail("this test started Ray: mark it `ray` (or use the workload_ray fixture)")
+    if tier_of(request.node) == "unit" and not up_before and _ray_is_up():
+        sys.modules["ray"].shutdown()
+        pytest.fail("this test started Ray: mark it `ray` (or use the workload_ray fixture)")
 
 
 @pytest.fixture(autouse=True)

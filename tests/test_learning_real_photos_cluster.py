@@ -11,18 +11,20 @@ from tests.support.cli import read_metrics_csv, submit_spec
 from tests.support.shared_data import FOOD101_64PX_DEV, skip_unless_present
 
 EPOCHS = 2
-# The photos are resized to 32 px: an epoch takes 10 s instead of 16 s at 48 px and 21 s at their
-# 64 px, and the recipe still learns well above chance (0.10): 0.256 after two epochs here, against
-# 0.312 at 48 px and 0.276 at 64 px. The floor is 2.8 standard errors (0.02 on 500 photos) under what
-# was measured; the run is seeded and, on CPU, repeats its figures. The old SGD recipe left the model
-# at chance, with a first-epoch validation loss of 100,330.
+# Five of the ten classes (1500 training photos, 250 test photos), resized to 32 px: what a suite on 2 cores
+# can afford, half the preprocessing and training of all ten, and the recipe still learns well above chance
+# (0.20): 0.408 after two epochs here. The floor is 2.8 standard errors (0.03 on 250 photos) under what was
+# measured; the run is seeded and, on CPU, repeats its figures. (All ten classes reached 0.256 after two
+# epochs, against chance at 0.10; how the recipe does on the whole set is the learning benchmark's,
+# docs/benchmarks.md.) The old SGD recipe left the model at chance, with a first-epoch validation loss of 100,330.
+CLASSES = 5
 IMAGE_SIZE = 32
-ACCURACY_FLOOR = 0.20
+ACCURACY_FLOOR = 0.32
 
 
 @skip_unless_present(FOOD101_64PX_DEV, "the 64 px Food-101 development set")
 def test_food101_spec_learns_on_real_photos_without_a_loss_spike(ray_cluster, ray_cluster_home, tmp_path):
-    classes = (FOOD101_64PX_DEV / "meta" / "classes.txt").read_text().split()
+    classes = (FOOD101_64PX_DEV / "meta" / "classes.txt").read_text().split()[:CLASSES]
     result = submit_spec(
         ray_cluster_home, "specs/food101.yaml",
         f"workload.data.root={FOOD101_64PX_DEV}", f"workload.data.classes=[{', '.join(classes)}]",

@@ -1,8 +1,10 @@
-"""The local development cluster, live: auth, loopback binding, isolation from a second cluster."""
+"""The local development cluster, live: auth, loopback binding, isolation from a second cluster (its jobs' Ray
+Train actors included)."""
 
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import stat
 import subprocess
 import sys
@@ -14,8 +16,11 @@ import requests
 from tests.support.waiting import wait_for_condition
 from runner import local
 from runner.local import ClusterError, LocalCluster, cluster_processes
+from runner.local.nodes import dashboard_json
 from runner.local.processes import psutil_module
+from tests.support.cli import REPO_ROOT
 
+PLAIN_RAY_TRAIN = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
 # A driver that joins the cluster and round-trips a value through its object store. No task: a task would start a
 # worker process, which is not what the test is about.
 TRIVIAL_DRIVER = 'python -c "import ray; ray.init(); print(ray.get(ray.put(42)))"'
@@ -116,7 +121,24 @@ def test_cluster_listens_on_loopback_only(ray_cluster):
     assert exposed == {}
 
 
-def test_second_cluster_starts_and_stops_without_touching_the_first(ray_cluster):
+def _actors(cluster: LocalCluster) -> list[dict]:
+    document = dashboard_json(cluster, "/api/v0/actors?limit=1000", timeout_s=10)
+    return document["data"]["result"]["result"]
+
+
+def test_a_second_cluster_keeps_out_of_the_firsts_training_and_stops_without_touching_it(ray_cluster, rayjobs_cli,
+                                                                                        tmp_path):
+    """A second cluster on the host: its own ports, a job on the first stays there, and stopping it leaves the first.
+
+    Ray Train's actors ask Ray's state API with no address, and Ray then scans the host for a GCS: with a
+    second cluster started later it warns ``Found multiple active Ray instances … Connecting to latest
+    cluster`` and talks to that one, or (no cluster marked latest) fails with ``Found multiple active Ray
+    instances``. Two pins keep a job on its own cluster: the job's keeper puts the driver's RAY_ADDRESS into the
+    job config every actor gets (workloads/rayjobs_observe/pinning.py, for any cluster; its unit checks are
+    tests/test_cluster_pinning.py), and a local cluster's processes inherit their own GCS address
+    (runner/local/environment.py). Either is enough here; with neither (an empty RAY_ADDRESS for the job's
+    actors) the PlacementGroupCleaner fails with that line in the job's log.
+    """
     second = local.start(name="second", num_cpus=1, auth=False)
     try:
         assert second.token_file is None
@@ -125,6 +147,7 @@ def test_second_cluster_starts_and_stops_without_touching_the_first(ray_cluster)
         with pytest.raises(ClusterError, match=f"already running at {second.dashboard_url}"):
             local.start(name="second", auth=False)
         assert cluster_processes(second)
+        _a_training_job_on_the_first_stays_there(ray_cluster, second, rayjobs_cli, tmp_path)
     finally:
         assert local.stop("second") is True
 
@@ -136,3 +159,28 @@ def test_second_cluster_starts_and_stops_without_touching_the_first(ray_cluster)
     assert local.status(ray_cluster.name) == ray_cluster
     assert _get(f"{ray_cluster.dashboard_url}/api/jobs/", ray_cluster.auth_headers()).status_code == 200
     assert cluster_processes(ray_cluster)
+
+
+def _a_training_job_on_the_first_stays_there(first: LocalCluster, second: LocalCluster, rayjobs_cli,
+                                            tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(PLAIN_RAY_TRAIN, code / "train.py")
+    spec = tmp_path / "pinned.yaml"
+    # One training worker is enough: the controller and the worker are both actors the scan could mislead.
+    spec.write_text(f"name: pinned\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 2 "
+                    f"--epoch-s 0 --max-failures 0 --workers 1\nrecord_path: {tmp_path / 'records'}\n"
+                    f"runtime_env:\n  working_dir: {code}\n")
+    # --raw: the log exactly as written, so that no line of Ray's is held back from the check below.
+    result = rayjobs_cli("submit", str(spec), "--raw", timeout=300)
+    shown = result.stdout + result.stderr
+    assert result.returncode == 0, shown[-4000:]
+    assert "final loss" in result.stdout
+    assert "Found multiple active Ray instances" not in shown and "Connecting to latest cluster" not in shown
+
+    job_id = next(line.split(" as ", 1)[1].split()[0] for line in result.stderr.splitlines()
+                  if line.startswith("rayjobs: submitted pinned as "))
+    ray_job = dashboard_json(first, f"/api/jobs/{job_id}", timeout_s=10)["job_id"]
+    ours = {actor["class_name"] for actor in _actors(first) if actor.get("job_id") == ray_job}
+    assert {"RayTrainWorker", "TrainController"} <= ours, ours
+    assert _actors(second) == []
