@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 
-from tests.support.cli import REPO_ROOT
+from tests.support.cli import plain_train_spec
 from tests.support.waiting import HANG_GUARD_S
-
-SCRIPT = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
 
 
 def test_a_failure_with_a_known_cause_is_named_with_what_to_do(rayjobs_cli, tmp_path):
@@ -47,12 +44,7 @@ def test_failures_brought_about_for_real_are_named(rayjobs_cli, tmp_path, cause,
     """A rank that skips its part of DDP's all-reduce under a short gloo timeout; a rank that dies in every
     attempt (the one worker of a run, in its first epoch). (More workers than the cluster has is not among them: Ray Train waits for them to fit, and the
     job stalls instead of failing; the stall warning covers it.)"""
-    code = tmp_path / "code"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train.py")
-    spec = tmp_path / "failing.yaml"
-    spec.write_text(f"name: failing\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 3 "
-                    f"--epoch-s 0.1 {arguments}\nrecord: false\nruntime_env:\n  working_dir: {code}\n")
+    spec = plain_train_spec(tmp_path, "failing", f"--epochs 3 --epoch-s 0.1 {arguments}", policy="record: false\n")
     result = rayjobs_cli("submit", str(spec), "--output", "json", timeout=HANG_GUARD_S * 3)
     assert result.returncode == 1, result.stderr[-3000:]
     diagnosis = json.loads(result.stdout)["diagnosis"]

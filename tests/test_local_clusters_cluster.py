@@ -4,7 +4,6 @@ Train actors included)."""
 from __future__ import annotations
 
 import ipaddress
-import shutil
 import stat
 import subprocess
 import sys
@@ -18,9 +17,8 @@ from runner import local
 from runner.local import ClusterError, LocalCluster, cluster_processes
 from runner.local.nodes import dashboard_json
 from runner.local.processes import psutil_module
-from tests.support.cli import REPO_ROOT
+from tests.support.cli import plain_train_spec
 
-PLAIN_RAY_TRAIN = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
 # A driver that joins the cluster and round-trips a value through its object store. No task: a task would start a
 # worker process, which is not what the test is about.
 TRIVIAL_DRIVER = 'python -c "import ray; ray.init(); print(ray.get(ray.put(42)))"'
@@ -163,14 +161,9 @@ def test_a_second_cluster_keeps_out_of_the_firsts_training_and_stops_without_tou
 
 def _a_training_job_on_the_first_stays_there(first: LocalCluster, second: LocalCluster, rayjobs_cli,
                                             tmp_path: Path) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    shutil.copy(PLAIN_RAY_TRAIN, code / "train.py")
-    spec = tmp_path / "pinned.yaml"
     # One training worker is enough: the controller and the worker are both actors the scan could mislead.
-    spec.write_text(f"name: pinned\nentrypoint: python train.py --storage {tmp_path / 'runs'} --epochs 2 "
-                    f"--epoch-s 0 --max-failures 0 --workers 1\nrecord_path: {tmp_path / 'records'}\n"
-                    f"runtime_env:\n  working_dir: {code}\n")
+    spec = plain_train_spec(tmp_path, "pinned", "--epochs 2 --epoch-s 0 --max-failures 0 --workers 1",
+                            policy=f"record_path: {tmp_path / 'records'}\n")
     # --raw: the log exactly as written, so that no line of Ray's is held back from the check below.
     result = rayjobs_cli("submit", str(spec), "--raw", timeout=300)
     shown = result.stdout + result.stderr

@@ -15,17 +15,15 @@ import os
 import pty
 import re
 import select
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import REPO_ROOT, CliRun, cli_env, rayjobs_command, run_rayjobs
+from tests.support.cli import PLAIN_RAY_TRAIN, CliRun, cli_env, plain_train_spec, rayjobs_command, run_rayjobs
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 
-SCRIPT = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
 EPOCHS = 4
 
 
@@ -37,14 +35,9 @@ STALL = "is RUNNING but has printed nothing"
 def followed(ray_cluster, ray_cluster_home, tmp_path_factory) -> dict:
     """The script's job, followed by `rayjobs submit` writing to pipes until it stalls; then stopped."""
     directory = tmp_path_factory.mktemp("plain-train")
-    code = directory / "code"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train.py")
-    spec = directory / "plain.yaml"
-    spec.write_text(f"name: plain-train\nentrypoint: python train.py --storage {directory / 'runs'} "
-                    f"--epochs {EPOCHS} --epoch-s 0.2 --hang-at-epoch {EPOCHS}\nstall_after_s: {STALL_AFTER_S}\n"
-                    f"record_path: {directory / 'records'}\nrecord_every_s: 1\n"
-                    f"runtime_env:\n  working_dir: {code}\n")
+    spec = plain_train_spec(directory, "plain-train", f"--epochs {EPOCHS} --epoch-s 0.2 --hang-at-epoch {EPOCHS}",
+                            policy=f"stall_after_s: {STALL_AFTER_S}\nrecord_path: {directory / 'records'}\n"
+                                   "record_every_s: 1\n")
     run = CliRun(["submit", str(spec)], cli_env(ray_cluster_home))
     try:
         # A slow start may be called a stall too; the one this test is about comes after the last report.
@@ -102,7 +95,7 @@ def test_a_hang_is_called_a_stall_with_every_ranks_stack_and_the_job_is_left_run
     rank0 = next(line for line in shown.splitlines() if line.startswith("rayjobs:   rank 0: "))
     rank1 = next(line for line in shown.splitlines() if line.startswith("rayjobs:   rank 1: "))
     assert "(train.py:" in rank0, shown[-3000:]
-    hang_line = next(number for number, line in enumerate(SCRIPT.read_text().splitlines(), start=1)
+    hang_line = next(number for number, line in enumerate(PLAIN_RAY_TRAIN.read_text().splitlines(), start=1)
                      if "time.sleep(3600)" in line)
     assert rank1.startswith(f"rayjobs:   rank 1: train_func (train.py:{hang_line})"), shown[-3000:]
     assert "--- rank" not in shown and "Thread " not in shown

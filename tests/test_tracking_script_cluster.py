@@ -13,16 +13,14 @@ One job proves two promises about what rayjobs adds to a user's own script:
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from runner.runs.store import Folder, attempt_events, read_run
-from tests.support.cli import REPO_ROOT, run_rayjobs
+from tests.support.cli import plain_train_spec, run_rayjobs
 from tests.test_tracking_script import TRACKING
 
-SCRIPT = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
 EPOCHS = 3
 
 USER_CALLBACKS = '''
@@ -48,19 +46,15 @@ class BrokenProgress(ProgressCallback):
 def tracked(ray_cluster, ray_cluster_home, mlflow_tracking_server, tmp_path_factory) -> dict:
     """The script's job, submitted and followed to its end; and where it wrote."""
     directory = tmp_path_factory.mktemp("tracked-script")
-    code = directory / "code"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train.py")
-    (code / "user_callbacks.py").write_text(USER_CALLBACKS)
     experiment = f"script-{directory.name}"
-    spec = directory / "tracked.yaml"
     # One training worker: the callbacks run in the Train controller, whatever the number of workers.
-    spec.write_text(f"name: tracked-script\nentrypoint: python train.py --storage {directory / 'runs'} "
-                    f"--epochs {EPOCHS} --epoch-s 0.1 --workers 1\n"
-                    f"record_path: {directory / 'records'}\nrecord_every_s: 1\n"
-                    f"runtime_env:\n  working_dir: {code}\n  env_vars:\n"
-                    "    RAY_TRAIN_CALLBACKS: user_callbacks.CountingCallback,user_callbacks.BrokenProgress\n"
-                    + TRACKING.format(uri=mlflow_tracking_server.uri, experiment=experiment))
+    spec = plain_train_spec(
+        directory, "tracked-script", f"--epochs {EPOCHS} --epoch-s 0.1 --workers 1",
+        policy=f"record_path: {directory / 'records'}\nrecord_every_s: 1\n",
+        runtime_env="  env_vars:\n"
+                    "    RAY_TRAIN_CALLBACKS: user_callbacks.CountingCallback,user_callbacks.BrokenProgress\n",
+        after=TRACKING.format(uri=mlflow_tracking_server.uri, experiment=experiment))
+    (directory / "code" / "user_callbacks.py").write_text(USER_CALLBACKS)
     submitted = run_rayjobs("submit", str(spec), home=ray_cluster_home, timeout=300)
     assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-2000:]
     (record,) = (directory / "records").iterdir()

@@ -109,6 +109,26 @@ def write_spec(directory: Path, name: str, body: str) -> Path:
     return path
 
 
+PLAIN_RAY_TRAIN = REPO_ROOT / "tests" / "data" / "scripts" / "plain_ray_train.py"
+
+
+def plain_train_spec(directory: Path, name: str, arguments: str, policy: str = "", runtime_env: str = "",
+                     after: str = "") -> Path:
+    """A spec whose job runs tests/data/scripts/plain_ray_train.py, a Ray Train script that knows nothing of rayjobs.
+
+    The script is ``train.py`` in ``directory/code`` (the job's working_dir; a test may put more files there) and
+    saves under ``directory/runs``; ``arguments`` are its flags. ``policy`` holds spec lines before
+    ``runtime_env``, ``runtime_env`` lines of that block after its working_dir (indented), ``after`` lines after it.
+    """
+    code = directory / "code"
+    code.mkdir(exist_ok=True)
+    shutil.copy(PLAIN_RAY_TRAIN, code / "train.py")
+    spec = directory / f"{name}.yaml"
+    spec.write_text(f"name: {name}\nentrypoint: python train.py --storage {directory / 'runs'} {arguments}\n{policy}"
+                    f"runtime_env:\n  working_dir: {code}\n{runtime_env}{after}")
+    return spec
+
+
 def submit_spec(home: Path, spec: str, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """``rayjobs submit SPEC --set O …`` on the cluster of ``home``, followed to the end."""
     return run_rayjobs("submit", spec, *[arg for override in overrides for arg in ("--set", override)],
