@@ -6,7 +6,7 @@ terminal would have it) with 2 training workers x 1 CPU, 64 px images and enough
 
 - baseline: ``progress: false`` and ``record: false``: the job is sent exactly as the spec says, no
   callback, no events, no record;
-- progress: the spec as shipped: the ``rayjobs_observe`` callback in Ray Train's controller, the
+- progress: the spec as shipped: the ``rayjobs_agent`` callback in Ray Train's controller, the
   workload's stage events, read out of the log by the follower, and the run record's keeper around
   the entrypoint, uploading ``run.json``, the log and the events every 30 s and at the end.
 

@@ -5,26 +5,31 @@
 Handover. Two jobs of a queue limited to one: the first holds the slot until the benchmark lets
 it go, the second waits. The figure is the time from the first job's last line (its own clock) to
 the second job's first line: the first job's interpreter ending, its wrapper giving the slot back,
-the second wrapper seeing it (it looks every 0.25 s) and starting its entrypoint. The **baseline**
-is what a queue replaces: a submitter that waits for the first job to end, then submits the second
-(`rayjobs submit`, then `rayjobs submit` again), measured between the same two lines. Goal: under 2 s.
+the queue's keeper seeing it (it looks every 0.1 s while a job waits) and submitting the second job
+to Ray, and that job starting. The **baseline** is what a queue replaces: a submitter that waits for
+the first job to end, then submits the second (`rayjobs submit`, then `rayjobs submit` again),
+measured between the same two lines. Goal: under 2 s.
 
 Memory. ``--waiting`` jobs wait in the queue behind a holder, and the proportional set size (PSS) of
 every process of the cluster is summed before and after: the cost per waiting job. The **baseline**
 is the same number of plain Ray jobs left PENDING (their entrypoint asks for more CPUs than the
-cluster has, so Ray holds them back as it would jobs that do not fit).
+cluster has, so Ray holds them back as it would jobs that do not fit). Goal: under 1 MiB per
+waiting job. Jobs are submitted ``--parallel`` at a time, as a team's script would.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,6 +37,7 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 
 from benchmarks.common import Result, Spread, Stamp, add_json_option, timed_command  # noqa: E402
+from runner.client.queue import ClusterQueue  # noqa: E402
 from runner.local import start as start_local_cluster  # noqa: E402
 from runner.local import stop as stop_local_cluster  # noqa: E402
 
@@ -62,11 +68,22 @@ def spec(directory: Path, name: str, *, queued: bool, flag: Path | None = None, 
 
 
 class Cli:
-    """The `rayjobs` command against the benchmark's cluster."""
+    """The `rayjobs` command against the benchmark's cluster, and its client for the polls between commands.
+
+    The polls go through the cluster client in this process: a `rayjobs` process every 0.2 s would load
+    the two cores that the job starts being measured run on.
+    """
 
     def __init__(self, home: Path) -> None:
         self.env = {**os.environ, "RAYJOBS_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         self.command = str(Path(sys.executable).parent / "rayjobs")
+        self.api: Any = None
+
+    def connect(self, cluster: str) -> None:
+        """Poll the local cluster ``cluster`` from here on."""
+        from runner.client.jobs_api import connect
+
+        self.api = connect(cluster=cluster)
 
     def run(self, *args: str, code: int | None = 0) -> str:
         """Run ``rayjobs ARGS`` to its end; its stdout (it must exit with ``code``, unless that is None)."""
@@ -81,7 +98,12 @@ class Cli:
 
     def moment(self, job_id: str, word: str) -> float | None:
         """The time the job printed ``bench-job WORD``, once it has."""
-        found = re.search(rf"bench-job {word} ([\d.]+)", self.run("logs", job_id))
+        from runner.errors import JobNotFound
+
+        try:
+            found = re.search(rf"bench-job {word} ([\d.]+)", self.api.job_log(job_id))
+        except JobNotFound:  # still waiting in its queue
+            return None
         return float(found.group(1)) if found else None
 
     def wait_for(self, job_id: str, word: str) -> float:
@@ -92,7 +114,14 @@ class Cli:
 
     def wait_ended(self, job_id: str) -> None:
         """Poll until the job is no longer PENDING or RUNNING."""
-        while re.search(r"status:\s+(PENDING|RUNNING)", self.run("status", job_id, code=None)):
+        from runner.errors import JobNotFound
+
+        while True:
+            try:
+                if self.api.get_job(job_id).get("status") not in ("PENDING", "RUNNING"):
+                    return
+            except JobNotFound:
+                pass
             time.sleep(0.2)
 
 
@@ -103,7 +132,7 @@ def handover(cli: Cli, directory: Path, round_index: int, *, queued: bool) -> fl
     cli.wait_for(first, "started")
     if queued:
         second = cli.submit(spec(directory, f"second-{round_index}", queued=True))
-        while "QUEUED" not in cli.run("status", second, code=None):
+        while ClusterQueue(cli.api).place_of(second) is None:
             time.sleep(0.2)
         flag.touch()
     else:
@@ -139,35 +168,33 @@ def settled_pss(token_file: str) -> float:
         previous = now
 
 
-def waiting_memory(cli: Cli, directory: Path, token_file: str, count: int, *, queued: bool) -> float:
-    """MiB the head holds per job left waiting: in the queue behind a holder, or PENDING for CPUs."""
-    flag = directory / f"release-memory-{int(queued)}"
-    holder = None
+def waiting_memory(cli: Cli, directory: Path, token_file: str, count: int, parallel: int, *, queued: bool) -> float:
+    """MiB the head holds per job left waiting: in the queue behind a holder, or PENDING for CPUs.
+
+    The jobs are left where they are: the cluster is stopped after both sides are measured.
+    """
     if queued:
-        holder = cli.submit(spec(directory, "holder", queued=True, flag=flag))
+        holder = cli.submit(spec(directory, "holder", queued=True, flag=directory / "release-never"))
         cli.wait_for(holder, "started")
     before = settled_pss(token_file)
     # The plain jobs ask for more CPUs than the cluster has, which pre-flight would refuse: Ray is to hold them.
-    waiting = [cli.submit(spec(directory, f"waiting-{'queued' if queued else 'pending'}-{index}", queued=queued,
-                               cpus=None if queued else 64), *([] if queued else ["--no-preflight"]))
-               for index in range(count)]
+    specs = [spec(directory, f"waiting-{'queued' if queued else 'pending'}-{index}", queued=queued,
+                  cpus=None if queued else 64) for index in range(count)]
+    with ThreadPoolExecutor(parallel) as pool:
+        waiting = list(pool.map(lambda path: cli.submit(path, *([] if queued else ["--no-preflight"])), specs))
     if queued:
-        for job in waiting:
-            while "QUEUED" not in cli.run("status", job, code=None):
-                time.sleep(0.2)
+        while len((json.loads(cli.run("queue", QUEUE, "--output", "json"))[0]).get("waiting") or []) < count:
+            time.sleep(0.5)
+    assert len(set(waiting)) == count
     after = settled_pss(token_file)
-    for job in waiting:
-        cli.run("stop", job, "--wait", code=None)
-    flag.touch()
-    if holder is not None:
-        cli.wait_ended(holder)
     return (after - before) / count
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="handovers on each side (medians are reported)")
-    parser.add_argument("--waiting", type=int, default=6, help="jobs left waiting for the memory figure")
+    parser.add_argument("--waiting", type=int, default=200, help="jobs left waiting for the memory figure")
+    parser.add_argument("--parallel", type=int, default=8, help="submissions at once for the memory figure")
     add_json_option(parser)
     args = parser.parse_args()
 
@@ -184,6 +211,7 @@ def main() -> None:
             cli = Cli(directory / "home")
             cli.run("queue", "set", QUEUE, "--max-running", "1", "--cluster", "bench-queue")
             os.environ["RAYJOBS_CLUSTER"] = cli.env["RAYJOBS_CLUSTER"] = "bench-queue"
+            cli.connect("bench-queue")
             handover(cli, directory, -1, queued=True)  # warm-up: the cluster's first jobs, the page cache
             queued, plain = [], []
             for index in range(args.rounds):
@@ -191,8 +219,9 @@ def main() -> None:
                 for side in ((True, False) if index % 2 == 0 else (False, True)):
                     (queued if side else plain).append(handover(cli, directory, index, queued=side))
                 print(f"round {index + 1}: queue {queued[-1]:.2f}s, submit after the end {plain[-1]:.2f}s", flush=True)
-            memory_queued = waiting_memory(cli, directory, cluster.token_file, args.waiting, queued=True)
-            memory_pending = waiting_memory(cli, directory, cluster.token_file, args.waiting, queued=False)
+            memory_queued = waiting_memory(cli, directory, cluster.token_file, args.waiting, args.parallel, queued=True)
+            memory_pending = waiting_memory(cli, directory, cluster.token_file, args.waiting, args.parallel,
+                                            queued=False)
         finally:
             stop_local_cluster("bench-queue")
     ours = result.figure("handover queued", Spread.of(queued), "s")
@@ -203,8 +232,9 @@ def main() -> None:
                         f"**{ratios.median:.2f}×** ({ratios.low:.2f}–{ratios.high:.2f})"])
     result.figures["memory per waiting job"] = {"unit": "MiB", "queued": memory_queued, "pending": memory_pending}
     result.rows.append([f"the cluster's memory (PSS) per waiting job, {args.waiting} waiting",
-                        f"{memory_queued:.0f} MiB", f"{memory_pending:.0f} MiB (a plain Ray job left PENDING)",
+                        f"{memory_queued:.2f} MiB", f"{memory_pending:.2f} MiB (a plain Ray job left PENDING)",
                         f"{memory_queued / memory_pending:.1f}×" if memory_pending > 1 else "–"])
+    result.figures["waiting jobs"] = args.waiting
     print("\n".join(" | ".join(row) for row in result.rows), flush=True)
     result.save(args.json)
 

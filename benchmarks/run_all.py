@@ -85,7 +85,7 @@ class Benchmark:
 
 
 # The client, and what it ships with every job (the run record's keeper, the progress callback).
-CLIENT = ("jobs", "runner", "workloads/rayjobs_observe")
+CLIENT = ("jobs", "runner", "rayjobs_agent")
 # A quickstart submitted with `rayjobs submit` and followed: every package takes part.
 QUICKSTART_END_TO_END = ("jobs", "runner", "workloads", "specs/quickstart.yaml")
 # The quickstart-based benchmarks of a full run: 60 generated images per class instead of 120, so that every
@@ -155,8 +155,8 @@ BENCHMARKS = [
     ], 7, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py",
             "benchmarks/sweep_real_photos.py")),
     Benchmark("queue_admission", [
-        Run("queue_admission.py", ["--rounds", "2", "--waiting", "4"], ["--rounds", "1", "--waiting", "2"]),
-    ], 4, CLIENT),
+        Run("queue_admission.py", ["--rounds", "2", "--waiting", "200"], ["--rounds", "1", "--waiting", "4"]),
+    ], 9, CLIENT),
     Benchmark("follower_events", [
         # 500 events in 75 s: twelve times the rate of 2,000 events over a 30-minute run.
         Run("follower_events.py", ["--events", "500", "--seconds", "75"], ["--events", "50", "--seconds", "5"]),

@@ -93,10 +93,14 @@ def actor_starts(since: float, class_part: str) -> list[dict]:
     Each as seconds since the epoch: ``asked`` (created), ``running`` (a worker process has started,
     loaded the class and begun the constructor), ``ready`` (the constructor ended).
     """
+    import ray
     from ray.util.state import list_tasks
 
     found = []
-    for task in list_tasks(filters=[("type", "=", "ACTOR_CREATION_TASK")], detail=True, limit=10_000,
+    # The address of the Ray this process runs in: left out, the state API looks for "the" cluster of
+    # the machine (/tmp/ray/ray_current_cluster), which can name another cluster or one long gone.
+    for task in list_tasks(address=ray.get_runtime_context().gcs_address,
+                           filters=[("type", "=", "ACTOR_CREATION_TASK")], detail=True, limit=10_000,
                            raise_on_missing_output=False):
         if class_part not in (task.func_or_class_name or "") or not task.creation_time_ms:
             continue

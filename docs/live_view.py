@@ -32,7 +32,7 @@ def read_log_bytes(source: Path) -> bytes:
     """The driver log: a file, or the first attempt's log in a run record's folder."""
     if source.is_file():
         return source.read_bytes()
-    from runner.runs.store import Folder, attempt_log, read_run
+    from runner.records.store import Folder, attempt_log, read_run
 
     folder = Folder(str(source))
     return attempt_log(folder, str(read_run(folder)["attempts"][0]["submission_id"]))

@@ -1,7 +1,7 @@
 """A spec's ``notify`` block: where the job itself says how it ended (Apprise URLs), and when.
 
 Checked on the client like the rest of the spec. The job sends the messages from its own wrapper
-(``workloads/rayjobs_observe/notify.py``), so they arrive with nobody following it. Notification URLs
+(``rayjobs_agent/notify.py``), so they arrive with nobody following it. Notification URLs
 often hold tokens (a Slack webhook's path, a password in ``mailto://``): :func:`masked_notify_url` is
 how one is shown anywhere, the run record included.
 """
@@ -9,7 +9,6 @@ how one is shown anywhere, the run record included.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from functools import lru_cache
 from typing import Any, Literal
@@ -17,15 +16,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from jobs.errors import did_you_mean
-from jobs.infra.storage import uri_scheme
+from rayjobs_agent.storage_location import uri_scheme
 from jobs.secrets import MASK
 from jobs.strict import StrictModel
-from workloads.rayjobs_observe.notify import masked_url
+from rayjobs_agent.notify import masked_url
+from rayjobs_agent.wire import ray_env_json
 
 INSTALL_APPRISE = "pip install 'rayjobs[notify]'"
-# The notification URLs in full, as the job reads them: a name every output masks (jobs.secrets.looks_secret).
-# workloads/rayjobs_observe/notify.py reads the same name (tests/test_notify.py holds them equal).
-NOTIFY_ENV_VAR = "RAYJOBS_NOTIFY_SECRET"
 NOTIFY_EVENTS = ("succeeded", "failed", "stopped", "stalled", "retry")
 # The news worth interrupting someone for; a quiet success is in the run record.
 DEFAULT_NOTIFY_ON = ("failed", "stopped")
@@ -89,10 +86,10 @@ def notify_document(targets: list[NotifyTarget], *, masked: bool) -> list[dict[s
             for target in targets]
 
 
-def job_notify_settings(targets: list[NotifyTarget], stall_after_s: float | None, attempts: int) -> str:
-    """The value of ``NOTIFY_ENV_VAR``: the targets in full, the stall limit, and how many attempts may run."""
-    return json.dumps({"targets": notify_document(targets, masked=False), "stall_after_s": stall_after_s,
-                       "attempts": attempts}, sort_keys=True)
+def job_notify_settings(targets: list[NotifyTarget], attempts: int) -> str:
+    """The value of ``rayjobs_agent.wire.NOTIFY_ENV_VAR`` (a name every output masks, and the URLs' tokens with it):
+    the targets in full, and how many attempts may run."""
+    return ray_env_json({"targets": notify_document(targets, masked=False), "attempts": attempts})
 
 
 def unsent_notifications(spec: Any) -> str | None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
-from jobs.infra.storage import StorageLocation, uri_scheme
+from rayjobs_agent.storage_location import StorageLocation, uri_scheme
 
 SPEC_DIR_CONTEXT_KEY = "spec_dir"
 

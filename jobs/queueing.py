@@ -1,6 +1,6 @@
 """A spec's place in a cluster queue: its queue, its priority, and what it will use once it starts.
 
-The queue itself runs on the cluster (``workloads/rayjobs_observe/queueing.py``): this module only says
+The queue itself runs on the cluster (``rayjobs_agent/queueing.py``): this module only says
 what the job's wrapper is told, and what the client checks before submitting.
 """
 
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rayjobs_agent.wire import METADATA_PRIORITY, METADATA_QUEUE
 from jobs.workload_contract import workload_needs
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
 
-METADATA_QUEUE = "rayjobs.queue"
-METADATA_PRIORITY = "rayjobs.priority"
 
 
 def queue_needs(loaded: LoadedSpec) -> dict[str, float]:

@@ -1,23 +1,18 @@
 """What a spec's retry policy may name beside Ray's error types, and how long it waits between attempts.
 
-The failure causes are those ``runner/follow/diagnosis.py`` reads from a failed job's log, spelled out
-so that validating a spec does not import the runner (tests/test_run_policy.py holds them equal).
+The failure causes and the retry rule are the agent's (``rayjobs_agent/causes.py`` and ``retries.py``),
+which decides on the cluster; the spec names them and ships its policy to the job.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from jobs.strict import StrictModel
-
-# Causes another attempt may get past (a busy node, a lost peer or node, a full disk someone cleans up).
-RETRYABLE_CAUSES = ("host_out_of_memory", "cuda_out_of_memory", "disk_full", "placement_infeasible",
-                    "collective_timeout", "node_lost", "max_failures_used_up")
-# Causes no attempt gets past: the same code, environment and credentials fail the same way. Never retried.
-PERMANENT_CAUSES = {
-    "module_missing": "a missing module is missing again in the next attempt",
-    "storage_credentials": "refused credentials are refused again in the next attempt",
-}
+from rayjobs_agent.causes import PERMANENT_CAUSES, RETRYABLE_CAUSES  # noqa: F401 - the causes retry_on may name
+from rayjobs_agent.retries import RetryPolicy
 
 
 class RetryBackoff(StrictModel):
@@ -35,3 +30,9 @@ class RetryBackoff(StrictModel):
         if self.max_s < self.initial_s:
             raise ValueError(f"max_s ({self.max_s:g}) is shorter than initial_s ({self.initial_s:g})")
         return self
+
+
+def retry_policy(spec: Any) -> RetryPolicy:
+    """A spec's retry policy, as the agent beside its job applies it (and the client for a job lost whole)."""
+    return RetryPolicy(spec.max_retries, tuple(spec.retry_on), spec.retry_backoff.initial_s,
+                       spec.retry_backoff.max_s)

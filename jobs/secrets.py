@@ -2,7 +2,7 @@
 
 A secret env var's value is replaced by ``****`` in any copy of a submission, a job's info or a spec,
 and that value is then masked wherever else it turns up (the entrypoint, another field, the job's
-log), as is the password of any URL. The masking itself lives in ``workloads/rayjobs_observe/masking.py``
+log), as is the password of any URL. The masking itself lives in ``rayjobs_agent/masking.py``
 (standard library only), which the job runs on the cluster too: both sides mask by one rule.
 """
 
@@ -11,18 +11,11 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterable
 
-from jobs.keys import METADATA_SECRETS
-from workloads.rayjobs_observe.masking import SecretMask, looks_secret, mask_url_userinfo
+from rayjobs_agent.wire import METADATA_SECRETS
+from rayjobs_agent.masking import SecretMask, looks_secret, mask_url_userinfo, secret_names
 
 # What a secret env var's value becomes in a copy; `rayjobs rerun` takes such a value from its own environment.
 MASK = "****"
-
-
-def secret_names(env_vars: dict[str, Any], marked: Iterable[str]) -> list[str]:
-    """The env vars of ``env_vars`` that hold secrets: those ``marked`` (a spec's ``secret_env_vars``) and
-    those whose names look secret."""
-    marked = set(marked)
-    return [name for name in env_vars if name in marked or looks_secret(name)]
 
 
 def marked_secrets(job: dict[str, Any]) -> list[str]:

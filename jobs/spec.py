@@ -25,12 +25,13 @@ from pydantic import (
 from jobs.infra.address import normalize_address
 from jobs.errors import did_you_mean
 from jobs.notify import NotifyTarget, unsent_notifications
-from jobs.infra.storage import StorageLocation, uri_scheme
+from rayjobs_agent.storage_location import StorageLocation, uri_scheme
 from jobs.retry import PERMANENT_CAUSES, RETRYABLE_CAUSES, RetryBackoff
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, resolve_spec_path
 from jobs.strict import StrictModel
 from jobs.sweep import SweepSpec
 from jobs.tracking import TrackingSpec, unrecorded_tracking
+from rayjobs_agent.queueing import QUEUE_NAME, QUEUE_NAME_RULE
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -74,6 +75,9 @@ def _finite_non_negative(value: float) -> float:
 
 # Strict: YAML `true` or "2" is not a CPU count.
 ResourceAmount = Annotated[float, Field(strict=True), AfterValidator(_finite_non_negative)]
+# A Ray resource's name (CPU, GPU, accelerator_type:A100, a custom one): it reaches `ray start --resources`
+# of an exported RayJob's head through a shell, so nothing a shell reads (quotes, $, spaces) is allowed.
+ResourceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")]
 ByteSize = Annotated[int, BeforeValidator(parse_size)]
 
 
@@ -233,7 +237,8 @@ class JobSpec(StrictModel):
     entrypoint_num_cpus: ResourceAmount | None = Field(None, description="CPUs reserved for the entrypoint.")
     entrypoint_num_gpus: ResourceAmount | None = Field(None, description="GPUs reserved for the entrypoint.")
     entrypoint_memory: ByteSize | None = Field(None, description="Memory reserved for the entrypoint: bytes or 8GiB.")
-    entrypoint_resources: dict[str, ResourceAmount] | None = Field(None, description="Custom resources reserved.")
+    entrypoint_resources: dict[ResourceName, ResourceAmount] | None = Field(
+        None, description="Custom resources reserved (names: letters, digits, '_', '.', ':', '/', '-').")
     entrypoint_label_selector: dict[str, str] | None = Field(None, description="Node labels the entrypoint needs.")
     metadata: dict[str, str] | None = Field(None, description="Text key/values stored with the job.")
     submission_id: str | None = Field(
@@ -267,14 +272,15 @@ class JobSpec(StrictModel):
         "(record_path or the workload's storage_path) when that is s3://, and everything else through the "
         "dashboard.", examples=["s3://my-bucket/rayjobs-code"])
     queue: str | None = Field(
-        None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="The cluster queue the job waits in before it "
+        None, pattern=f"^{QUEUE_NAME.pattern}$", description="The cluster queue the job waits in before it "
         "starts: it runs when the queue has fewer jobs running than its limit (rayjobs queue set NAME "
         "--max-running N, kept on the cluster), no job ahead of it waits, and the cluster has free what it needs. "
-        "The job waits in its own wrapper, holding no resources. Default: no queue, the job starts at once.",
+        "Until then the job is an entry in the cluster's key-value store: no process, no resources. A name is "
+        f"{QUEUE_NAME_RULE}. Default: no queue, the job starts at once.",
         examples=["team-a"])
     priority: int = Field(0, ge=-1000, le=1000, description="Order in the queue: higher first, then the time of "
                           "submission.")
-    needs: dict[str, ResourceAmount] | None = Field(
+    needs: dict[ResourceName, ResourceAmount] | None = Field(
         None, description="What the job will use while it runs, in Ray's resource names ({CPU: 4, GPU: 1}), for "
         "the queue to wait until the cluster has it free. Default: what the workload declares (its widest stage's "
         "workers) plus the entrypoint's own resources; give it for your own script.", examples=[{"CPU": 4}])
@@ -347,13 +353,6 @@ class JobSpec(StrictModel):
     def _tracking_has_an_observer(self) -> JobSpec:
         if (problem := unrecorded_tracking(self)) is not None:
             raise ValueError(problem)
-        return self
-
-    @model_validator(mode="after")
-    def _queued_jobs_keep_a_record(self) -> JobSpec:
-        if self.queue is not None and not self.record:
-            raise ValueError("queue needs the run record's keeper, in which a queued job waits for its turn; "
-                             "remove record: false (or the queue)")
         return self
 
     @model_validator(mode="after")

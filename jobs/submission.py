@@ -10,15 +10,18 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.keys import (EVENT_MARKER, METADATA_NAME, METADATA_SECRETS, METADATA_SPEC_HASH, RECORD_ENV_VAR,
-                       SWEEP_ENV_VAR, TRACKING_ENV_VAR, WORKLOAD_ENV_VAR)
-from jobs.notify import NOTIFY_ENV_VAR, job_notify_settings, notify_document
-from jobs.infra.storage import uri_scheme
+from jobs.notify import job_notify_settings, notify_document
 from jobs.provenance import code_provenance
-from jobs.queueing import queue_config, queue_metadata
+from jobs.queueing import queue_metadata
+from jobs.retry import retry_policy
 from jobs.secrets import masked_runtime_env
-from jobs.retry import PERMANENT_CAUSES
 from jobs.workload_contract import workload_needs
+from rayjobs_agent.storage_location import uri_scheme
+from rayjobs_agent.vocabulary import EVENT_MARKER
+from rayjobs_agent.wire import (METADATA_NAME, METADATA_RERUN_OF, METADATA_SECRETS, METADATA_SPEC_HASH, NOTIFY_ENV_VAR,
+                                PROGRESS_CALLBACK, RECORD_COMMAND, RECORD_ENV_VAR, RETRY_ENV_VAR, SWEEP_ENV_VAR,
+                                TRACKING_CALLBACK, WATCH_ENV_VAR,
+                                TRACKING_ENV_VAR, TRAIN_CALLBACKS_ENV_VAR, WORKLOAD_ENV_VAR, ray_env_json)
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
@@ -32,18 +35,10 @@ DEFAULT_EXCLUDES = [
 ]
 
 
-# The progress channel (workloads/rayjobs_observe): shipped as a py_modules entry, so that any job's
-# processes can import it by this name whatever its working_dir holds.
-OBSERVE_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "workloads" / "rayjobs_observe"
-OBSERVE_CALLBACK = "rayjobs_observe.train_callback.ProgressCallback"
-# Records a user's own Ray Train script in MLflow when the spec has `tracking:` (the workloads record their own).
-TRACKING_CALLBACK = "rayjobs_observe.tracking_callback.TrackingCallback"
-# Set by `rayjobs rerun` on the new run: the folder of the run it reruns, copied into its record's links.
-METADATA_RERUN_OF = "rayjobs.rerun_of"
-TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
+# The agent beside every job (rayjobs_agent): shipped as a py_modules entry, so that any job's processes can import
+# it by this name whatever its working_dir holds.
+AGENT_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "rayjobs_agent"
 TRAIN_STATE_ENV_VAR = "RAY_TRAIN_ENABLE_STATE_TRACKING"
-# The run record's keeper, which runs the spec's entrypoint (see workloads/rayjobs_observe/record.py).
-RECORD_COMMAND = "python -m rayjobs_observe.record --"
 # Where a job keeps its record when its workload names no storage_path: the workloads' own default.
 DEFAULT_RECORD_PATH = "~/rayjobs-results"
 # Ray folds alike lines from different processes of a job into one; an event must never be folded.
@@ -63,11 +58,13 @@ def local_runtime_paths(runtime_env: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
+def build_submission(loaded: LoadedSpec, *, beside_agent: bool = True) -> dict[str, Any]:
     """Keyword arguments for ``JobSubmissionClient.submit_job`` (runtime_env paths absolute).
 
     Args:
         loaded: a validated spec (``jobs.loader.load_spec``).
+        beside_agent: run the entrypoint beside the agent (``rayjobs_agent.record``, shipped with the job). Only
+            an export that cannot ship it leaves it out, for a spec that keeps no record.
 
     Returns:
         The arguments, with the workload's parameters in ``runtime_env.env_vars``, rayjobs' default
@@ -77,15 +74,12 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
     runtime_env = spec.runtime_env.model_dump(exclude_none=True) if spec.runtime_env else {}
     if loaded.workload is not None:
         env_vars = runtime_env.setdefault("env_vars", {})
-        env_vars[WORKLOAD_ENV_VAR] = json.dumps(
-            {"kind": loaded.workload_kind, **loaded.workload.model_dump(mode="json")}, sort_keys=True
-        )
+        env_vars[WORKLOAD_ENV_VAR] = ray_env_json({"kind": loaded.workload_kind,
+                                                   **loaded.workload.model_dump(mode="json")})
         if spec.sweep is not None:
-            env_vars[SWEEP_ENV_VAR] = json.dumps(spec.sweep.model_dump(mode="json", exclude_none=True),
-                                                 sort_keys=True)
+            env_vars[SWEEP_ENV_VAR] = ray_env_json(spec.sweep.model_dump(mode="json", exclude_none=True))
         if spec.tracking is not None and spec.tracking.mlflow is not None:
-            env_vars[TRACKING_ENV_VAR] = json.dumps(spec.tracking.model_dump(mode="json", exclude_none=True),
-                                                    sort_keys=True)
+            env_vars[TRACKING_ENV_VAR] = ray_env_json(spec.tracking.model_dump(mode="json", exclude_none=True))
     ships_code = bool(local_runtime_paths(runtime_env))
     if loaded.workload is None and ships_code and spec.tracking is not None and spec.tracking.mlflow is not None:
         add_tracking_callback(runtime_env, spec.tracking.model_dump(mode="json", exclude_none=True))
@@ -114,31 +108,48 @@ def build_submission(loaded: LoadedSpec) -> dict[str, Any]:
         metadata[METADATA_SECRETS] = ",".join(spec.secret_env_vars)
     metadata.update(queue_metadata(loaded))
     submission["metadata"] = metadata
+    if not beside_agent and not keeps_record(loaded, ships_code):
+        return submission
+    # Every job runs beside the agent: it decides why an attempt failed and whether it runs again, whoever follows.
+    run_under_agent(submission)
     if keeps_record(loaded, ships_code):
         add_run_record(submission, loaded, metadata[METADATA_SPEC_HASH])
+    if spec.max_retries:
+        submission["runtime_env"].setdefault("env_vars", {})[RETRY_ENV_VAR] = retry_policy(spec).to_variable()
+    if spec.stall_after_s is not None:
+        submission["runtime_env"].setdefault("env_vars", {})[WATCH_ENV_VAR] = ray_env_json(
+            {"stall_after_s": spec.stall_after_s})
     return submission
 
 
 def keeps_record(loaded: LoadedSpec, ships_code: bool) -> bool:
-    """Whether the job runs under the record's keeper: it uploads code, names where its record goes, or is queued.
+    """Whether the job keeps a run record: it uploads code, names where its record goes, or is queued.
 
-    A job that uploads nothing and names no record_path keeps no record by default: its request stays a
-    plain one, and the observer's package (a few dozen KiB, sent once per cluster) goes only where asked for.
-    A queued job always gets the keeper, in which it waits for its turn.
+    A job that uploads nothing and names no record_path keeps no record by default (there is no folder of
+    its own to keep it in); the agent beside it still decides and says how it went. A queued job always
+    keeps one: its record says how long it waited.
     """
     spec = loaded.spec
     return spec.record and (ships_code or spec.record_path is not None or spec.queue is not None)
 
 
-def ship_observe_package(runtime_env: dict[str, Any]) -> None:
-    """Add ``workloads/rayjobs_observe`` to the job's ``py_modules`` (once), whatever its working_dir holds."""
+def ship_agent_package(runtime_env: dict[str, Any]) -> None:
+    """Add ``rayjobs_agent`` to the job's ``py_modules`` (once), whatever its working_dir holds."""
     modules = list(runtime_env.get("py_modules") or [])
-    if str(OBSERVE_PACKAGE_DIR) not in modules:
-        runtime_env["py_modules"] = modules + [str(OBSERVE_PACKAGE_DIR)]
+    if str(AGENT_PACKAGE_DIR) not in modules:
+        runtime_env["py_modules"] = modules + [str(AGENT_PACKAGE_DIR)]
+
+
+def run_under_agent(submission: dict[str, Any]) -> None:
+    """Run the entrypoint under ``rayjobs_agent.record`` (the agent's package, a few dozen KiB, is shipped with the
+    job, once per cluster): it reads the job's output, decides why an attempt failed and whether it runs again,
+    keeps the record when there is one, and gives a queued job's slot back the moment its entrypoint ends."""
+    ship_agent_package(submission.setdefault("runtime_env", {}))
+    submission["entrypoint"] = f"{RECORD_COMMAND} {shlex.quote(submission['entrypoint'])}"
 
 
 def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec: str) -> None:
-    """Have the job keep its run record: its entrypoint runs under ``rayjobs_observe.record``, told where and what.
+    """Have the job keep its run record: its entrypoint runs under ``rayjobs_agent.record``, told where and what.
 
     The record's folder is the workload's run folder (``<storage_path>/<run_name>``) when it has one,
     else a folder under ``record_path`` named after the job. Secrets are masked in the spec it holds.
@@ -147,7 +158,6 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
     """
     spec = loaded.spec
     runtime_env = submission.setdefault("runtime_env", {})
-    ship_observe_package(runtime_env)
     config: dict[str, Any] = {
         "name": spec.name,
         "every_s": spec.record_every_s,
@@ -157,11 +167,11 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
     }
     env_vars = runtime_env.setdefault("env_vars", {})
     named = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
-    if OBSERVE_CALLBACK in named:
+    if PROGRESS_CALLBACK in named:
         # The keeper names the callback itself, on the cluster, once it knows the cluster's Ray is one the
         # callback is tested on; the job's own callbacks stay as the spec set them, first.
         config["progress"] = True
-        named.remove(OBSERVE_CALLBACK)
+        named.remove(PROGRESS_CALLBACK)
         if named:
             env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(named)
         else:
@@ -171,19 +181,14 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
         config["run_dir"] = run_dir
     else:
         config["base"] = spec.record_path or DEFAULT_RECORD_PATH
-    queued = queue_config(loaded)
-    if queued is not None:
-        config["queue"] = queued
     rerun_of = (spec.metadata or {}).get(METADATA_RERUN_OF)
     if rerun_of:
         config["links"] = {"rerun_of": rerun_of}
     if spec.notify:  # the URLs' tokens travel in a variable every output masks; the record shows them masked
         config["notify"] = config["spec"]["notify"] = notify_document(spec.notify, masked=True)
-        env_vars[NOTIFY_ENV_VAR] = job_notify_settings(spec.notify, spec.stall_after_s, spec.max_retries + 1)
-    # Ray expands $NAME in every env var's value on the cluster: the spec's `echo $API_TOKEN` would reach the
-    # record with the token in it. JSON's own escape for "$" reads back the same and leaves nothing to expand.
-    env_vars[RECORD_ENV_VAR] = json.dumps(config, sort_keys=True, default=str).replace("$", "\\u0024")
-    submission["entrypoint"] = f"{RECORD_COMMAND} {shlex.quote(submission['entrypoint'])}"
+        env_vars[NOTIFY_ENV_VAR] = job_notify_settings(spec.notify, spec.max_retries + 1)
+    # Ray would expand the spec's `echo $API_TOKEN` on the cluster, and the record would hold the token.
+    env_vars[RECORD_ENV_VAR] = ray_env_json(config)
 
 
 def user_entrypoint(entrypoint: str) -> str:
@@ -210,10 +215,10 @@ def resolved_spec(loaded: LoadedSpec) -> dict[str, Any]:
 
 def add_tracking_callback(runtime_env: dict[str, Any], tracking: dict[str, Any]) -> None:
     """Have Ray Train record every run of a user's own script in MLflow (``tracking``: the spec's block),
-    through the observer's callback in the Train controller (validation refuses a spec that ships no code)."""
-    ship_observe_package(runtime_env)
+    through the agent's callback in the Train controller (validation refuses a spec that ships no code)."""
+    ship_agent_package(runtime_env)
     env_vars = runtime_env.setdefault("env_vars", {})
-    env_vars[TRACKING_ENV_VAR] = json.dumps(tracking, sort_keys=True)
+    env_vars[TRACKING_ENV_VAR] = ray_env_json(tracking)
     callbacks = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
     if TRACKING_CALLBACK not in callbacks:
         env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [TRACKING_CALLBACK])
@@ -228,10 +233,10 @@ def add_progress_channel(runtime_env: dict[str, Any]) -> None:
     record has the callback moved into the record keeper's hands by :func:`add_run_record`; one that
     keeps none (``record: false``) names it here, and the callback then checks the Ray version itself.
     """
-    ship_observe_package(runtime_env)
+    ship_agent_package(runtime_env)
     env_vars = runtime_env.setdefault("env_vars", {})
     callbacks = [name.strip() for name in env_vars.get(TRAIN_CALLBACKS_ENV_VAR, "").split(",") if name.strip()]
-    env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [OBSERVE_CALLBACK] * (OBSERVE_CALLBACK not in callbacks))
+    env_vars[TRAIN_CALLBACKS_ENV_VAR] = ",".join(callbacks + [PROGRESS_CALLBACK] * (PROGRESS_CALLBACK not in callbacks))
     # Ray Train then keeps each run's attempts and workers for the dashboard, which `rayjobs status` shows.
     env_vars.setdefault(TRAIN_STATE_ENV_VAR, "1")
     allowed = env_vars.get(DEDUP_ALLOW_ENV_VAR)
@@ -290,12 +295,16 @@ def _content_hash(path: str, excludes: list[str]) -> str:
             with ray_internals.quieter(ray_internals.PACKAGING_LOGGER):
                 ray_internals.walk_upload(local, excludes, add)
             digest = hashlib.sha256()
-            # In name order: the order a folder lists its entries in differs from one disk to another.
+            # In name order: the order a folder lists its entries in differs from one disk to another. Each file is
+            # one record of its name's length, its name and its content's hash, so that no two folders read alike
+            # (file "a" holding "b\0c" and files "a" and "b" would, were names and contents simply strung along).
             for entry in sorted(files, key=lambda item: item.relative_to(local).as_posix()):
-                digest.update(entry.relative_to(local).as_posix().encode() + b"\0")
+                name = entry.relative_to(local).as_posix().encode()
+                content = hashlib.sha256()
                 with entry.open("rb") as handle:
                     while chunk := handle.read(1 << 20):
-                        digest.update(chunk)
+                        content.update(chunk)
+                digest.update(len(name).to_bytes(8, "big") + name + content.digest())
             return "content:" + digest.hexdigest()[:32]
         if local.is_file():
             return "content:" + hashlib.sha256(local.read_bytes()).hexdigest()
@@ -314,24 +323,3 @@ def _paths_relative_to(text: str, spec_dir: Path) -> str:
     # Only a whole folder name: /work/a is not the start of /work/ab.
     pattern = re.compile("(?:" + "|".join(map(re.escape, forms)) + r')(?=[/\\"])')
     return pattern.sub("<spec-dir>", text)
-
-
-def should_retry(info: dict[str, Any], retry_on: list[str], cause: str | None = None) -> bool:
-    """Whether a FAILED job's error matches the spec's ``retry_on`` list.
-
-    Args:
-        info: the job's record (``error_type``, ``driver_exit_code``).
-        retry_on: Ray error types, ``exit_code:N`` for a driver that exited with N, or failure causes.
-        cause: the failure's cause read from its log (``runner.follow.diagnosis``), when one was.
-
-    Returns:
-        True if the failure should be submitted again; never for a cause in ``PERMANENT_CAUSES``.
-    """
-    if cause in PERMANENT_CAUSES:
-        return False
-    error_type = info.get("error_type") or ""
-    if error_type in retry_on or (cause is not None and cause in retry_on):
-        return True
-    exit_code = info.get("driver_exit_code")
-    return error_type == "JOB_ENTRYPOINT_COMMAND_ERROR" and exit_code is not None and \
-        f"exit_code:{exit_code}" in retry_on

@@ -2,7 +2,7 @@
 
 Checked on the client like the rest of the spec. The job receives it in ``RAYJOBS_TRACKING``. A built-in
 workload records through :mod:`workloads.training.tracking`; a user's own Ray Train script through the
-callback rayjobs ships with its code (``workloads/rayjobs_observe/tracking_callback.py``), which runs in
+callback rayjobs ships with its code (``rayjobs_agent/tracking_callback.py``), which runs in
 the Train controller. Imports pydantic only.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from jobs.infra.storage import uri_scheme
+from rayjobs_agent.storage_location import uri_scheme
 from jobs.strict import StrictModel
 
 INSTALL_MLFLOW = "pip install 'rayjobs[mlflow]'"

@@ -15,13 +15,13 @@ import importlib
 # Public name → (module, attribute). Loaded on first use: ``import runner`` happens for every
 # command, and the run's modules pull in the follower, the client and pydantic specs.
 _PUBLIC_API = {
-    "submit": ("runner.run.policy", "run_with_retries"),
-    "run_with_retries": ("runner.run.policy", "run_with_retries"),
-    "follow_job": ("runner.run.policy", "follow_job"),
-    "submit_or_attach": ("runner.run.policy", "submit_or_attach"),
-    "RunOptions": ("runner.run.policy", "RunOptions"),
-    "RunOutcome": ("runner.run.policy", "RunOutcome"),
-    "RunResult": ("runner.run.policy", "RunResult"),
+    "submit": ("runner.run.lifecycle", "run_with_retries"),
+    "run_with_retries": ("runner.run.lifecycle", "run_with_retries"),
+    "follow_job": ("runner.run.lifecycle", "follow_job"),
+    "submit_or_attach": ("runner.run.lifecycle", "submit_or_attach"),
+    "RunOptions": ("runner.run.lifecycle", "RunOptions"),
+    "RunOutcome": ("runner.run.lifecycle", "RunOutcome"),
+    "RunResult": ("runner.run.lifecycle", "RunResult"),
     "load_spec": ("jobs.loader", "load_spec"),
     "connect": ("runner.client.jobs_api", "connect"),
     "JobsApi": ("runner.client.jobs_api", "JobsApi"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from jobs.infra import storage as object_store
+from rayjobs_agent import s3_access as object_store
 from runner.errors import AuthFailed, BadInput, ClusterUnreachable, RayJobsError
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.support.cli import REPO_ROOT
 
-PACKAGES = ("jobs", "runner", "workloads")
+PACKAGES = ("rayjobs_agent", "jobs", "runner", "workloads")
 
 
 def module_files(root: Path = REPO_ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -146,19 +146,21 @@ def test_no_import_cycles_in_the_packages():
 
 ARCHITECTURE_DOC = REPO_ROOT / "docs" / "architecture.md"
 # Left out of the picture when a package outside ``jobs`` imports them: every package may (the doc says so).
+# (``runner.errors``: what can go wrong and each exit code; ``runner.reporter``: the one writer of ``rayjobs:`` lines.)
 # ``runner`` itself is only a docstring, reached by ``from runner import local``. What ``jobs`` and
-# ``jobs.infra`` import is drawn, so that an import from ``jobs`` into another package shows.
-UNDRAWN_TARGETS = {"jobs", "jobs.infra", "runner.errors", "runner"}
-# A module drawn as a package of its own (the doc names it in words instead).
-UNDRAWN_PACKAGES = {"runner.errors"}
+# ``jobs.infra`` import is drawn, so that an import from ``jobs`` into another package shows. The agent,
+# at the bottom of the house, may be imported by every package: those arrows are not drawn either.
+UNDRAWN_TARGETS = {"rayjobs_agent", "jobs", "jobs.infra", "runner.errors", "runner.reporter", "runner"}
+# Modules drawn as packages of their own (the doc names them in words instead).
+UNDRAWN_PACKAGES = {"runner.errors", "runner.reporter"}
 # Packages whose sub-packages are drawn apart.
-SPLIT_PACKAGES = ("jobs", "runner", "workloads")
+SPLIT_PACKAGES = ("rayjobs_agent", "jobs", "runner", "workloads")
 
 
 def package_of(module: str) -> str:
     """The package a module is drawn as: a sub-package of jobs, runner or workloads, else its top-level package."""
     parts = module.split(".")
-    if module == "runner.errors":
+    if module in UNDRAWN_PACKAGES:
         return module
     if parts[0] in SPLIT_PACKAGES and len(parts) > 2:
         return ".".join(parts[:2])
@@ -196,7 +198,7 @@ def test_the_architecture_picture_draws_every_arrow_and_no_other():
     graph = import_graph(module_files())
     actual = {(package_of(module), package_of(target)) for module, targets in graph.items() for target in targets}
     actual = {(a, b) for a, b in actual
-              if a != b and (b not in UNDRAWN_TARGETS or a.partition(".")[0] == "jobs")}
+              if a != b and (b not in UNDRAWN_TARGETS or (a.partition(".")[0] == "jobs" and b != "rayjobs_agent"))}
     drawn = drawn_arrows()
     assert actual == drawn, (f"in the code, not drawn: {sorted(actual - drawn)}; "
                              f"drawn, not in the code: {sorted(drawn - actual)}")
@@ -206,6 +208,38 @@ def test_the_architecture_picture_shows_every_package_and_no_other():
     actual, drawn = code_packages(), drawn_packages()
     assert actual == drawn, (f"in the code, not drawn: {sorted(actual - drawn)}; "
                              f"drawn, not in the code: {sorted(drawn - actual)}")
+
+
+# The floors of the house, lowest first: a module imports only from its own floor or those below. ``runner`` and
+# ``workloads`` stand side by side on the top floor and never import each other.
+FLOORS = (("rayjobs_agent",), ("jobs.infra",), ("jobs",), ("runner", "workloads"))
+
+
+def floor_of(module: str) -> int:
+    """The floor a module stands on (0 is the ground: the agent beside every job)."""
+    for level, prefixes in reversed(list(enumerate(FLOORS))):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return level
+    raise AssertionError(f"{module} stands on no floor")
+
+
+def test_no_module_imports_from_a_floor_above_its_own_nor_runner_and_workloads_from_each_other():
+    graph = import_graph(module_files())
+    upward = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if floor_of(target) > floor_of(module))
+    across = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if {module.partition(".")[0], target.partition(".")[0]} == {"runner", "workloads"})
+    assert upward == [] and across == [], f"imports from a higher floor: {upward}; across the top floor: {across}"
+
+
+def test_the_floor_check_sees_an_import_that_runs_up(tmp_path):
+    for name, text in {"rayjobs_agent/__init__.py": "", "rayjobs_agent/a.py": "from jobs import b\n",
+                       "jobs/__init__.py": "", "jobs/b.py": "import rayjobs_agent.a\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(module_files(tmp_path, ("rayjobs_agent", "jobs")))
+    assert sorted((module, target) for module, targets in graph.items() for target in targets
+                  if floor_of(target) > floor_of(module)) == [("rayjobs_agent.a", "jobs"), ("rayjobs_agent.a", "jobs.b")]
 
 
 # What ``jobs.infra`` may use of ``jobs``: storage locations, until they move into ``jobs.infra`` themselves.
@@ -238,7 +272,7 @@ def missing_table_paths(rows: list[tuple[list[str], list[str]]], root: Path = RE
     """The table's names that do not exist: a package that is not one, a path found under no folder it may mean.
 
     A path with a top-level folder is read from the repository's root; a shorter one from a package its
-    row names, or from a folder the row named before it (``runner/runs/`` (``store.py``, …)).
+    row names, or from a folder the row named before it (``runner/records/`` (``store.py``, …)).
     """
     missing = []
     for packages, paths in rows:

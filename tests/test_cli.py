@@ -1,6 +1,6 @@
 """The ``rayjobs`` command in-process (typer's CliRunner) against a scripted client: messages and exit codes.
 
-The client comes from one factory, ``runner.cli.app.make_client``; these tests replace it, so
+The client comes from one factory, ``runner.client.jobs_api.open_client``; these tests replace it, so
 everything before it (flags, spec loading, address precedence) and after it (the run policy,
 rendering, exit codes) is the real code.
 """
@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from runner.client import jobs_api
 from typer.testing import CliRunner
 
 from runner.cli import app as cli
@@ -39,7 +41,7 @@ def client(monkeypatch) -> FakeClient:
         fake.connection = connection
         return fake
 
-    monkeypatch.setattr(cli, "make_client", make_client)
+    monkeypatch.setattr(jobs_api, "open_client", make_client)
     return fake
 
 
@@ -85,10 +87,10 @@ def test_submit_json_output_is_one_document_and_logs_go_to_stderr(client, tmp_pa
     assert "job output" in result.stderr and "SUCCEEDED in" not in result.stderr
 
 
-def test_submit_retries_and_reports_every_attempt(client, tmp_path):
-    failing = Script(["RUNNING", "FAILED"], error_type="JOB_ENTRYPOINT_COMMAND_ERROR", driver_exit_code=3)
-    client.scripts = [failing, Script(["RUNNING", "SUCCEEDED"])]
-    result = rayjobs("submit", spec(tmp_path, "max_retries: 2\nretry_on: ['exit_code:3']\n"), *ADDRESS,
+def test_submit_resubmits_a_job_lost_whole_and_reports_every_attempt(client, tmp_path):
+    lost = Script(["RUNNING", "FAILED"], error_type="JOB_SUPERVISOR_ACTOR_DIED", message="Job supervisor actor died")
+    client.scripts = [lost, Script(["RUNNING", "SUCCEEDED"])]
+    result = rayjobs("submit", spec(tmp_path, "max_retries: 2\n"), *ADDRESS,
                      "--output", "json")
     assert result.exit_code == 0, result.stderr
     assert "submitting attempt 2 of 3" in result.stderr
@@ -272,3 +274,15 @@ def test_a_cluster_name_that_runs_nowhere_makes_no_client(client):
     assert result.exit_code == 4
     assert "no local cluster 'elsewhere' is running (named by --cluster)" in result.stderr
     assert client.connections == []
+
+
+@pytest.mark.parametrize("name", ["x; touch FILE", "$(touch FILE)", "team`id`", "Team-A"])
+def test_a_queue_name_that_is_a_shell_command_is_refused(client, tmp_path, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for words in (["queue", name], ["queue", "set", name, "--max-running", "1"]):
+        result = rayjobs(*words, *ADDRESS)
+        assert result.exit_code == 2, result.stderr
+        assert "cannot name a queue" in result.stderr
+    assert not (tmp_path / "FILE").exists() and client.calls == []
+    refused = rayjobs("validate", spec(tmp_path, f"queue: '{name}'\n"))
+    assert refused.exit_code == 2 and "queue" in refused.stderr

@@ -22,8 +22,8 @@ SLOW_JOB = ("entrypoint: python -c \"import time; [(print('tick', i, flush=True)
 
 
 def plain_spec(directory: Path, name: str, body: str) -> Path:
-    """A spec that uploads no code: its job runs without the run record's keeper, one process fewer on the
-    cluster (a job whose entrypoint is a shell command or `python -c` needs neither)."""
+    """A spec that uploads no code (a job whose entrypoint is a shell command or `python -c` needs none): it runs
+    beside the agent, and keeps no run record."""
     path = directory / f"{name}.yaml"
     path.write_text(f"name: {name}\n{body}")
     return path
@@ -97,7 +97,8 @@ def test_json_output_keeps_stdout_parsable(json_submitted):
     assert summary["progress"] == {"stage": None, "epoch": None, "epochs": None, "iterations": 0, "metrics": {},
                                    "attempts": 0, "nodes": None, "restarts": [], "training_state": None,
                                    "seconds_per_epoch": None, "counts": {}, "events": 0, "step": None,
-                                   "steps": None, "trials": {}}
+                                   "steps": None, "trials": {}, "job_attempts": 1, "causes": [], "waiting": None,
+                                   "stalled_s": None}
 
 
 def test_no_wait_then_logs_follow(rayjobs_cli, tmp_path):
@@ -154,6 +155,20 @@ def test_bad_spec_submits_nothing(rayjobs_cli, tmp_path):
     result = rayjobs_cli("submit", str(spec))
     assert result.returncode == 2
     assert "entrypoint_num_gpu: unknown field (did you mean 'entrypoint_num_gpus'?)" in result.stderr
+    assert job_ids(rayjobs_cli) == before
+
+
+def test_a_sweep_no_trial_of_which_fits_is_refused_whatever_started_the_cluster(ray_cluster, rayjobs_cli, tmp_path):
+    """The session cluster, addressed by its URL as a cluster started with `ray start` would be."""
+    before = job_ids(rayjobs_cli)
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(Path("specs/quickstart.yaml").read_text().replace("working_dir: ..", f"working_dir: {Path.cwd()}")
+                    + "sweep:\n  metric: val_accuracy\n  mode: max\n  parameters:\n"
+                    "    workload.train.lr: {choice: [0.002, 0.0005]}\n")
+    result = rayjobs_cli("submit", str(spec), "--address", ray_cluster.dashboard_url,
+                         "--set", "workload.train.num_workers=8")
+    assert result.returncode == 2, result.stderr
+    assert "one trial of the sweep needs 8 CPUs" in result.stderr and "no trial fits" in result.stderr
     assert job_ids(rayjobs_cli) == before
 
 

@@ -55,7 +55,7 @@ def test_dry_run_masks_secrets_and_contacts_nothing(tmp_path):
     # The job uploads code (write_spec gives it a working_dir), so the progress channel rides along: the
     # run record's keeper names its Ray Train callback on the cluster, once it knows the cluster's Ray.
     assert json.loads(env_vars["RAYJOBS_RECORD"])["progress"] is True and "RAY_TRAIN_CALLBACKS" not in env_vars
-    assert submission["runtime_env"]["py_modules"][-1].endswith("workloads/rayjobs_observe")
+    assert submission["runtime_env"]["py_modules"][-1].endswith("rayjobs_agent")
     assert "hunter2" not in result.stdout + result.stderr
 
 

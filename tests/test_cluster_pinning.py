@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workloads.rayjobs_observe.pinning import pinned_to_this_cluster
+from rayjobs_agent.pinning import pinned_to_this_cluster
 
 
 def test_the_drivers_address_goes_into_the_job_config_every_actor_gets():

@@ -130,7 +130,7 @@ def test_a_field_without_a_description_fails_the_strict_build(tmp_path, monkeypa
 
 
 def test_troubleshooting_has_an_entry_for_every_failure_cause_and_exit_code():
-    from runner.follow.diagnosis import CAUSES
+    from rayjobs_agent.causes import CAUSES
 
     page = (REPO_ROOT / "docs" / "troubleshooting.md").read_text()
     causes = [cause.name for cause in CAUSES] + ["max_failures_used_up"]

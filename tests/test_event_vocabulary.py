@@ -1,4 +1,4 @@
-"""The progress events have one vocabulary: ``workloads/rayjobs_observe/vocabulary.py`` spells every kind, the job
+"""The progress events have one vocabulary: ``rayjobs_agent/vocabulary.py`` spells every kind, the job
 writes by it and the client reads by it, and no other module spells a kind or the event marker of its own.
 
 The scan reads the source with :mod:`ast` and looks where a kind would be spelled: the first argument of an
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs import keys
-from runner.follow.progress import RunProgress, event_line, parse_event
+from rayjobs_agent.vocabulary import decode as parse_event
+from runner.follow.progress import RunProgress, event_line
 from tests.support.cli import REPO_ROOT
-from workloads.rayjobs_observe import events, vocabulary
-from workloads.rayjobs_observe.vocabulary import EVENT_FIELDS, EVENT_KINDS, EVENT_MARKER, KIND_FIELD, EventKind
+from rayjobs_agent import events, vocabulary
+from rayjobs_agent.vocabulary import EVENT_FIELDS, EVENT_KINDS, EVENT_MARKER, KIND_FIELD, EventKind
 
-SCANNED = ("jobs", "runner", "workloads")
-VOCABULARY_MODULES = {REPO_ROOT / "workloads" / "rayjobs_observe" / name
+SCANNED = ("rayjobs_agent", "jobs", "runner", "workloads")
+VOCABULARY_MODULES = {REPO_ROOT / "rayjobs_agent" / name
                       for name in ("vocabulary.py", "record_layout.py")}
 
 
@@ -124,12 +124,8 @@ def test_no_module_outside_the_vocabulary_spells_an_event_kind_or_the_marker():
                 continue
             for line, what in spelled_kinds(path.read_text(encoding="utf-8")):
                 found.append(f"{path.relative_to(REPO_ROOT)}:{line}: {what}")
-    assert found == [], "use workloads/rayjobs_observe/vocabulary.py (jobs.run_vocabulary on the client):\n" + \
+    assert found == [], "use rayjobs_agent/vocabulary.py:\n" + \
         "\n".join(found)
-
-
-def test_the_marker_is_defined_once_for_both_sides():
-    assert keys.EVENT_MARKER is vocabulary.EVENT_MARKER and events.EVENT_MARKER is vocabulary.EVENT_MARKER
 
 
 def test_every_kind_has_its_fields_and_is_named_in_the_docs():
@@ -170,16 +166,3 @@ def test_the_vocabulary_modules_need_only_the_standard_library():
 def test_the_kinds_are_the_constants_of_event_kind():
     assert EVENT_KINDS == {value for name, value in vars(EventKind).items() if name.isupper()}
     assert Path(vocabulary.__file__).resolve() in VOCABULARY_MODULES
-
-
-def test_the_queue_command_finds_the_last_queue_event_of_a_log():
-    from runner.cli.queue import queue_state_from_log
-
-    def line(kind: str, **fields: object) -> str:
-        return f"{EVENT_MARKER} " + json.dumps({KIND_FIELD: kind, "time": 1.0, **fields}, separators=(",", ":"))
-
-    log = "\n".join([line(EventKind.QUEUE, state="waiting", queue="q", position=2, reason="busy"),
-                     line(EventKind.QUEUE, state="admitted", queue="q", slot=0, waited_s=1.5),
-                     line(EventKind.REPORT, iteration=1), "the job's own line"])
-    assert queue_state_from_log(log)["state"] == "admitted"
-    assert queue_state_from_log("no events here") is None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 import re
+import shlex
 import socket
 import zipfile
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from jobs.keys import WORKLOAD_ENV_VAR
+from rayjobs_agent.wire import WORKLOAD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.cli.app import app
@@ -62,7 +64,9 @@ def test_food101_gets_a_cluster_sized_from_its_workload(rayjob_schema):
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
     assert "backoffLimit" not in spec and "clusterSelector" not in spec
 
-    submission = build_submission(load_spec(REPO_ROOT / "specs/food101.yaml", [REMOTE_WORKING_DIR]))
+    assert "warning: the job runs without rayjobs' agent, which only --upload-to can ship" in stderr
+    submission = build_submission(load_spec(REPO_ROOT / "specs/food101.yaml", [REMOTE_WORKING_DIR]),
+                                  beside_agent=False)
     runtime_env = runtime_env_of(manifest)
     assert runtime_env == submission["runtime_env"]
     assert json.loads(runtime_env["env_vars"][WORKLOAD_ENV_VAR])["train"]["num_workers"] == 4
@@ -171,7 +175,8 @@ def test_fields_without_a_rayjob_equivalent_are_named_in_warnings(tmp_path, rayj
     assert job["preRunningDeadlineSeconds"] == 91
     head = job["rayClusterSpec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "2"  # the driver's 1.5 CPUs must exist on the head
-    assert json.loads(head["rayStartParams"]["resources"].strip('"').replace('\\"', '"')) == {"accel": 1}
+    (resources,) = shlex.split(head["rayStartParams"]["resources"])  # as the pod's shell reads it
+    assert json.loads(resources) == {"accel": 1}
     warnings = [line for line in stderr.splitlines() if line.startswith("rayjobs: warning:")]
     for field_name in ("entrypoint_memory", "entrypoint_label_selector", "address"):
         assert any(field_name in line for line in warnings), (field_name, stderr)
@@ -371,12 +376,12 @@ def test_upload_to_packages_as_ray_does_and_references_the_zip(project_spec, s3_
     assert "excludes" not in runtime_env  # applied when packaging
     assert f"uploaded working_dir {project_spec.parent / 'project'}" in stderr
     # The job keeps its own run record in the pod: KubeRay's cluster goes, so the export says where to keep it.
-    assert manifest["spec"]["entrypoint"] == "python -m rayjobs_observe.record -- 'python main.py'"
+    assert manifest["spec"]["entrypoint"] == "python -m rayjobs_agent.record -- 'python main.py'"
     (keeper,) = [module for module in runtime_env["py_modules"]
                  if re.fullmatch(rf"s3://{BUCKET}/team/jobs/_ray_pkg_[0-9a-f]+-module\.zip", module)]
     # Ray drops the single top folder of a remote zip: the package's own folder must sit one level down.
     keeper_zip = _s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=keeper.split(f"{BUCKET}/", 1)[1])["Body"].read()
-    assert "module/rayjobs_observe/record.py" in zipfile.ZipFile(io.BytesIO(keeper_zip)).namelist()
+    assert "module/rayjobs_agent/record.py" in zipfile.ZipFile(io.BytesIO(keeper_zip)).namelist()
     assert "the run record goes to ~/rayjobs-results in the head pod" in stderr
 
     # The name is the one Ray's own upload path gives the same directory with the same excludes.
@@ -395,6 +400,66 @@ def test_upload_to_packages_as_ray_does_and_references_the_zip(project_spec, s3_
     code, again, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/team/jobs")
     assert code == 0 and runtime_env_of(again)["working_dir"] == uri
     assert "is already uploaded as" in stderr
+
+
+def test_an_upload_cut_off_publishes_nothing_and_a_truncated_package_is_never_trusted(project_spec, s3_endpoint,
+                                                                                       aws_env, monkeypatch, tmp_path):
+    """Ctrl-C while the code is sent: the package's name must not appear until the whole zip is stored."""
+    from rayjobs_agent.storage_location import StorageLocation
+    from runner.export import packaging
+
+    code, manifest, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/cut")
+    assert code == 0, stderr
+    key = runtime_env_of(manifest)["working_dir"].split(f"{BUCKET}/", 1)[1]
+    s3 = _s3_client(s3_endpoint)
+    whole = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+    # As an earlier version left it: an upload cut off half-way, completed by pyarrow's close under the name.
+    s3.put_object(Bucket=BUCKET, Key=key, Body=whole[:len(whole) // 2])
+    code, again, stderr = export(str(project_spec), "--upload-to", f"s3://{BUCKET}/cut")
+    assert code == 0 and "uploaded working_dir" in stderr, stderr
+    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == whole
+
+    # Ctrl-C while the zip is being sent: nothing under the package's name, nothing left half-way beside it.
+    s3.delete_object(Bucket=BUCKET, Key=key)
+    monkeypatch.setattr(packaging, "UPLOAD_CHUNK_BYTES", 64)
+    real_filesystem = StorageLocation.filesystem
+
+    class CutStream:
+        """The upload stream, interrupted at its second chunk: pyarrow's close still completes what was written."""
+
+        def __init__(self, stream):
+            self.stream, self.chunks = stream, 0
+
+        def write(self, data):
+            self.chunks += 1
+            if self.chunks == 2:
+                raise KeyboardInterrupt
+            return self.stream.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.stream.close()
+
+    class CutFilesystem:
+        def __init__(self, filesystem):
+            self.filesystem = filesystem
+
+        def open_output_stream(self, path, *args, **kwargs):
+            return CutStream(self.filesystem.open_output_stream(path, *args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.filesystem, name)
+
+    monkeypatch.setattr(StorageLocation, "filesystem", lambda self, settings: CutFilesystem(real_filesystem(self,
+                                                                                                            settings)))
+    with pytest.raises(KeyboardInterrupt):
+        packaging.upload_local_paths({"working_dir": str(project_spec.parent / "project"), "excludes": ["data/"]},
+                                     f"s3://{BUCKET}/cut", env=dict(os.environ))
+    left = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="cut/").get("Contents", [])]
+    assert key not in left and not [name for name in left if ".partial-" in name], left
 
 
 def test_upload_to_a_missing_bucket_is_bad_input(project_spec, aws_env):
@@ -452,3 +517,16 @@ def test_a_priority_class_is_refused_where_kueue_could_not_use_it(args, message)
     code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, *args)
     assert code == 2 and manifest is None
     assert message in stderr
+
+
+def test_a_resource_name_a_shell_would_read_is_refused_and_names_reach_the_shell_quoted(tmp_path):
+    spec = tmp_path / "resources.yaml"
+    spec.write_text("name: resources\nentrypoint: python -c pass\nruntime_env:\n  working_dir: s3://bucket/pkg.zip\n"
+                    "entrypoint_resources: {'x\"$(touch FILE)': 1}\n")
+    code, _, stderr = export(str(spec))
+    assert code == 2 and "entrypoint_resources" in stderr, stderr
+    spec.write_text(spec.read_text().replace("'x\"$(touch FILE)'", "'accelerator_type:A100'"))
+    code, manifest, stderr = export(str(spec))
+    assert code == 0, stderr
+    quoted = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["resources"]
+    assert shlex.split(f"ray start --resources={quoted}")[-1] == '--resources={"accelerator_type:A100": 1.0}'

@@ -44,8 +44,13 @@ def test_a_schedule_wraps_the_same_rayjob_in_a_raycronjob_the_crd_accepts(raycro
     assert code == 0, stderr
     assert_valid_raycronjob(cronjob, raycronjob_schema)
     assert cronjob["metadata"] == rayjob["metadata"]
-    assert cronjob["spec"] == {"schedule": "0 3 * * mon-fri", "timeZone": "Europe/Paris",
-                               "jobTemplate": rayjob["spec"]}
+    template = dict(cronjob["spec"]["jobTemplate"])
+    runtime_env = yaml.safe_load(template.pop("runtimeEnvYAML"))
+    assert runtime_env["env_vars"].pop("RAYJOBS_RUN_PER_SUBMISSION") == "1"
+    assert runtime_env == yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert {key: value for key, value in cronjob["spec"].items() if key != "jobTemplate"} == \
+        {"schedule": "0 3 * * mon-fri", "timeZone": "Europe/Paris"}
+    assert template == {key: value for key, value in rayjob["spec"].items() if key != "runtimeEnvYAML"}
     assert "RayCronJob feature gate" in stderr and "--feature-gates=RayCronJob=true" in stderr
 
 
@@ -197,3 +202,36 @@ def test_check_time_zone_takes_iana_names():
         assert check_time_zone(zone) is None
     with pytest.raises(BadInput):
         check_time_zone(" Europe/Paris")
+
+
+def test_each_scheduled_run_is_a_new_run_in_a_folder_of_its_own_for_the_workload_and_its_record(tmp_path,
+                                                                                                 monkeypatch):
+    """Two runs of the schedule, as the RayJobs KubeRay makes of its template: its variables, each its own id."""
+    import json
+
+    from jobs.loader import load_spec
+    from jobs.submission import build_submission
+    from workloads.params import load_params
+    from rayjobs_agent.recorder import Recorder
+    from workloads.vision.config import VisionParams
+
+    code, cronjob, stderr = export(SPEC, "--set", REMOTE_WORKING_DIR, "--schedule", "0 3 * * *")
+    assert code == 0, stderr
+    scheduled = yaml.safe_load(cronjob["spec"]["jobTemplate"]["runtimeEnvYAML"])["env_vars"]
+    # The same spec with its record kept (the exported one needs --upload-to for the record keeper's package).
+    loaded = load_spec(SPEC, overrides=[f"workload.storage_path={tmp_path}"])
+    env_vars = {**build_submission(loaded)["runtime_env"]["env_vars"],
+                "RAYJOBS_RUN_PER_SUBMISSION": scheduled["RAYJOBS_RUN_PER_SUBMISSION"]}
+    folders = []
+    for submission in ("nightly-1", "nightly-2"):
+        environ = {**env_vars, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"metadata": {"job_submission_id":
+                                                                                          submission}})}
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        params = load_params(VisionParams)
+        recorder = Recorder.from_environment(environ, json.loads(environ["RAYJOBS_RECORD"]))
+        assert recorder is not None
+        assert recorder.store.location == str(params.run_dir)
+        folders.append(str(params.run_dir))
+    assert folders[0] != folders[1] and folders[0].endswith("food101-lite-nightly-1")
+    assert folders[1].endswith("food101-lite-nightly-2")

@@ -19,7 +19,7 @@ from runner.follow.display import PlainProgress
 from runner.follow.log_view import LogView, is_rays_own, last_state
 from runner.follow.messages import summary_line
 from runner.follow.progress import RunProgress
-from runner.follow.waits import resource_wait_in
+from rayjobs_agent.waits import resource_wait_in
 from runner.follow.watching import Watch
 
 
@@ -303,3 +303,18 @@ def test_what_rays_own_processes_print_is_no_sign_of_the_jobs_life():
     assert view.last_activity_at is None
     view.write(forwarded(["loss went down"], 12, "RayTrainWorker"))
     assert view.last_activity_at is not None
+
+
+def test_the_agents_lines_go_among_rayjobs_lines_and_the_jobs_output_keeps_only_the_jobs():
+    out, agent = io.StringIO(), []
+    view = LogView(out, on_agent_line=agent.append)
+    view.write("epoch 1 done\nrayjobs: waiting for resources: 4 CPUs for a placement group, 2 on the cluster. Ask")
+    view.write(" for less\n(TrainController pid=3) rayjobs: progress unavailable: no callback\nepoch 2 done\n")
+    view.close()
+    assert agent == ["rayjobs: waiting for resources: 4 CPUs for a placement group, 2 on the cluster. Ask for less"]
+    # A line another process wrote is forwarded with its prefix: it stays the job's (Ray put it there).
+    assert out.getvalue() == ("epoch 1 done\n(TrainController pid=3) rayjobs: progress unavailable: no callback\n"
+                              "epoch 2 done\n")
+    raw = io.StringIO()
+    LogView(raw, on_agent_line=agent.append, raw=True).write("rayjobs: said\n")
+    assert raw.getvalue() == "rayjobs: said\n", "--raw shows the log as written"

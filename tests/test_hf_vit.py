@@ -148,7 +148,7 @@ def test_vit_fine_tuned_from_local_weights_learns_writes_its_run_to_s3_and_to_ml
     from safetensors.torch import load as load_safetensors
     from transformers import ViTConfig, ViTForImageClassification
 
-    from jobs.keys import TRACKING_ENV_VAR
+    from rayjobs_agent.wire import TRACKING_ENV_VAR
     from jobs.loader import load_spec
     from workloads.hf_vit.__main__ import require_hf_extra
     from workloads.hf_vit.train import run

@@ -132,7 +132,7 @@ def test_a_second_cluster_keeps_out_of_the_firsts_training_and_stops_without_tou
     second cluster started later it warns ``Found multiple active Ray instances … Connecting to latest
     cluster`` and talks to that one, or (no cluster marked latest) fails with ``Found multiple active Ray
     instances``. Two pins keep a job on its own cluster: the job's keeper puts the driver's RAY_ADDRESS into the
-    job config every actor gets (workloads/rayjobs_observe/pinning.py, for any cluster; its unit checks are
+    job config every actor gets (rayjobs_agent/pinning.py, for any cluster; its unit checks are
     tests/test_cluster_pinning.py), and a local cluster's processes inherit their own GCS address
     (runner/local/environment.py). Either is enough here; with neither (an empty RAY_ADDRESS for the job's
     actors) the PlacementGroupCleaner fails with that line in the job's log.

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from rayjobs_agent.vocabulary import decode
+
 from tests.support.cli import REPO_ROOT, cli_env, rayjobs_command
 from tests.support.waiting import wait_for_condition
 from tests.support.fault_proxy import FaultProxy
@@ -138,9 +140,12 @@ def test_logs_prints_a_log_with_invalid_utf8_whole(followed, rayjobs_cli, ray_cl
                              env=cli_env(ray_cluster_home), timeout=60)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.decode("utf-8") == result["raw_log"].decode("utf-8", "replace")
-    tail = rayjobs_cli("logs", result["job_id"], "--tail", "2")
+    tail = rayjobs_cli("logs", result["job_id"], "--tail", "3")
     assert tail.returncode == 0, tail.stderr
-    assert tail.stdout.splitlines() == ["line 39 caf\ufffd \ufffd\ufffd\ufffd ok", "truncated at the end \ufffd"]
+    *own, decided = tail.stdout.splitlines()
+    assert own == ["line 39 caf\ufffd \ufffd\ufffd\ufffd ok", "truncated at the end \ufffd"]
+    # After it, on a line of its own, the agent's decision on why the job failed.
+    assert (decode(decided) or {}).get("event") == "cause", decided
 
 
 def test_long_log_is_not_downloaded_again_on_every_cut(followed):

@@ -21,7 +21,7 @@ from runner.local import LocalCluster, cluster_processes
 from runner.local.nodes import dashboard_json
 from runner.local.state import WorkerNode
 from runner.local.processes import psutil_module
-from tests.support.cli import cli_env, popen_rayjobs, read_metrics_csv, run_rayjobs
+from tests.support.cli import cli_env, read_metrics_csv, run_rayjobs
 from tests.support.train_faults import HOLD_AT_EPOCH_ENV_VAR, HOLD_MARKER, SETUP_HOOK
 
 CLUSTER_NAME = "multi"
@@ -199,13 +199,14 @@ def _raylet_of(cluster: LocalCluster, node: WorkerNode):
 
 
 @pytest.mark.cluster  # its own cluster, started through the CLI
-def test_a_lost_worker_node_fails_the_attempt_which_is_retried_by_cause_and_resumes(multi_home, multi_cluster,
-                                                                                     tmp_path):
+def test_a_lost_worker_node_fails_the_attempt_which_the_agent_retries_in_place_with_nobody_following(
+        multi_home, multi_cluster, tmp_path):
     # Preprocessing spreads its tasks over the 1-CPU nodes. Two 1-CPU training workers: at least one of them
     # is on a worker node, whose raylet is SIGKILLed once epoch 1 is checkpointed and rank 0 holds at the start
     # of epoch 2 (tests/support/train_faults.py), so the node is lost mid-run however fast the epochs are. With
-    # max_failures 0 Ray Train does not restart by itself: the attempt fails, its log names the lost node, and
-    # rayjobs submits again, which resumes on the two nodes left (they still fit both workers) and trains on.
+    # max_failures 0 Ray Train does not restart by itself: the attempt fails, and the agent beside the job reads
+    # the lost node in its log and runs the entrypoint again in the same Ray job, which resumes on the two nodes
+    # left (they still fit both workers). The job is submitted with --no-wait: no client follows it.
     # The model is a one-layer VisionTransformer: what is tested is the attempts, not what the model learns.
     run_dir = tmp_path / "results" / "node-death"
     overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
@@ -217,47 +218,43 @@ def test_a_lost_worker_node_fails_the_attempt_which_is_retried_by_cause_and_resu
                  f"runtime_env.worker_process_setup_hook={SETUP_HOOK}",
                  f"runtime_env.env_vars.{HOLD_AT_EPOCH_ENV_VAR}=1",
                  "retry_on=[node_lost]", "max_retries=1", "retry_backoff.initial_s=0"]
-    job = popen_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME,
-                        *[arg for override in overrides for arg in ("--set", override)], home=multi_home)
-    try:
-        wait_for_condition((run_dir / HOLD_MARKER).exists, timeout_s=300, interval_s=0.5)
-        roles = {node["node_id"]: node["role"] for node in _status(multi_home)["nodes"]}
-        victims = sorted(roles[node_id] for node_id in _training_worker_nodes(multi_cluster) if roles[node_id] != "head")
-        assert victims, "both training workers ran on the head node"
-        victim = next(node for node in multi_cluster.worker_nodes if node.name == victims[0])
-        _raylet_of(multi_cluster, victim).send_signal(signal.SIGKILL)
-        epochs_before = [int(row["epoch"]) for row in read_metrics_csv(run_dir)]
-        assert epochs_before[-1] < EPOCHS, "training ended before the node died"
+    submitted = run_rayjobs("submit", "specs/quickstart.yaml", "--cluster", CLUSTER_NAME, "--no-wait",
+                            *[arg for override in overrides for arg in ("--set", override)], home=multi_home,
+                            timeout=300)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"as (raysubmit_\w+)", submitted.stderr)[1]
+    wait_for_condition((run_dir / HOLD_MARKER).exists, timeout_s=300, interval_s=0.5)
+    roles = {node["node_id"]: node["role"] for node in _status(multi_home)["nodes"]}
+    victims = sorted(roles[node_id] for node_id in _training_worker_nodes(multi_cluster) if roles[node_id] != "head")
+    assert victims, "both training workers ran on the head node"
+    victim = next(node for node in multi_cluster.worker_nodes if node.name == victims[0])
+    _raylet_of(multi_cluster, victim).send_signal(signal.SIGKILL)
+    epochs_before = [int(row["epoch"]) for row in read_metrics_csv(run_dir)]
+    assert epochs_before[-1] < EPOCHS, "training ended before the node died"
 
-        stdout, stderr = job.communicate(timeout=480)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
-    shown = stdout[-4000:] + stderr[-4000:]
-    assert job.returncode == ExitCode.SUCCEEDED, shown
+    def ended() -> dict | None:
+        status = run_rayjobs("status", job_id, "--cluster", CLUSTER_NAME, "--output", "json", home=multi_home,
+                             timeout=60)
+        document = json.loads(status.stdout) if status.returncode in (0, 1) and status.stdout else {}
+        return document if document.get("status") in ("SUCCEEDED", "FAILED", "STOPPED") else None
+
+    final = wait_for_condition(ended, timeout_s=480, interval_s=2)
+    log = run_rayjobs("logs", job_id, "--cluster", CLUSTER_NAME, home=multi_home, timeout=60).stdout
+    assert final["status"] == "SUCCEEDED", log[-4000:]
     # How many nodes encoded is not pinned: a few small images take one worker moments, often less than a
     # worker on another node needs to start, and that node's lease then finds no chunk left (tasks on three
     # nodes at once are test_job_runs_tasks_on_three_distinct_nodes, above).
     images = IMAGES_PER_CLASS * 10
-    assert re.search(rf"preprocess: wrote .* {images} images \(.* images/s, on [123] nodes?\)", stdout), stdout[:3000]
-    notes = [line for line in stderr.splitlines() if line.startswith("rayjobs: ")]
-    assert f"rayjobs: training started: 2 workers, {EPOCHS} epochs, max_failures 0" in notes, notes
-    # The first attempt failed of the lost node, named from its log, that cause retried it, and the second
-    # attempt (a new job) went on from the latest checkpoint: every epoch trained once.
-    def first(check) -> int:
-        return next((index for index, line in enumerate(notes) if check(line)), -1)
-
-    failed = first(lambda line: re.match(r"rayjobs: job \S+ FAILED in ", line))
-    why = first(lambda line: line.startswith("rayjobs: why: A node of the cluster was lost while the job ran"))
-    retried = first(lambda line: line == "rayjobs: attempt 1 failed with node_lost (in retry_on); "
-                                         "submitting attempt 2 of 2")
-    succeeded = first(lambda line: re.match(r"rayjobs: job \S+ SUCCEEDED in ", line))
-    assert 0 <= failed < why < retried < succeeded, notes
-    assert re.search(r"Resuming run 'node-death' after epoch 1 from ", stdout), stdout[-3000:]
+    assert re.search(rf"preprocess: wrote .* {images} images \(.* images/s, on [123] nodes?\)", log), log[:3000]
+    # The first attempt failed of the lost node, the agent named it and ran the entrypoint again in the same
+    # job, and the second attempt went on from the latest checkpoint: every epoch trained once.
+    assert "rayjobs: attempt 1 failed with node_lost (in retry_on); running attempt 2 of 2" in log, log[-4000:]
+    assert re.search(r"Resuming run 'node-death' after epoch 1 from ", log), log[-3000:]
     assert [int(row["epoch"]) for row in read_metrics_csv(run_dir)] == list(range(1, EPOCHS + 1))
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
-    assert [(attempt["attempt"], attempt["status"]) for attempt in attempts] == [(1, "FAILED"), (2, "SUCCEEDED")]
+    assert [(attempt["attempt"], attempt["status"], attempt["submission_id"]) for attempt in attempts] == \
+        [(1, "FAILED", job_id), (2, "SUCCEEDED", job_id)]
+    assert attempts[0]["cause"]["cause"] == "node_lost" and attempts[1]["cause"] is None
 
     def victim_dead() -> dict | None:
         nodes = {node["role"]: node for node in _status(multi_home)["nodes"]}

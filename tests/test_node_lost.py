@@ -1,4 +1,4 @@
-"""A lost node is named from a failed job's log (``node_lost``), may be retried by that cause, and a workload's
+"""A lost node is named from a failed job's log (``node_lost``), may be retried in place by that cause, and a workload's
 ``max_failures`` reaches Ray Train as it is.
 
 Both logs in tests/data/logs are from real runs (Ray 2.60, torch 2.14) of the quickstart on a 3-node local
@@ -11,17 +11,16 @@ nodes left.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
 
-from jobs.loader import load_spec
-from runner.errors import ExitCode
-from runner.follow.diagnosis import FailureReader
-from runner.run import retry_policy
-from runner.run.policy import RunOptions, run_with_retries
-from tests.support.fake_cluster import FakeClient, Script, speed_up_following
+from rayjobs_agent.causes import FailureReader
+from rayjobs_agent.retries import RetryPolicy
+from rayjobs_agent.wire import RETRY_ENV_VAR
+from runner.records.store import Folder, read_run
+from tests.support.waiting import HANG_GUARD_S
+from tests.test_record import config_for, keeper_env, run_keeper
 
 LOGS = Path(__file__).parent / "data" / "logs"
 FAILED = LOGS / "node_lost_failed_attempt.log"
@@ -69,22 +68,19 @@ def test_a_node_loss_that_training_went_on_after_is_forgotten():
     assert _read(lines).diagnose() is None
 
 
-def test_a_failed_attempt_of_a_lost_node_is_submitted_again_when_retry_on_names_it(tmp_path, monkeypatch):
-    speed_up_following(monkeypatch)
-    monkeypatch.setattr(retry_policy, "sleep", lambda seconds: None)
-    log = FAILED.read_bytes()
-    client = FakeClient(Script(["RUNNING", "FAILED"], log=log, error_type="JOB_ENTRYPOINT_COMMAND_ERROR",
-                               driver_exit_code=1, message="Job entrypoint command failed with exit code 1"),
-                        Script(["RUNNING", "SUCCEEDED"]))
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text("name: demo\nentrypoint: python -m workloads.vision\nmax_retries: 1\n"
-                         "retry_on: [node_lost]\n")
-    notes = io.StringIO()
-    result = run_with_retries(client, load_spec(spec_file), options=RunOptions(), notes=notes,
-                              logs_out=io.StringIO())
-    assert (result.exit_code, len(result.attempts)) == (ExitCode.SUCCEEDED, 2)
-    assert "rayjobs: attempt 1 failed with node_lost (in retry_on); submitting attempt 2 of 2 in 10s " \
-           "(retry_backoff)" in notes.getvalue().splitlines()
+def test_an_attempt_that_lost_a_node_runs_again_in_place_when_retry_on_names_it(tmp_path):
+    """The agent reads the real failed attempt's log as the entrypoint writes it, names node_lost, and runs the
+    entrypoint again in the same job (here the second run succeeds)."""
+    marker = tmp_path / "marker"
+    entrypoint = (f"if [ ! -e {marker} ]; then touch {marker}; cat {FAILED}; exit 1; fi; echo 'second attempt: done'")
+    log = tmp_path / "log"
+    environ = keeper_env(config_for(tmp_path / "run"))
+    environ[RETRY_ENV_VAR] = RetryPolicy(1, ("node_lost",), 0.0, 1.0).to_variable()
+    keeper = run_keeper(entrypoint, log, environ)
+    assert keeper.wait(timeout=HANG_GUARD_S) == 0, log.read_text()
+    assert "attempt 1 failed with node_lost (in retry_on); running attempt 2 of 2" in log.read_text()
+    first, second = read_run(Folder(str(tmp_path / "run")))["attempts"]
+    assert (first["cause"]["cause"], first["status"], second["status"]) == ("node_lost", "FAILED", "SUCCEEDED")
 
 
 def test_the_workloads_max_failures_reaches_ray_train(tmp_path):

@@ -1,4 +1,4 @@
-"""Notifications sent by the job itself (workloads/rayjobs_observe/notify.py), to real servers on loopback, and the
+"""Notifications sent by the job itself (rayjobs_agent/notify.py), to real servers on loopback, and the
 spec's ``notify`` block (jobs/notify.py): what is sent, when, masked, and that a notifier that fails costs the job
 nothing but one line."""
 
@@ -13,14 +13,14 @@ import pytest
 
 from jobs import notify as client_side
 from jobs.errors import SpecError
-from jobs.keys import RECORD_ENV_VAR
+from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.secrets import masked
 from jobs.submission import build_submission
 from tests.support.notify_receivers import free_port, silent_port, smtp_receiver, webhook_receiver
-from workloads.rayjobs_observe import notify
-from workloads.rayjobs_observe.recorder import Recorder
-from workloads.rayjobs_observe.stall_watch import StallWatch
+from rayjobs_agent import notify
+from rayjobs_agent.causes import UNKNOWN, Diagnosis, FailureReader
+from rayjobs_agent.recorder import Recorder
 
 SECRET = "hunter2-token-value"
 ENVIRON = {"API_TOKEN": SECRET}
@@ -41,7 +41,7 @@ def test_a_failed_job_tells_a_json_webhook_what_happened():
     [(path, body)] = hook.received
     assert path == "/hook" and body["title"] == "rayjobs: nightly FAILED"
     assert body["message"].splitlines() == [
-        "nightly FAILED after 1h 02m 05s (exit code 1)",
+        "nightly FAILED after 1h02m05s (exit code 1)",
         "cause: ValueError: bad token ***",
         "metrics: loss=0.1235, epoch=3 (iteration 3)",
         "record: s3://runs/nightly-raysubmit_1",
@@ -53,7 +53,7 @@ def test_only_the_events_a_target_asks_for_are_sent():
     with webhook_receiver() as hook:
         assert notify.notify_end(_config(hook.url(), "failed", "stopped"), "SUCCEEDED", 0, 5.0, {}) == []
         assert notify.notify_end(_config(hook.url(), "succeeded"), "SUCCEEDED", 0, 5.0, {"name": "n"})[0]["sent"]
-    assert [body["message"] for _, body in hook.received] == ["n SUCCEEDED after 5s"]
+    assert [body["message"] for _, body in hook.received] == ["n SUCCEEDED after 5.0s"]
 
 
 def test_an_email_reaches_an_smtp_server():
@@ -67,7 +67,7 @@ def test_an_email_reaches_an_smtp_server():
     assert message["Subject"] == "rayjobs: nightly STOPPED"
     text = next(part.get_payload(decode=True).decode() for part in message.walk()
                 if part.get_content_type() == "text/plain")
-    assert "nightly STOPPED after 42s (exit code -15)" in text
+    assert "nightly STOPPED after 42.0s (exit code -15)" in text
 
 
 def test_a_closed_port_costs_one_line_and_no_url_token(capsys):
@@ -134,46 +134,29 @@ def test_a_failed_send_is_kept_in_the_record_notes(tmp_path):
     assert any(note.startswith("notification (failed) to json://127.0.0.1:") for note in notes), notes
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_the_stall_watch_says_once_per_silence():
-    watch = StallWatch(None, 0.0)
-    assert watch.silent_for(100.0, 10, 1) is None  # output: the silence starts again
-    assert watch.silent_for(399.0, 10, 1) is None
-    assert watch.silent_for(400.0, 10, 1) == 300.0
-    assert watch.silent_for(900.0, 10, 1) is None  # said already
-    assert watch.silent_for(1000.0, 20, 2) is None  # a report 900 s after the last: the limit becomes 2700 s
-    assert watch.limit_s() == 2700.0
-    assert StallWatch(60.0, 0.0).silent_for(60.0, 0, 0) == 60.0
-
-
-def test_a_stalled_job_is_told_from_its_uploads(tmp_path):
-    clock = Clock()
+def test_a_stall_the_agent_decided_is_told(tmp_path):
     with webhook_receiver() as hook:
-        settings = {"targets": [{"url": hook.url(), "on": ["stalled"]}], "stall_after_s": 60}
-        recorder = _recorder(tmp_path, 1, {})
-        notifier = notify.JobNotifier(settings, recorder, {}, clock=clock)
-        clock.now = 59.0
-        notifier.running()
-        clock.now = 61.0
-        notifier.running()
-        notifier.running()
+        settings = {"targets": [{"url": hook.url(), "on": ["stalled"]}]}
+        notifier = notify.JobNotifier(settings, _recorder(tmp_path, 1, {}), {})
+        notifier.stalled(61.0)
     [(_, body)] = hook.received
     assert body["title"] == "rayjobs: nightly stalled"
-    assert body["message"].startswith("nightly has printed nothing and reported no progress for 1m 01s")
+    assert body["message"].startswith("nightly has printed nothing and reported no progress for 1m01s")
 
 
-def test_the_failure_cause_is_the_last_exception_in_the_log():
-    log = ("Traceback (most recent call last):\n  File 'a.py'\nKeyError: 'x'\nduring handling…\n"
-           "(RayTrainWorker pid=1) torch.OutOfMemoryError: CUDA out of memory\nexiting\n")
-    assert notify.failure_cause(log) == "torch.OutOfMemoryError: CUDA out of memory"
-    assert notify.failure_cause("all good\n") is None
+def test_a_message_names_the_cause_the_agent_decided_or_else_the_last_exception_in_the_log():
+    reader = FailureReader()
+    for line in ("Traceback (most recent call last):", "  File 'a.py'", "KeyError: 'x'", "during handling…",
+                 "(RayTrainWorker pid=1) ValueError: bad shape", "exiting"):
+        reader.line(line)
+    assert reader.diagnose() is None
+    unexplained = Diagnosis(UNKNOWN, "the entrypoint exited with code 1", "", reader.last_raised or "")
+    assert notify.cause_words(unexplained) == "ValueError: bad shape"
+    assert notify.cause_words(Diagnosis(UNKNOWN, "the entrypoint exited with code 1", "", "")) == \
+        "the entrypoint exited with code 1"
+    reader.line("(RayTrainWorker pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+    explained = reader.diagnose()
+    assert explained is not None and notify.cause_words(explained).startswith("cuda_out_of_memory: ")
 
 
 @pytest.mark.parametrize("url, shown", [
@@ -186,7 +169,6 @@ def test_the_failure_cause_is_the_last_exception_in_the_log():
 ])
 def test_a_notify_url_is_shown_masked_alike_on_both_sides(url, shown):
     assert client_side.masked_notify_url(url) == notify.masked_url(url) == shown
-    assert client_side.NOTIFY_ENV_VAR == notify.NOTIFY_ENV_VAR
 
 
 def _spec(tmp_path: Path, body: str) -> Path:
@@ -232,3 +214,17 @@ def test_notify_without_uploaded_code_or_a_record_path_is_refused(tmp_path):
     # Naming where its record goes gives a job without code the keeper, which sends the notifications.
     spec.write_text(f"name: nightly\nentrypoint: echo hi\nrecord_path: {tmp_path}\nnotify: [{{url: 'json://h/p'}}]\n")
     assert load_spec(spec).spec.notify
+
+
+def test_a_dollar_in_a_notification_url_or_any_spec_value_reaches_the_job_unexpanded(tmp_path):
+    """Ray expands $NAME in every variable it sets on the cluster (os.path.expandvars, as on a node)."""
+    import os
+
+    url = "json://hooks.example.com/in?token=ab$HOME$cd"
+    loaded = load_spec(_spec(tmp_path, f"record_path: {tmp_path}/runs\nnotify:\n  - url: '{url}'\n"
+                                       "tracking: {mlflow: {tracking_uri: 'http://127.0.0.1:5000', "
+                                       "experiment: 'cost$PATH'}}\n"))
+    env_vars = build_submission(loaded)["runtime_env"]["env_vars"]
+    for name, value in env_vars.items():
+        assert os.path.expandvars(value) == value, name
+    assert json.loads(os.path.expandvars(env_vars[notify.NOTIFY_ENV_VAR]))["targets"][0]["url"] == url

@@ -14,7 +14,7 @@ import pytest
 
 from jobs.errors import SpecError
 from jobs.loader import load_spec
-from jobs.infra.storage import ObjectStoreAuthFailed, ObjectStoreMissing, ObjectStoreUnreachable
+from rayjobs_agent.s3_access import ObjectStoreAuthFailed, ObjectStoreMissing, ObjectStoreUnreachable
 from jobs.secrets import looks_secret
 from tests.support.cli import REPO_ROOT, cli_env, run_rayjobs
 from tests.support.arrays import write_pattern_mnist

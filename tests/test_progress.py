@@ -9,7 +9,9 @@ import pytest
 
 from runner.follow.display import PlainProgress
 from runner.follow.log_view import LogView, is_ray_chatter
-from runner.follow.progress import RunProgress, event_line, parse_event, short_reason
+from rayjobs_agent.causes import short_reason
+from rayjobs_agent.vocabulary import decode as parse_event
+from runner.follow.progress import RunProgress, event_line
 
 # Lines as Ray wrote them into a quickstart job's driver log, forwarded prefixes and colour included.
 CHATTER = [
@@ -224,7 +226,7 @@ def test_an_event_is_told_after_the_lines_before_it_and_before_the_lines_after_i
 
 
 def test_the_client_reads_the_marker_the_cluster_side_writes():
-    from jobs.keys import EVENT_MARKER
-    from workloads.rayjobs_observe.events import EVENT_MARKER as WRITTEN
+    from rayjobs_agent.vocabulary import EVENT_MARKER
+    from rayjobs_agent.vocabulary import EVENT_MARKER as WRITTEN
 
     assert WRITTEN == EVENT_MARKER

@@ -1,5 +1,5 @@
 """The progress channel cannot fail a run: its hooks are guarded, its import cannot break ``fit``, and it is
-installed only on the Ray versions it is tested on (workloads/rayjobs_observe/guard.py, train_setup.py)."""
+installed only on the Ray versions it is tested on (rayjobs_agent/guard.py, train_setup.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import textwrap
 from pathlib import Path
 
 from jobs.loader import load_spec
-from jobs.keys import RECORD_ENV_VAR
-from jobs.submission import OBSERVE_CALLBACK, build_submission
-from workloads.rayjobs_observe import record, train_setup
-from workloads.rayjobs_observe.guard import guarded
+from rayjobs_agent.wire import RECORD_ENV_VAR
+from jobs.submission import PROGRESS_CALLBACK, build_submission
+from rayjobs_agent import record, train_setup
+from rayjobs_agent.guard import guarded
 
 OURS = train_setup.PROGRESS_CALLBACK
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_a_job_that_keeps_its_record_leaves_the_callback_to_the_keeper_and_one_t
     assert json.loads(env_vars[RECORD_ENV_VAR])["progress"] is True
 
     unrecorded = _submission(tmp_path, "record: false\n")["runtime_env"]["env_vars"]
-    assert unrecorded["RAY_TRAIN_CALLBACKS"] == f"mine.Callback,{OBSERVE_CALLBACK}" and RECORD_ENV_VAR not in unrecorded
+    assert unrecorded["RAY_TRAIN_CALLBACKS"] == f"mine.Callback,{PROGRESS_CALLBACK}" and RECORD_ENV_VAR not in unrecorded
 
     quiet = _submission(tmp_path, "progress: false\n")["runtime_env"]["env_vars"]
     assert "progress" not in json.loads(quiet[RECORD_ENV_VAR]) and quiet["RAY_TRAIN_CALLBACKS"] == "mine.Callback"
@@ -124,7 +124,7 @@ import os
 from ray.train.v2._internal.callbacks.env_callback import _initialize_env_callbacks
 from ray.train.v2._internal.execution import callback as interfaces
 del interfaces.ControllerCallback  # as in a Ray that renamed or moved it
-os.environ["RAY_TRAIN_CALLBACKS"] = "rayjobs_observe.train_callback.ProgressCallback"
+os.environ["RAY_TRAIN_CALLBACKS"] = "rayjobs_agent.train_callback.ProgressCallback"
 (callback,) = _initialize_env_callbacks()  # what TorchTrainer does in the user's script
 callback.after_report(None, [{"loss": 1.0}])  # no interface of Ray's: not called by Ray, and harmless if it were
 print("built:", type(callback).__name__, "off:", bool(callback.unavailable))

@@ -29,7 +29,7 @@ def test_the_pages_example_needs_one_import_and_every_public_name_resolves():
     assert imports == ["from runner import RunOptions, connect, load_spec, submit"]
     for name in runner.__all__:
         assert getattr(runner, name) is not None, name
-    from runner.run.policy import run_with_retries
+    from runner.run.lifecycle import run_with_retries
 
     assert runner.submit is run_with_retries
 

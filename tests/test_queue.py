@@ -1,175 +1,432 @@
-"""The queue's rules, decided on a key-value store that behaves as the cluster's does (put-if-absent is atomic).
+"""The queue's rules, decided by its keeper on a key-value store that behaves as the cluster's does.
 
-The cluster's own store is used by tests/test_queue_cluster.py; here the one seam, the store, is a dict.
+The cluster's own store and a real keeper are used by tests/test_queue_cluster.py; here the store is a dict
+(put-if-absent atomic, as the GCS's is) and Ray's job API a list of what was submitted.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 
 import pytest
 
-from workloads.rayjobs_observe import queueing as q
+from tests.support.queue_store import DictStore, FakeRayJobs, enter
+from rayjobs_agent import queue_keeper as k
+from rayjobs_agent import queueing as q
 
 
-class DictStore:
-    """The key-value store's contract in memory: one lock makes put-if-absent atomic, as the GCS does."""
+class Clock:
+    """The head's clock, moved by the test."""
 
-    def __init__(self, free: dict[str, float] | None = None) -> None:
-        self.data: dict[tuple[bytes, str], bytes] = {}
-        self.lock = threading.Lock()
-        self.free = free if free is not None else {"CPU": 100.0}
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
 
-    def get(self, key, namespace=q.NAMESPACE):
-        return self.data.get((namespace, key))
-
-    def put(self, key, value, *, only_if_absent=False):
-        with self.lock:
-            if only_if_absent and (q.NAMESPACE, key) in self.data:
-                return False
-            self.data[(q.NAMESPACE, key)] = value
-            return True
-
-    def delete(self, key):
-        self.data.pop((q.NAMESPACE, key), None)
-
-    def keys(self, prefix):
-        return [key for namespace, key in list(self.data) if namespace == q.NAMESPACE and key.startswith(prefix)]
-
-    def free_resources(self):
-        return dict(self.free)
-
-    def set_job_status(self, job_id: str, status: str) -> None:
-        self.data[(b"job", f"_ray_internal_job_info_{job_id}")] = json.dumps({"status": status}).encode()
+    def __call__(self) -> float:
+        return self.now
 
 
-def _admission(store, job, priority=0, submitted=0.0, needs=None, queue="team-a"):
-    admission = q.Admission(store, queue, job, priority, needs or {"CPU": 1.0}, submitted)
-    admission.register()
-    return admission
+def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[k.Keeper, FakeRayJobs, list[str]]:
+    jobs, said = FakeRayJobs(store), []
+    return k.Keeper(store, jobs, clock=clock or Clock(), say=said.append), jobs, said
+
+
+def _end(store: DictStore, job_id: str) -> None:
+    """The job ended and its wrapper gave its slot back, as record.py does."""
+    store.set_job_status(job_id, "SUCCEEDED")
+    for key in store.keys("slot/"):
+        holder = json.loads(store.get(key))
+        if holder["id"] == job_id:
+            _, queue, index, generation = key.split("/")
+            q.release(store, queue, int(index), int(generation))
 
 
 def test_the_first_by_priority_then_submission_time_goes_first():
     store = DictStore()
     q.set_limits(store, "team-a", 1)
-    early_low = _admission(store, "early-low", priority=0, submitted=1.0)
-    late_high = _admission(store, "late-high", priority=5, submitted=2.0)
-    later_high = _admission(store, "later-high", priority=5, submitted=3.0)
-    assert early_low.look(now=10).position == 3
-    assert later_high.look(now=10).position == 2
-    assert late_high.look(now=10).slot == 0
-    late_high.leave()
-    assert later_high.look(now=11).slot == 0
-    later_high.leave()
-    assert early_low.look(now=12).slot == 0
+    enter(store, "early-low", priority=0, submitted=1.0)
+    enter(store, "late-high", priority=5, submitted=2.0)
+    enter(store, "later-high", priority=5, submitted=3.0)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.ids() == ["late-high"]
+    _end(store, "late-high")
+    keeper.step()
+    _end(store, "later-high")
+    keeper.step()
+    assert jobs.ids() == ["late-high", "later-high", "early-low"]
 
 
-def test_a_full_queue_says_how_many_of_how_many_run():
+def test_a_full_queue_says_how_many_of_how_many_run_and_where_each_waiting_job_stands():
     store = DictStore()
     q.set_limits(store, "team-a", 2)
-    first, second, third = (_admission(store, name, submitted=index) for index, name in enumerate("abc"))
-    assert first.look(now=1).slot == 0 and second.look(now=1).slot == 1
-    turn = third.look(now=1)
-    assert turn.slot is None and turn.position == 1
-    assert turn.reason == "2 of 2 running in queue team-a"
+    for index, name in enumerate("abcd"):
+        enter(store, name, submitted=index)
+    keeper, jobs, _ = _keeper(store)
+    snapshot = keeper.step()
+    assert jobs.ids() == ["a", "b"]
+    (queue,) = snapshot["queues"]
+    assert [job["id"] for job in queue["running"]] == ["a", "b"]
+    assert [(job["id"], job["position"], job["reason"]) for job in queue["waiting"]] == [
+        ("c", 1, "2 of 2 running in queue team-a"), ("d", 2, "1 ahead of it")]
+
+
+def test_the_admitted_job_is_told_its_slot_and_how_long_it_waited_in_its_variables():
+    store = DictStore()
+    clock = Clock(1000.0)
+    enter(store, "job", submitted=990.0)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    (request,) = jobs.submitted
+    admission = q.Admission.from_environment(request["runtime_env"]["env_vars"])
+    assert (admission.queue, admission.slot, admission.generation, admission.waited_s) == ("team-a", 0, 0, 10.0)
+    assert store.keys("waiting/") == [] and store.keys("request/") == []
 
 
 def test_a_job_waits_for_the_cluster_to_have_free_what_it_needs_counting_jobs_just_let_in():
     store = DictStore(free={"CPU": 4.0})
-    big = _admission(store, "big", submitted=1, needs={"CPU": 3.0})
-    assert big.look(now=100).slot == 0
+    clock = Clock(1000.0)
+    enter(store, "big", submitted=1, needs={"CPU": 3.0})
+    enter(store, "small", submitted=2, needs={"CPU": 2.0})
+    keeper, jobs, _ = _keeper(store, clock)
+    snapshot = keeper.step()
     # Ray has not placed big's workers yet: the 4 CPUs still look free, but 3 are spoken for.
-    small = _admission(store, "small", submitted=2, needs={"CPU": 2.0})
-    assert small.look(now=101).reason == "needs 2 CPUs, 1 free"
-    store.free = {"CPU": 1.0}
-    assert small.look(now=100 + q.PLACEMENT_GRACE_S + 1).reason == "needs 2 CPUs, 1 free"
-    big.leave()
+    assert jobs.ids() == ["big"]
+    assert snapshot["queues"][0]["waiting"][0]["reason"] == "needs 2 CPUs, 1 free"
+    store.free = {"CPU": 1.0}  # placed now
+    clock.now += q.PLACEMENT_GRACE_S + 1
+    assert keeper.step()["queues"][0]["waiting"][0]["reason"] == "needs 2 CPUs, 1 free"
+    _end(store, "big")
     store.free = {"CPU": 4.0}
-    assert small.look(now=200).slot is not None
+    keeper.step()
+    assert jobs.ids() == ["big", "small"]
 
 
-def test_two_jobs_racing_for_the_last_slot_cannot_both_take_it():
+def test_a_queued_job_with_entrypoint_cpus_runs_on_a_cluster_that_has_them_free():
+    # What it needs counts its entrypoint's CPUs (jobs/queueing.py), and nothing holds them while it waits:
+    # the entrypoint is not placed until the keeper submits the job.
+    store = DictStore(free={"CPU": 2.0})
+    enter(store, "entrypoint-cpus", needs={"CPU": 2.0})
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.ids() == ["entrypoint-cpus"]
+
+
+def test_the_first_job_in_order_is_never_overtaken_by_a_smaller_one_behind_it():
+    store = DictStore(free={"CPU": 1.0})
+    enter(store, "large", submitted=1, needs={"CPU": 4.0})
+    enter(store, "small", submitted=2, needs={"CPU": 1.0})
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.ids() == []
+
+
+def test_a_claim_made_from_a_stale_read_loses_to_the_claim_made_in_between():
+    # The issue's race: a claimer reads the slot's generation, another claims that slot meanwhile.
     store = DictStore()
-    q.set_limits(store, "team-a", 1)
-    contenders = [q.Admission(store, "team-a", f"job-{index}", 0, {"CPU": 1.0}, 0.0) for index in range(8)]
-    for admission in contenders:
-        # Each sees itself first: the others have not registered yet, the race the store must settle.
-        store.put(f"waiting/team-a/{admission.job_id}", json.dumps({"priority": 0, "submitted": 0}).encode())
-    barrier = threading.Barrier(len(contenders))
-    results: list[int | None] = []
+    first_look = q.slots(store, "team-a", now=0)
+    stale = q.free_slot(first_look, limit=1)
+    assert q.claim(store, "team-a", q.free_slot(q.slots(store, "team-a", 0), 1), {"id": "b", "since": 0}) == 0
+    store.set_job_status("b", "RUNNING")
+    assert q.claim(store, "team-a", stale, {"id": "a", "since": 0}) is None
+    assert {index: holder["id"] for index, holder in q.held(q.slots(store, "team-a", 0)).items()} == {0: "b"}
 
-    def race(admission):
-        barrier.wait()
-        results.append(_take_unordered(admission))
 
-    threads = [threading.Thread(target=race, args=(admission,)) for admission in contenders]
+def test_a_claim_at_a_generation_that_was_cleaned_up_withdraws():
+    # A claimer that paused long enough for the slot to change hands twice (and its old generations to be
+    # removed) may write a generation that no longer exists: it finds a newer one and withdraws.
+    store = DictStore()
+    stale = q.free_slot(q.slots(store, "team-a", 0), 1)  # generation -1: would write 0
+    for generation, job in enumerate(["b", "c", "d"]):
+        slot = q.free_slot(q.slots(store, "team-a", 0), 1)
+        assert q.claim(store, "team-a", slot, {"id": job, "since": 0}) == generation
+        store.set_job_status(job, "RUNNING")
+        if job != "d":
+            q.release(store, "team-a", 0, generation)
+            store.set_job_status(job, "SUCCEEDED")
+    assert store.get("slot/team-a/0/0") is None  # cleaned up
+    assert q.claim(store, "team-a", stale, {"id": "a", "since": 0}) is None
+    assert store.get("slot/team-a/0/0") is None
+    assert [holder["id"] for holder in q.held(q.slots(store, "team-a", 0)).values()] == ["d"]
+
+
+def test_many_claimers_racing_with_pauses_between_read_and_write_never_hold_a_slot_twice():
+    store = DictStore()
+    limit, rounds, claimers = 1, 30, 8
+    holding: list[str] = []
+    overlap: list[list[str]] = []
+    lock = threading.Lock()
+
+    def claimer(name: str, seed: int) -> None:
+        rng = random.Random(seed)
+        for turn in range(rounds):
+            job = f"{name}-{turn}"  # a job id is never used twice
+            slot_map = q.slots(store, "team-a", 0)
+            slot = q.free_slot(slot_map, limit)
+            threading.Event().wait(rng.uniform(0, 0.003))  # between the read and the write
+            if slot is None:
+                continue
+            generation = q.claim(store, "team-a", slot, {"id": job, "since": 0},
+                                 pause=lambda: threading.Event().wait(rng.uniform(0, 0.002)))
+            if generation is None:
+                continue
+            store.set_job_status(job, "RUNNING")
+            with lock:
+                holding.append(job)
+                if len(holding) > limit:
+                    overlap.append(list(holding))
+            threading.Event().wait(rng.uniform(0, 0.002))
+            with lock:
+                holding.remove(job)
+            store.set_job_status(job, "SUCCEEDED")
+            q.release(store, "team-a", slot.index, generation)
+
+    threads = [threading.Thread(target=claimer, args=(f"job-{index}", index)) for index in range(claimers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sum(result is not None for result in results) == 1
-    assert len(q.held_slots(store, "team-a")) == 1
-
-
-def _take_unordered(admission):
-    """A slot claim made by every contender at once, past the ordering check (the store alone must decide)."""
-    held = q.held_slots(admission.store, admission.queue)
-    if len(held) >= (q.max_running(admission.store, admission.queue) or 1):
-        return None
-    slot, generation = q.next_free_slot(admission.store, admission.queue, held)
-    value = json.dumps({"id": admission.job_id, "since": 0}).encode()
-    return slot if admission.store.put(f"slot/team-a/{slot}/{generation}", value, only_if_absent=True) else None
+    assert overlap == []
 
 
 def test_a_slot_whose_job_died_without_saying_so_is_free_again():
     store = DictStore()
     q.set_limits(store, "team-a", 1)
-    holder = _admission(store, "holder", submitted=1)
-    assert holder.look(now=1).slot == 0
-    waiter = _admission(store, "waiter", submitted=2)
-    assert waiter.look(now=2).slot is None
+    enter(store, "holder", submitted=1)
+    enter(store, "waiter", submitted=2)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
     store.set_job_status("holder", "FAILED")  # its node died with it: no done marker was written
-    turn = waiter.look(now=3)
-    assert (turn.slot, turn.generation) == (0, 1)
+    keeper.step()
+    assert jobs.ids() == ["holder", "waiter"]
 
 
-def test_a_waiting_job_that_was_stopped_no_longer_blocks_the_queue():
+def test_a_slot_held_by_a_job_ray_no_longer_knows_frees_after_the_grace_by_the_heads_clock():
+    store = DictStore()
+    clock = Clock(1000.0)
+    q.set_limits(store, "team-a", 1)
+    enter(store, "holder", submitted=1)
+    enter(store, "waiter", submitted=2)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    store.set_job_status("holder", None)  # `rayjobs delete` after its wrapper was SIGKILLed
+    clock.now += q.UNKNOWN_HOLDER_GRACE_S - 1
+    keeper.step()
+    assert jobs.ids() == ["holder"]
+    clock.now += 2
+    keeper.step()
+    assert jobs.ids() == ["holder", "waiter"]
+
+
+def test_a_stop_asked_while_the_job_waits_ends_it_without_running_through_a_light_stand_in():
     store = DictStore()
     q.set_limits(store, "team-a", 1)
-    gone = _admission(store, "gone", priority=9, submitted=1)
-    behind = _admission(store, "behind", submitted=2)
-    assert behind.look(now=1).position == 2
-    store.set_job_status("gone", "STOPPED")
-    assert behind.look(now=2).slot == 0
-    assert store.get("waiting/team-a/gone") is None
+    enter(store, "running", submitted=0)
+    enter(store, "doomed", submitted=1)
+    request = json.loads(store.get("request/doomed"))
+    request.update(runtime_env={"working_dir": "gcs://_ray_pkg_code.zip", "pip": ["torch"],
+                                "py_modules": ["gcs://_ray_pkg_agent.zip", "gcs://_ray_pkg_mine.zip"],
+                                "env_vars": {"RAYJOBS_RECORD": "{}"}},
+                   entrypoint_num_cpus=8, entrypoint_resources={"TPU": 4})
+    store.put("request/doomed", json.dumps(request).encode())
+    entry = json.loads(store.get("waiting/team-a/doomed"))
+    store.put("waiting/team-a/doomed", json.dumps({**entry, "agent_modules": ["gcs://_ray_pkg_agent.zip"]}).encode())
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    store.put("stop/doomed", b"{}")
+    keeper.step()
+    stand_in = jobs.submitted[-1]
+    assert stand_in["submission_id"] == "doomed"
+    assert stand_in["runtime_env"]["py_modules"] == ["gcs://_ray_pkg_agent.zip"]
+    assert set(stand_in["runtime_env"]) == {"py_modules", "env_vars"}  # no code, no environment to build
+    assert "entrypoint_num_cpus" not in stand_in and "entrypoint_resources" not in stand_in
+    admission = q.Admission.from_environment(stand_in["runtime_env"]["env_vars"])
+    assert admission.outcome == "STOPPED" and "stopped while it waited in queue team-a (position 1)" in admission.reason
+    assert store.keys("waiting/") == [] and store.keys("stop/") == []
 
 
-def test_wait_for_turn_tells_each_change_once_and_leaves_the_list_when_stopped():
+def test_a_stand_ins_entrypoint_is_always_the_wrapper_never_the_jobs_own_command():
+    request = {"submission_id": "x", "entrypoint": "rm -rf /data", "runtime_env": {}}
+    stand_in = k.stand_in(request, {}, q.Admission("team-a", outcome="STOPPED"))
+    assert stand_in["entrypoint"].startswith("python -m rayjobs_agent.record -- ")
+    assert "rm -rf" not in stand_in["entrypoint"]
+
+
+def test_a_stop_asked_once_the_job_runs_is_passed_to_ray():
+    store = DictStore()
+    enter(store, "job")
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    store.put("stop/job", b"{}")
+    keeper.step()
+    assert jobs.stopped == ["job"] and q.job_status(store, "job") == "STOPPED"
+
+
+def test_a_request_ray_refuses_ends_failed_and_the_queue_moves_on():
     store = DictStore()
     q.set_limits(store, "team-a", 1)
-    _admission(store, "running", submitted=0).look(now=0)
-    waiter = q.Admission(store, "team-a", "waiter", 0, {"CPU": 1.0}, 1.0)
-    told: list[dict] = []
-    polls = iter(range(5))
-    admitted = q.wait_for_turn(waiter, stopped=lambda: next(polls, None) is None, tell=told.append,
-                               clock=lambda: 5.0, pause=lambda seconds: None)
-    assert admitted is False
-    assert told == [{"state": "waiting", "queue": "team-a", "position": 1,
-                     "reason": "1 of 1 running in queue team-a"}]
-    assert store.get("waiting/team-a/waiter") is None
+    enter(store, "bad", submitted=1)
+    enter(store, "good", submitted=2)
+    keeper, jobs, said = _keeper(store)
+    jobs.refuse["bad"] = k.Refused("runtime_env is malformed")
+    keeper.step()
+    assert jobs.ids() == ["bad", "good"]  # the stand-in, then the next job in the freed slot
+    admission = q.Admission.from_environment(jobs.submitted[0]["runtime_env"]["env_vars"])
+    assert admission.outcome == "FAILED" and "runtime_env is malformed" in admission.reason
+    assert any("Ray refused job bad" in line for line in said)
 
 
-def test_describe_lists_running_and_waiting_in_the_order_they_go():
+def test_a_submission_that_fails_for_now_gives_the_slot_back_and_keeps_the_jobs_place():
     store = DictStore()
+    clock = Clock()
     q.set_limits(store, "team-a", 1)
-    _admission(store, "first", submitted=0).look(now=0)
-    _admission(store, "low", priority=0, submitted=1)
-    _admission(store, "high", priority=3, submitted=2)
-    (listed,) = q.describe(store)
-    assert listed["max_running"] == 1
-    assert [job["id"] for job in listed["running"]] == ["first"]
-    assert [(job["id"], job["position"]) for job in listed["waiting"]] == [("high", 1), ("low", 2)]
+    enter(store, "first", submitted=1)
+    enter(store, "second", submitted=2)
+    keeper, jobs, _ = _keeper(store, clock)
+    jobs.refuse["first"] = ConnectionError("the dashboard is restarting")
+    snapshot = keeper.step()
+    assert jobs.ids() == [] and q.held(q.slots(store, "team-a", clock.now)) == {}
+    assert [job["id"] for job in snapshot["queues"][0]["waiting"]] == ["first", "second"]
+    clock.now += k.RETRY_SUBMIT_S
+    keeper.step()
+    assert jobs.ids() == ["first"]
+
+
+def test_a_job_ray_already_has_counts_as_admitted():
+    # Its keeper died after submitting it, before it took its entry out.
+    store = DictStore()
+    enter(store, "job")
+    keeper, jobs, _ = _keeper(store)
+    jobs.refuse["job"] = k.AlreadySubmitted("job")
+    keeper.step()
+    assert store.keys("waiting/") == []
+    assert [holder["id"] for holder in q.held(q.slots(store, "team-a", 1000.0)).values()] == ["job"]
+
+
+def test_a_job_submitted_a_moment_ago_is_not_overtaken_while_its_entry_is_being_written():
+    store = DictStore()
+    clock = Clock(1000.0)
+    q.set_limits(store, "team-a", 1)
+    enter(store, "low", priority=0, submitted=990.0)
+    # The helper job that enters "high" was submitted at 995 s and has not written its entry yet.
+    store.set_job_status("helper-1", "RUNNING", start_time=995_000,
+                         metadata={"rayjobs.enqueues": "team-a", "rayjobs.priority": "10", "rayjobs.queued_id": "high"})
+    keeper, jobs, _ = _keeper(store, clock)
+    snapshot = keeper.step()
+    assert jobs.ids() == []
+    assert snapshot["queues"][0]["waiting"][0]["reason"] == "high, submitted just before it, is still being queued"
+    enter(store, "high", priority=10, submitted=995.0)
+    store.set_job_status("helper-1", "SUCCEEDED")
+    keeper.step()
+    assert jobs.ids() == ["high"]
+
+
+def test_a_helper_that_never_wrote_its_entry_holds_nobody_back_for_long():
+    store = DictStore()
+    clock = Clock(1000.0)
+    enter(store, "low", submitted=990.0)
+    store.set_job_status("helper-1", "PENDING", start_time=(1000 - q.ENQUEUE_IN_FLIGHT_S - 1) * 1000,
+                         metadata={"rayjobs.enqueues": "team-a", "rayjobs.priority": "10", "rayjobs.queued_id": "high"})
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert jobs.ids() == ["low"]
+
+
+class FlakyStore(DictStore):
+    """A store whose reads fail while ``down`` is set (a GCS restarting under the keeper)."""
+
+    down = False
+
+    def keys(self, prefix, namespace=q.NAMESPACE):
+        if self.down:
+            raise ConnectionError("GCS unavailable")
+        return super().keys(prefix, namespace)
+
+
+def test_a_store_that_fails_mid_wait_costs_time_not_order_nor_a_second_holder():
+    store = FlakyStore()
+    q.set_limits(store, "team-a", 1)
+    enter(store, "first", submitted=1)
+    enter(store, "second", submitted=2)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    store.down = True
+    with pytest.raises(ConnectionError):
+        keeper.step()  # the actor's loop says so once and tries again (KeeperActor._loop)
+    store.down = False
+    snapshot = keeper.step()
+    assert jobs.ids() == ["first"]
+    assert [job["id"] for job in snapshot["queues"][0]["waiting"]] == ["second"]
+    _end(store, "first")
+    keeper.step()
+    assert jobs.ids() == ["first", "second"]
+
+
+def test_finished_helper_jobs_are_deleted_soon_after_and_nothing_else_is():
+    store = DictStore()
+    clock = Clock(1000.0)
+    helper = {"metadata": {"rayjobs.name": q.HELPER_NAME}}
+    store.set_job_status("old-helper", "SUCCEEDED", end_time=(1000 - q.HELPER_KEPT_S - 1) * 1000, **helper)
+    store.set_job_status("new-helper", "SUCCEEDED", end_time=999_000, **helper)
+    store.set_job_status("running-helper", "RUNNING", **helper)
+    store.set_job_status("old-team-job", "SUCCEEDED", end_time=1_000, metadata={"rayjobs.name": "eval"})
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert jobs.deleted == ["old-helper"]
+
+
+def test_a_waiting_jobs_packages_are_pinned_again_while_it_waits():
+    store = DictStore()
+    q.set_limits(store, "team-a", 0)
+    enter(store, "job")
+    entry = json.loads(store.get("waiting/team-a/job"))
+    store.put("waiting/team-a/job", json.dumps({**entry, "packages": ["gcs://_ray_pkg_code.zip"]}).encode())
+    clock = Clock()
+    keeper, _, _ = _keeper(store, clock)
+    keeper.step()
+    clock.now += k.PIN_EVERY_S
+    keeper.step()
+    assert store.pinned == [("gcs://_ray_pkg_code.zip", k.PIN_FOR_S)] * 2
+
+
+def test_an_admission_survives_its_variable_with_dollars_left_unexpanded():
+    admission = q.Admission("team-a", 1, 4, 2.5, 3, "FAILED", "Ray refused: $HOME is not a path")
+    text = admission.to_json()
+    assert "$" not in text
+    assert q.Admission.from_environment({q.ADMISSION_ENV_VAR: text}) == admission
+
+
+def test_a_large_order_is_split_over_variables_no_larger_than_the_kernel_takes():
+    order = {"verb": "enqueue", "request": {"env_vars": {f"V{index}": random.randbytes(900).hex()
+                                                         for index in range(300)}}}
+    variables = q.order_variables(order)
+    assert len(variables) > 1 and all(len(value) < 128 * 1024 for value in variables.values())
+    assert q.order_from(variables) == order
+
+
+def test_an_enqueue_writes_the_entry_by_the_helpers_own_submission_time_and_refuses_a_second():
+    store = DictStore()
+    store.set_job_status("helper-1", "RUNNING", start_time=1_234_500)
+    store.put("keeper", json.dumps({"at": 2000.0, "version": q.agent_version()}).encode())
+    store.put("published", json.dumps({"read_from": 9e9}).encode())  # a keeper that has published since
+    environ = {q.RAY_JOB_CONFIG_ENV_VAR: json.dumps({"metadata": {"job_submission_id": "helper-1"}})}
+    order = {"queue": "team-a", "id": "job-1", "name": "eval", "priority": 3, "needs": {"CPU": 2.0},
+             "request": {"submission_id": "job-1", "entrypoint": "x", "metadata": {"rayjobs.spec_hash": "abc"}},
+             "packages": ["gcs://_ray_pkg_code.zip"]}
+    placed = k.enqueue(store, order, environ, now=2001.0)
+    assert placed["queued"] == "team-a" and placed["position"] == 1
+    entry = json.loads(store.get("waiting/team-a/job-1"))
+    assert (entry["submitted"], entry["priority"], entry["spec_hash"]) == (1234.5, 3, "abc")
+    assert store.pinned == [("gcs://_ray_pkg_code.zip", k.PIN_FOR_S)]
+    again = k.enqueue(store, order, environ, now=2002.0)
+    assert again["exists"] == "queue" and again["metadata"] == {"rayjobs.spec_hash": "abc"}
+
+
+@pytest.mark.parametrize("name", ["x; touch FILE", "Team-A", "a/b", "", "-a", "a" * 64, "a b", "$(id)"])
+def test_a_queue_name_outside_the_pattern_is_refused(name):
+    with pytest.raises(q.QueueNameError, match="cannot name a queue"):
+        q.checked_queue_name(name)
 
 
 @pytest.mark.parametrize("needs, free, expected", [
@@ -179,18 +436,3 @@ def test_describe_lists_running_and_waiting_in_the_order_they_go():
 ])
 def test_shortfall_names_the_resource_and_the_numbers(needs, free, expected):
     assert q.shortfall(needs, free, {}) == expected
-
-
-def test_a_queue_that_cannot_be_read_lets_the_job_run_and_says_so_once(monkeypatch):
-    # Broken on purpose: no cluster answers at this address, as when the GCS is gone or the wrapper runs elsewhere.
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
-    from workloads.rayjobs_observe import ray_internals
-
-    monkeypatch.setattr(ray_internals, "gcs_client", lambda address: (_ for _ in ()).throw(ConnectionError("GCS unreachable")))
-    said: list[str] = []
-    admission, starts = q.wait_in_queue({"queue": {"name": "team-a", "priority": 0, "needs": {}}}, "raysubmit_x",
-                                        stopped=lambda: False, emit=lambda *a, **k: None, say=said.append)
-    assert (admission, starts) == (None, True)
-    assert said == ["queue unavailable: GCS unreachable; the job starts without waiting"]
-    q.release(admission, said.append)  # nothing to give back: no second line
-    assert len(said) == 1

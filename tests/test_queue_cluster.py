@@ -1,24 +1,31 @@
-"""A queue on the session cluster: six jobs into a queue limited to two, mixed priorities.
+"""A queue on the session cluster, its real keeper and its real key-value store.
 
-Two jobs hold the queue's slots until the test lets them go; four more wait behind them, one of them
-submitted by a process killed right after submitting. Then: never more than two ran at once (from
-the moments the queue let each job in and the end times the jobs printed themselves), the three left
-waiting were let in by priority, then submission (a low one submitted first goes last; of two equal
-ones, the first goes first), and a job stopped while it waited left the queue. Every job costs the
-cluster a driver and a worker process, so there are no more of them than these checks need, and
-waits poll in this process.
+Six jobs go into a queue limited to two, with mixed priorities: two hold the slots until the test lets
+them go, four wait behind them (one submitted by a process killed right after submitting). Then: the
+waiting jobs cost no process (they are entries in the store, not Ray jobs), never more than two ran
+at once (from the moments the queue let each job in and the end times the jobs printed themselves),
+the waiting ones were let in by priority, then submission, and one stopped while it waited reads
+STOPPED without ever running. Beside it: claimers in separate processes race for one slot through the
+real store with pauses between each read and write, a slot held by a job Ray no longer knows frees
+itself, and a queued job whose entrypoint asks for the cluster's CPUs runs.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import random
 import re
 import signal
+import time
 from pathlib import Path
 
-from runner.cli.queue import queue_state_from_log, with_queue_place
+from runner.client.queue import ClusterQueue
+from rayjobs_agent.vocabulary import decode as parse_event
+from runner.local import loopback_env
 from tests.support.cli import direct_api, popen_rayjobs
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
+from rayjobs_agent import queueing as q
 
 QUEUE = "suite-q"
 TIMES = """
@@ -32,11 +39,12 @@ print(f"queued-job ended {time.time():.3f}", flush=True)
 """
 
 
-def _spec(directory: Path, name: str, priority: int, release_flag: str | None = None) -> Path:
+def _spec(directory: Path, name: str, priority: int, release_flag: str | None = None, queue: str = QUEUE,
+          extra: str = "needs: {CPU: 0}\n") -> Path:
     env = f"  env_vars:\n    RELEASE_FLAG: '{release_flag}'\n" if release_flag else ""
     spec = directory / f"{name}.yaml"
-    spec.write_text(f"name: {name}\nentrypoint: python times.py\nqueue: {QUEUE}\npriority: {priority}\n"
-                    f"needs: {{CPU: 0}}\nrecord_path: {directory / 'records'}\n"
+    spec.write_text(f"name: {name}\nentrypoint: python times.py\nqueue: {queue}\npriority: {priority}\n"
+                    f"{extra}record_path: {directory / 'records'}\n"
                     f"runtime_env:\n  working_dir: {directory / 'code'}\n{env}")
     return spec
 
@@ -46,30 +54,33 @@ def _submitted_id(result) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-def _queue(rayjobs_cli) -> dict:
-    shown = rayjobs_cli("queue", QUEUE, "--output", "json")
+def _queue(rayjobs_cli, name: str = QUEUE) -> dict:
+    shown = rayjobs_cli("queue", name, "--output", "json")
     assert shown.returncode == 0, shown.stderr
     (queue,) = json.loads(shown.stdout)
     return queue
 
 
-def _jobs_seen_here(cluster, ids: list[str]) -> dict[str, dict]:
-    """What `rayjobs list` shows of each job (`queue` while it waits), read by the same code in this process."""
-    api = direct_api(cluster)
-    return {job_id: with_queue_place(api, api.get_job(job_id)) for job_id in ids}
+def _admitted_at(log: str) -> float | None:
+    """When the queue let the job in: the keeper's moment of admission (the head's clock), as its wrapper's
+    ``admitted`` event carries it. (Two jobs let in at once may have their wrappers start in either order.)"""
+    for line in log.splitlines():
+        event = parse_event(line) if q.ANSWER_MARKER not in line else None
+        if event is not None and event.get("event") == "queue" and event.get("state") == "admitted":
+            return float(event["admitted_at"])
+    return None
 
 
 def _times(cluster, job_id: str) -> tuple[float, float]:
-    """When the queue let the job in (its keeper's ``admitted`` event) and when its entrypoint said it ended.
+    """When the queue let the job in and when its entrypoint said it ended.
 
     The admission, not the entrypoint's own first line, orders the starts: a Python process that takes
     longer to start on a loaded machine must not read as a job let in later.
     """
     log = direct_api(cluster).job_log(job_id)
-    admitted = queue_state_from_log(log)
-    ended = re.search(r"queued-job ended ([\d.]+)", log)
-    assert admitted and admitted["state"] == "admitted" and "queued-job started" in log and ended, log
-    return float(admitted["time"]), float(ended.group(1))
+    admitted, ended = _admitted_at(log), re.search(r"queued-job ended ([\d.]+)", log)
+    assert admitted is not None and "queued-job started" in log and ended, log
+    return admitted, float(ended.group(1))
 
 
 def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayjobs_cli, ray_cluster,
@@ -84,8 +95,8 @@ def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayj
     blockers = [_submitted_id(rayjobs_cli("submit", str(_spec(tmp_path, f"hold-{index}", 0, str(flag))), "--no-wait"))
                 for index in range(2)]
     api = direct_api(ray_cluster)
-    wait_for_condition(lambda: [job.get("status") for job in _jobs_seen_here(ray_cluster, blockers).values()]
-                       == ["RUNNING"] * 2 and api.job_log(blockers[1], 200).count("queued-job started") == 1,
+    wait_for_condition(lambda: all(api.job_log(job, 200).count("queued-job started") == 1 for job in blockers
+                                   if _ray_has(api, job)) and all(_ray_has(api, job) for job in blockers),
                        timeout_s=HANG_GUARD_S, interval_s=1)
 
     # (name, priority) in submission order; expected start order: priority first, then submission.
@@ -105,9 +116,11 @@ def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayj
             ids[name] = re.search(r"as (\S+) to", line).group(1)
         else:
             ids[name] = _submitted_id(rayjobs_cli("submit", spec, "--no-wait"))
-    wait_for_condition(lambda: sum("queue" in job for job in _jobs_seen_here(ray_cluster, list(ids.values())).values())
-                       == len(waiting),
+    queue_view = ClusterQueue(api)
+    wait_for_condition(lambda: all(queue_view.place_of(job_id) for job_id in ids.values()),
                        timeout_s=HANG_GUARD_S, interval_s=1)
+    # Waiting costs no Ray job: none of the four is in Ray's table, so none has a supervisor or a wrapper.
+    assert not [job_id for job_id in ids.values() if _ray_has(api, job_id)]
 
     status = rayjobs_cli("status", ids["w-low-1"])
     assert status.returncode == 0, status.stderr
@@ -123,10 +136,12 @@ def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayj
 
     flag.touch()
     everyone = [*blockers, *ids.values()]
-    wait_for_condition(lambda: all(api.get_job(job_id)["status"] in ("SUCCEEDED", "STOPPED") for job_id in everyone),
-                       timeout_s=HANG_GUARD_S, interval_s=1)
+    wait_for_condition(lambda: all(_ray_has(api, job_id) and api.get_job(job_id)["status"] in ("SUCCEEDED", "STOPPED")
+                                   for job_id in everyone), timeout_s=HANG_GUARD_S, interval_s=1)
     assert json.loads(rayjobs_cli("status", ids["w-doomed"], "--output", "json").stdout)["status"] == "STOPPED"
-    assert "queued-job started" not in rayjobs_cli("logs", ids["w-doomed"]).stdout, "it never ran"
+    doomed_log = rayjobs_cli("logs", ids["w-doomed"]).stdout
+    assert "queued-job started" not in doomed_log, "it never ran"
+    assert f"stopped while it waited in queue {QUEUE}" in doomed_log
 
     ran = {name: _times(ray_cluster, job_id) for name, job_id in [*zip(("hold-0", "hold-1"), blockers), *ids.items()]
            if name != "w-doomed"}
@@ -138,14 +153,102 @@ def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayj
     assert most == 2, ran
     started_in = sorted((start, name) for name, (start, _) in ran.items() if name.startswith("w-"))
     assert [name for _, name in started_in] == ["w-high-1", "w-high-2", "w-low-1"]
+    wait_for_condition(lambda: _queue(rayjobs_cli)["running"] == [], timeout_s=HANG_GUARD_S, interval_s=1)
     assert _queue(rayjobs_cli) == {"queue": QUEUE, "max_running": 2, "running": [], "waiting": []}
+
+
+def _ray_has(api, job_id: str) -> bool:
+    from runner.errors import JobNotFound
+
+    try:
+        api.get_job(job_id)
+        return True
+    except JobNotFound:
+        return False
+
+
+def _claimer(address: str, environ: dict[str, str], name: str, seed: int, rounds: int, barrier, intervals) -> None:
+    """One contender for the queue's one slot, in a process of its own, on the cluster's store."""
+    import os
+
+    os.environ.update(environ)  # the cluster's token, before Ray is imported
+    store = q.GcsKeyValue(address)
+    rng = random.Random(seed)
+    pause = lambda: time.sleep(rng.uniform(0, 0.004))  # noqa: E731 - between each read and write
+    for turn in range(rounds):
+        barrier.wait()
+        job = f"{name}-{turn}"
+        slot_map = q.slots(store, "race-q", time.time())
+        slot = q.free_slot(slot_map, 1)
+        pause()
+        if slot is None:
+            continue
+        generation = q.claim(store, "race-q", slot, {"id": job, "since": time.time()}, pause=pause)
+        if generation is None:
+            continue
+        held_from = time.monotonic()
+        time.sleep(rng.uniform(0, 0.01))
+        intervals.append((held_from, time.monotonic(), job))
+        q.release(store, "race-q", slot.index, generation)
+
+
+def _put(address: str, environ: dict[str, str], key: str, value: str) -> None:
+    """Write one key of the queue's store, from a process that has the cluster's token before Ray is imported."""
+    import os
+
+    os.environ.update(environ)
+    q.GcsKeyValue(address).put(key, value.encode())
+
+
+def test_claimers_racing_for_the_last_slot_through_the_clusters_store_never_both_hold_it(ray_cluster):
+    contenders, rounds = 6, 25
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        barrier, intervals = manager.Barrier(contenders), manager.list()
+        processes = [context.Process(target=_claimer, args=(ray_cluster.gcs_address, loopback_env(ray_cluster),
+                                                            f"claimer-{index}", index, rounds, barrier, intervals))
+                     for index in range(contenders)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(HANG_GUARD_S)
+            assert process.exitcode == 0
+        held = sorted(intervals)
+    assert len(held) >= rounds, held  # the slot changed hands through every round
+    overlapping = [(first, second) for index, first in enumerate(held) for second in held[index + 1:]
+                   if second[0] < first[1]]
+    assert overlapping == []
+
+
+def test_a_slot_held_by_a_job_ray_no_longer_knows_frees_itself(rayjobs_cli, ray_cluster, tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "times.py").write_text(TIMES)
+    assert rayjobs_cli("queue", "set", "orphan-q", "--max-running", "1").returncode == 0
+    # A holder whose job was deleted from Ray's table after its wrapper was SIGKILLed: no done marker, no job info.
+    holder = {"id": "raysubmit_deleted", "since": time.time() - q.UNKNOWN_HOLDER_GRACE_S - 1, "needs": {}}
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_put, args=(ray_cluster.gcs_address, loopback_env(ray_cluster), "slot/orphan-q/0/0", json.dumps(holder)))
+    writer.start()
+    writer.join(HANG_GUARD_S)
+    assert writer.exitcode == 0
+    result = rayjobs_cli("submit", str(_spec(tmp_path, "after-orphan", 0, queue="orphan-q")))
+    assert result.returncode == 0, result.stderr
+    assert "queued-job ended" in result.stdout
+
+
+def test_a_queued_job_whose_entrypoint_asks_for_the_clusters_cpus_runs(rayjobs_cli, tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "times.py").write_text(TIMES)
+    spec = _spec(tmp_path, "entrypoint-cpus", 0, queue="cpu-q", extra="entrypoint_num_cpus: 2\n")
+    result = rayjobs_cli("submit", str(spec))
+    assert result.returncode == 0, result.stderr
+    assert "queued-job ended" in result.stdout and "SUCCEEDED" in result.stderr
 
 
 def test_a_queued_job_the_whole_cluster_cannot_hold_is_refused_at_submit(rayjobs_cli, tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "times.py").write_text(TIMES)
-    spec = _spec(tmp_path, "too-big", 0)
-    spec.write_text(spec.read_text().replace("needs: {CPU: 0}", "needs: {CPU: 64}"))
+    spec = _spec(tmp_path, "too-big", 0, extra="needs: {CPU: 64}\n")
     refused = rayjobs_cli("submit", str(spec), "--no-wait")
     assert refused.returncode == 2, refused.stderr
     assert "needs CPU 64" in refused.stderr and "have CPU 2 in all" in refused.stderr, refused.stderr

@@ -56,11 +56,11 @@ def _private_ray_names(tree: ast.AST) -> set[str]:
 
 # Runs inside jobs that may have no copy of `jobs/` (a user's own working_dir): the observer's own uses of
 # Ray's private code (Ray Train's callback interfaces, the GCS client of the queue) stay in its own module.
-ON_CLUSTER_INTERNALS = REPO_ROOT / "workloads" / "rayjobs_observe" / "ray_internals.py"
+ON_CLUSTER_INTERNALS = REPO_ROOT / "rayjobs_agent" / "ray_internals.py"
 
 
 def test_the_progress_callbacks_interfaces_are_where_ray_keeps_them():
-    from workloads.rayjobs_observe.train_callback import ProgressCallback
+    from rayjobs_agent.train_callback import ProgressCallback
 
     from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 

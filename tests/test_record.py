@@ -1,4 +1,4 @@
-"""The run record's keeper (workloads/rayjobs_observe/record.py), run as Ray runs an entrypoint: a shell
+"""The run record's keeper (rayjobs_agent/record.py), run as Ray runs an entrypoint: a shell
 command whose stdout and stderr are the job's driver log file. No Ray here: what the keeper reads from
 Ray (its job's metadata and runtime_env) is given in the same variable Ray sets."""
 
@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.keys import EVENT_MARKER, METADATA_ATTEMPT, METADATA_PARENT, RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
-from runner.runs.store import Folder, attempt_events, attempt_log, list_runs, read_run
+from rayjobs_agent.record_layout import RECORD_DIR, RUN_FILE
+from rayjobs_agent.vocabulary import EVENT_MARKER
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, RECORD_ENV_VAR
+from runner.records.store import Folder, attempt_events, attempt_log, list_runs, read_run
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
-from workloads.rayjobs_observe import record
+from rayjobs_agent import record
 
 OBSERVE_PARENT = Path(record.__file__).resolve().parents[1]
 PACKAGE = "_ray_pkg_0123456789abcdef.zip"
@@ -39,7 +41,7 @@ def keeper_env(config: dict, submission_id: str = "raysubmit_one", **metadata: s
 def run_keeper(entrypoint: str, log: Path, env: dict[str, str], **popen: object) -> subprocess.Popen:
     """Start the keeper on ``entrypoint`` with stdout and stderr appended to ``log``, as Ray's job supervisor does."""
     with open(log, "ab") as handle:
-        return subprocess.Popen([sys.executable, "-m", "rayjobs_observe.record", "--", entrypoint],
+        return subprocess.Popen([sys.executable, "-m", "rayjobs_agent.record", "--", entrypoint],
                                 stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True, **popen)
 
 
@@ -82,7 +84,11 @@ def test_the_record_holds_the_log_byte_for_byte_the_events_and_the_outcome(tmp_p
     assert (attempt["submission_id"], attempt["exit_code"], attempt["status"]) == ("raysubmit_one", 3, "FAILED")
     assert attempt_log(folder, "raysubmit_one") == log.read_bytes(), "the whole log, invalid UTF-8 and all"
     assert attempt["log_bytes"] == log.stat().st_size
-    assert [event["iteration"] for event in attempt_events(folder, "raysubmit_one")] == [1, 2, 3]
+    events = attempt_events(folder, "raysubmit_one")
+    assert [event["iteration"] for event in events if event["event"] == "report"] == [1, 2, 3]
+    # The agent's decision on why it failed is an event of the record too (a plain exit: no known cause).
+    assert [(event["event"], event["cause"], event["exit_code"]) for event in events[3:]] == [("cause", "unknown", 3)]
+    assert attempt["cause"]["cause"] == "unknown"
     assert document["metrics"] == {"epoch": 3, "val_loss": pytest.approx(1 / 3), "val_accuracy": pytest.approx(0.9)}
     assert (document["iterations"], document["epochs"]) == (3, 3)
     assert document["code"]["working_dir_package"] == PACKAGE, "the package hash Ray gave the working_dir"
@@ -199,12 +205,7 @@ def test_the_record_goes_to_s3(tmp_path, aws_env, s3_endpoint):
     ((folder, document),) = list_runs(Folder("s3://records/team"))
     assert folder.location == "s3://records/team/run-1" and document["status"] == "FAILED"
     assert attempt_log(folder, "raysubmit_one") == log.read_bytes()
-    assert len(attempt_events(folder, "raysubmit_one")) == 3
-
-
-def test_the_keeper_keeps_the_names_the_client_reads():
-    assert (record.RECORD_ENV_VAR, record.RUN_FILE, record.RECORD_DIR) == (RECORD_ENV_VAR, RUN_FILE, RECORD_DIR)
-    assert (record.ATTEMPT_KEY, record.PARENT_KEY) == (METADATA_ATTEMPT, METADATA_PARENT)
+    assert [event["event"] for event in attempt_events(folder, "raysubmit_one")] == ["report"] * 3 + ["cause"]
 
 
 def test_a_killed_entrypoint_leaves_a_failed_record_with_what_it_printed(tmp_path):

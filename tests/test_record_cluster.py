@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from runner.local.state import LocalCluster
-from runner.runs.report import LOST, run_status
-from runner.runs.store import Folder, attempt_log, read_run
+from runner.records.report import LOST, run_status
+from runner.records.store import Folder, attempt_log, read_run
 from tests.support.cli import cli_env, own_cluster, run_rayjobs
 from tests.support.ray_instances import kill_processes
 from tests.support.s3_server import aws_variables, create_bucket
@@ -70,7 +70,7 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
                              Path(cluster.temp_dir).glob(f"session_*/logs/job-driver-{job_id}.log")}
 
             victims = _cluster_processes(cluster)
-            assert any("rayjobs_observe.record" in " ".join(p.cmdline()) for p in victims), "the keeper dies too"
+            assert any("rayjobs_agent.record" in " ".join(p.cmdline()) for p in victims), "the keeper dies too"
             kill_processes(victims)
             psutil.wait_procs(victims, timeout=HANG_GUARD_S)
             written = driver_log.read_bytes()
@@ -80,7 +80,8 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
     assert document["status"] == "RUNNING", "nobody was left to say how it ended"
     assert run_status(document, now=attempt["updated"] + 3600) == LOST
     # Complete to the last upload: the bytes it counted then are the driver log's first bytes, exactly.
-    assert len(saved) == attempt["log_bytes"] and written.startswith(saved)
+    # (The kill may land between an upload's log part and its run.json: the part may then hold more.)
+    assert len(saved) >= attempt["log_bytes"] and written.startswith(saved)
     numbers = [int(line.split()[1]) for line in saved.decode().splitlines() if line.startswith("line ")]
     assert numbers == list(range(len(numbers))) and len(numbers) >= 30
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.keys import RECORD_ENV_VAR
+from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.loader import load_spec
-from jobs.submission import RECORD_COMMAND, build_submission, user_entrypoint
+from jobs.submission import AGENT_PACKAGE_DIR, RECORD_COMMAND, build_submission, user_entrypoint
 from runner.errors import ExitCode
-from runner.runs.report import LOST, run_status
+from runner.records.report import LOST, run_status
 from tests.support.cli import cli_env, rayjobs_in_process, run_rayjobs
 from tests.support.waiting import HANG_GUARD_S
-from workloads.rayjobs_observe import record
+from rayjobs_agent import record
 
 OBSERVE_PARENT = Path(record.__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def keep_record(run_dir: Path, submission_id: str, entrypoint: str, spec: dict |
     env["PYTHONPATH"] = str(OBSERVE_PARENT)
     log = run_dir.parent / f"{submission_id}.log"
     with open(log, "ab") as handle:
-        subprocess.run([sys.executable, "-m", "rayjobs_observe.record", "--", entrypoint], stdout=handle,
+        subprocess.run([sys.executable, "-m", "rayjobs_agent.record", "--", entrypoint], stdout=handle,
                        stderr=subprocess.STDOUT, env=env, timeout=HANG_GUARD_S, check=False)
 
 
@@ -123,14 +123,17 @@ def test_submit_wraps_the_entrypoint_and_masks_secrets_in_the_recorded_spec(tmp_
     assert "hf_abc" not in json.dumps(config) and "hidden" not in json.dumps(config)
 
 
-def test_a_job_that_uploads_no_code_or_turns_the_record_off_runs_its_entrypoint_as_written(tmp_path):
+def test_a_job_that_uploads_no_code_or_turns_the_record_off_runs_beside_the_agent_without_a_record(tmp_path):
     (tmp_path / "code").mkdir()
     spec = tmp_path / "job.yaml"
     spec.write_text("name: plain\nentrypoint: echo hi\n")
-    assert build_submission(load_spec(spec))["entrypoint"] == "echo hi"
+    bare = build_submission(load_spec(spec))
+    assert bare["entrypoint"] == f"{RECORD_COMMAND} 'echo hi'"
+    assert bare["runtime_env"] == {"py_modules": [str(AGENT_PACKAGE_DIR)]}
     spec.write_text("name: plain\nentrypoint: python x.py\nrecord: false\nruntime_env:\n  working_dir: code\n")
     submission = build_submission(load_spec(spec))
-    assert submission["entrypoint"] == "python x.py" and RECORD_ENV_VAR not in submission["runtime_env"]["env_vars"]
+    assert submission["entrypoint"] == f"{RECORD_COMMAND} 'python x.py'"
+    assert RECORD_ENV_VAR not in submission["runtime_env"]["env_vars"]
 
 
 def test_rerun_submits_the_recorded_spec_and_refuses_changed_code(tmp_path):

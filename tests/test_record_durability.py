@@ -1,6 +1,6 @@
 """The run record's keeper against storage that fails: nothing of the record is dropped without being counted.
 
-The recorder (workloads/rayjobs_observe/recorder.py) runs here in this process, on a log file the test
+The recorder (rayjobs_agent/recorder.py) runs here in this process, on a log file the test
 writes, against stores that refuse writes or reads for a while, count the bytes written, or are real
 (a local folder; moto's S3 behind the fault proxy). Time is the test's own clock where backoff matters.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 
-from runner.runs.store import Folder, attempt_events, attempt_log, read_run
-from workloads.rayjobs_observe import record_store
-from workloads.rayjobs_observe.record_store import Store, Uploader
-from workloads.rayjobs_observe.recorder import RUN_FILE, Recorder
+from runner.records.store import Folder, attempt_events, attempt_log, read_run
+from rayjobs_agent import record_store
+from rayjobs_agent.record_store import Store, Uploader
+from rayjobs_agent.recorder import RUN_FILE, Recorder
 
 SUBMISSION = "raysubmit_dur"
 
@@ -284,10 +284,3 @@ def test_an_s3_outage_mid_run_ends_with_a_complete_record_that_says_what_was_ret
     assert [event["iteration"] for event in attempt_events(folder, SUBMISSION)] == list(range(1, 13))
     health = read_run(folder)["record_health"]
     assert health["failed_uploads"] >= 1 and health["retried"] >= 1 and health["lost"]["writes"] == 0, health
-
-
-def test_the_keeper_reads_the_secret_names_where_the_client_puts_them():
-    from jobs.keys import METADATA_SECRETS
-    from workloads.rayjobs_observe import recorder
-
-    assert recorder.SECRETS_KEY == METADATA_SECRETS

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from runner.client import jobs_api
 from typer.testing import CliRunner
 
 from jobs.loader import validate_spec_data
@@ -30,7 +32,7 @@ def client(monkeypatch) -> FakeClient:
         fake.connection = connection
         return fake
 
-    monkeypatch.setattr(cli, "make_client", make_client)
+    monkeypatch.setattr(jobs_api, "open_client", make_client)
     return fake
 
 

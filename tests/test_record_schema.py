@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from jobs.run_vocabulary import SCHEMA_VERSION, SCHEMA_VERSION_FIELD, json_schema
+from rayjobs_agent.record_layout import SCHEMA_VERSION, SCHEMA_VERSION_FIELD, json_schema
 from runner.errors import BadInput, ExitCode
-from runner.runs.report import listed_run, masked_record, show_text
-from runner.runs.rerun import link_rerun
-from runner.runs.store import UNREADABLE, Folder, attempt_events, attempt_log, list_runs, read_run
+from runner.records.report import listed_run, masked_record, show_text
+from runner.records.rerun import link_rerun
+from runner.records.store import UNREADABLE, Folder, attempt_events, attempt_log, list_runs, read_run
 from tests.support.cli import REPO_ROOT
-from workloads.rayjobs_observe.record_layout import ATTEMPT_FIELDS, RUN_FIELDS, unreadable_version
-from workloads.rayjobs_observe.recorder import RUN_FILE, Recorder
+from rayjobs_agent.record_layout import ATTEMPT_FIELDS, RUN_FIELDS, unreadable_version
+from rayjobs_agent.recorder import RUN_FILE, Recorder
 
 PREVIOUS_LAYOUT = Path(__file__).parent / "data" / "records" / "v0" / "rec-raysubmit_one"
 SCHEMA_FILE = REPO_ROOT / "docs" / "run-record-schema.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from runner.runs.store import Folder, attempt_log, read_run
+from runner.records.store import Folder, attempt_log, read_run
 
 
 def test_a_job_with_nothing_to_upload_keeps_its_record_where_the_spec_says(rayjobs_cli, tmp_path):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jobs import keys
-from jobs.keys import RECORD_ENV_VAR
+from rayjobs_agent import wire
+from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.errors import ExitCode
-from runner.runs.store import Folder
+from runner.records.store import Folder
 from tests.support.cli import REPO_ROOT, cli_env, rayjobs_in_process, run_rayjobs
 
 
@@ -49,7 +49,7 @@ def test_a_rerun_is_a_new_run_beside_the_old_one_and_continue_keeps_the_old_one(
     new_dir = old.parent / "tiny-rerun-3"
     assert f"rayjobs: rerun: the new run would be {new_dir} (rerun of {old})" in planned.stderr
     sent = json.loads(planned.stdout)
-    workload = json.loads(sent["runtime_env"]["env_vars"][keys.WORKLOAD_ENV_VAR])
+    workload = json.loads(sent["runtime_env"]["env_vars"][wire.WORKLOAD_ENV_VAR])
     assert workload["run_name"] == "tiny-rerun-3"
     record = json.loads(sent["runtime_env"]["env_vars"][RECORD_ENV_VAR])
     assert record["run_dir"] == str(new_dir) and record["links"] == {"rerun_of": str(old)}
@@ -95,7 +95,7 @@ def test_each_difference_from_the_recorded_run_is_listed_and_changed_py_modules_
 
 
 def test_the_old_record_gets_the_link_and_an_unwritable_one_does_not_stop_the_rerun(tmp_path):
-    from runner.runs.rerun import link_rerun, version_differences
+    from runner.records.rerun import link_rerun, version_differences
 
     old = recorded_run(tmp_path, vision_spec(tmp_path), "tiny", reruns=["/elsewhere/tiny-rerun-1"])
     assert link_rerun(Folder(str(old)), str(old.parent / "tiny-rerun-2")) is None
@@ -113,7 +113,7 @@ def test_the_old_record_gets_the_link_and_an_unwritable_one_does_not_stop_the_re
 
 
 def test_a_fixed_submission_id_gets_a_fresh_one_so_that_the_rerun_never_attaches_to_the_finished_job(tmp_path):
-    from runner.runs.rerun import prepare_rerun
+    from runner.records.rerun import prepare_rerun
 
     old = recorded_run(tmp_path, vision_spec(tmp_path) + "submission_id: nightly-1\n", "tiny")
     for continue_run in (False, True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from jobs.keys import RECORD_ENV_VAR
+from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import build_submission
 from tests.support.cli import REPO_ROOT

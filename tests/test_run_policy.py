@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.keys import METADATA_ATTEMPT, METADATA_PARENT, METADATA_SPEC_HASH
+from rayjobs_agent.vocabulary import EVENT_MARKER
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, METADATA_SPEC_HASH
 from jobs.loader import load_spec
 from jobs.submission import build_submission
 from runner.errors import BadInput, ClusterUnreachable
 from runner.errors import ExitCode
 from runner.run import retry_policy
-from runner.run.policy import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
+from runner.run.lifecycle import RunOptions, RunOutcome, follow_job, run_with_retries, submit_or_attach
 from runner.client.submission import SubmitInterrupted
 from tests.support.fake_cluster import AN_HOUR_AGO_MS, FAKE_ADDRESS, FakeClient, Script, speed_up_following
 
@@ -101,31 +102,36 @@ def _failing(exit_code: int = 3) -> Script:
                   message=f"Job entrypoint command failed with exit code {exit_code}")
 
 
+def _lost() -> Script:
+    """A job lost whole: its supervisor died, so no agent inside it was left to decide anything."""
+    return Script(["RUNNING", "FAILED"], error_type="JOB_SUPERVISOR_ACTOR_DIED", message="Job supervisor actor died")
+
+
 def test_retry_links_attempts_through_metadata(tmp_path):
-    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "max_retries: 2\nretry_on: ['exit_code:3']\n")
+    client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 2\n")
     assert (run.result.exit_code, run.result.attempts) == (ExitCode.SUCCEEDED, ["raysubmit_fake1", "raysubmit_fake2"])
     first, second = client.submitted
     assert first["metadata"][METADATA_ATTEMPT] == "1" and METADATA_PARENT not in first["metadata"]
     assert second["metadata"][METADATA_ATTEMPT] == "2"
     assert second["metadata"][METADATA_PARENT] == "raysubmit_fake1"
     assert second["metadata"][METADATA_SPEC_HASH] == first["metadata"][METADATA_SPEC_HASH]
-    assert ("rayjobs: attempt 1 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 2 of 3 "
+    assert ("rayjobs: attempt 1 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); submitting attempt 2 of 3 "
             "in 10s (retry_backoff)" in run.note_lines)
     # A retry skips the pre-flight: the first attempt already passed it.
     assert [call[0] for call in client.calls if call[0] in ("submit", "node_resources")] == ["submit", "submit"]
 
 
 def test_retry_of_a_fixed_submission_id_gets_an_attempt_suffix(tmp_path):
-    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "submission_id: nightly-1\nmax_retries: 1\nretry_on: ['exit_code:3']\n")
+    client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "submission_id: nightly-1\nmax_retries: 1\n")
     assert run.result.attempts == ["nightly-1", "nightly-1-attempt2"]
     assert client.called("submit") == [("submit", "nightly-1"), ("submit", "nightly-1-attempt2")]
 
 
 def test_retries_give_up_after_max_retries(tmp_path):
-    client = FakeClient(_failing(), _failing(), _failing())
-    run = Run(tmp_path, client, "max_retries: 1\nretry_on: ['exit_code:3']\n")
+    client = FakeClient(_lost(), _lost(), _lost())
+    run = Run(tmp_path, client, "max_retries: 1\n")
     assert (run.result.exit_code, run.result.outcome) == (ExitCode.FAILED, RunOutcome.FAILED)
     assert run.result.attempts == ["raysubmit_fake1", "raysubmit_fake2"]
     assert len(client.submitted) == 2
@@ -133,9 +139,19 @@ def test_retries_give_up_after_max_retries(tmp_path):
 
 
 def test_a_failure_outside_retry_on_is_not_retried(tmp_path):
-    client = FakeClient(_failing(exit_code=4), Script())
+    client = FakeClient(_lost(), Script())
     run = Run(tmp_path, client, "max_retries: 2\nretry_on: ['exit_code:3']\n")
     assert run.result.exit_code == ExitCode.FAILED and run.result.attempts == ["raysubmit_fake1"]
+
+
+@pytest.mark.parametrize("retry_on", ["['exit_code:3']", "[JOB_ENTRYPOINT_COMMAND_ERROR]", "[collective_timeout]"])
+def test_a_failed_entrypoint_is_never_submitted_again_by_the_client(tmp_path, retry_on):
+    """The agent beside the entrypoint decided about it (and ran it again in place when it could): a second
+    decision here would run it twice as often as the spec says, and only for those who watch."""
+    client = FakeClient(_failing_with(COLLECTIVE_TIMEOUT_LOG, exit_code=3), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, f"max_retries: 2\nretry_on: {retry_on}\n")
+    assert (run.result.exit_code, run.result.attempts) == (ExitCode.FAILED, ["raysubmit_fake1"])
+    assert not any("submitting attempt" in line for line in run.note_lines)
 
 
 def test_same_spec_under_a_fixed_id_attaches(tmp_path):
@@ -269,8 +285,8 @@ def test_without_waiting_it_returns_once_submitted(tmp_path):
     assert (run.result.exit_code, run.result.outcome, run.result.attempts) == \
         (ExitCode.SUCCEEDED, RunOutcome.SUBMITTED, ["raysubmit_fake1"])
     assert client.calls == [("submit", None)]
-    assert run.note_lines[-1] == ("rayjobs: note: timeout_s, start_timeout_s and max_retries are applied only while "
-                                  "rayjobs follows the job")
+    assert run.note_lines[-1] == ("rayjobs: note: timeout_s and start_timeout_s are applied only while rayjobs follows "
+                                  "the job (max_retries is applied on the cluster, followed or not)")
 
 
 def test_follow_job_on_its_own(tmp_path):
@@ -284,12 +300,12 @@ def test_follow_job_on_its_own(tmp_path):
 
 
 def test_backoff_doubles_each_retry_up_to_its_cap(tmp_path, clock):
-    client = FakeClient(*[_failing() for _ in range(5)])
-    run = Run(tmp_path, client, "max_retries: 4\nretry_on: ['exit_code:3']\nretry_backoff: {initial_s: 2, max_s: 5}\n")
+    client = FakeClient(*[_lost() for _ in range(5)])
+    run = Run(tmp_path, client, "max_retries: 4\nretry_backoff: {initial_s: 2, max_s: 5}\n")
     assert run.result.exit_code == ExitCode.FAILED and len(run.result.attempts) == 5
     assert clock.waits == [2, 4, 5, 5]
     assert clock.now == 16
-    assert "rayjobs: attempt 3 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 4 of 5 " \
+    assert "rayjobs: attempt 3 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); submitting attempt 4 of 5 " \
         "in 5s (retry_backoff)" in run.note_lines
 
 
@@ -303,10 +319,10 @@ def test_backoff_schedule_and_its_defaults():
 
 
 def test_no_backoff_retries_at_once(tmp_path, clock):
-    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "max_retries: 1\nretry_on: ['exit_code:3']\nretry_backoff: {initial_s: 0}\n")
+    client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 1\nretry_backoff: {initial_s: 0}\n")
     assert run.result.exit_code == ExitCode.SUCCEEDED and clock.waits == []
-    assert "rayjobs: attempt 1 failed with JOB_ENTRYPOINT_COMMAND_ERROR (in retry_on); submitting attempt 2 of 2" \
+    assert "rayjobs: attempt 1 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); submitting attempt 2 of 2" \
         in run.note_lines
 
 
@@ -315,8 +331,8 @@ def test_ctrl_c_during_the_backoff_submits_nothing_more(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(retry_policy, "sleep", interrupted)
-    client = FakeClient(_failing(), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "max_retries: 1\nretry_on: ['exit_code:3']\n")
+    client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    run = Run(tmp_path, client, "max_retries: 1\n")
     assert (run.result.exit_code, run.result.attempts) == (ExitCode.INTERRUPTED, ["raysubmit_fake1"])
     assert len(client.submitted) == 1
     assert run.note_lines[-1] == "rayjobs: interrupted while waiting to retry: no attempt 2 was submitted"
@@ -332,29 +348,30 @@ COLLECTIVE_TIMEOUT_LOG = (b"(RayTrainWorker pid=7) [E ProcessGroupGloo.cpp:143] 
 MISSING_MODULE_LOG = b"Traceback (most recent call last):\nModuleNotFoundError: No module named 'no_such_module'\n"
 
 
-def test_a_cause_read_from_the_log_is_retried_when_named(tmp_path, clock):
-    client = FakeClient(_failing_with(COLLECTIVE_TIMEOUT_LOG), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "max_retries: 2\nretry_on: [collective_timeout]\nretry_backoff: {initial_s: 1}\n")
-    assert (run.result.exit_code, len(run.result.attempts)) == (ExitCode.SUCCEEDED, 2)
-    assert "rayjobs: attempt 1 failed with collective_timeout (in retry_on); submitting attempt 2 of 3 in 1s " \
-        "(retry_backoff)" in run.note_lines
-    assert clock.waits == [1]
+def test_the_diagnosis_a_failed_job_ends_with_is_the_agents_or_read_from_a_log_it_never_wrote_in(tmp_path):
+    """A job run beside the agent says its cause in a ``cause`` event; one that was not (an older job, one
+    exported without the agent) has its log read with the same table."""
+    decided = (b'(rayjobs) ' + EVENT_MARKER.encode() + b' {"event": "cause", "attempt": 1, "exit_code": 1, '
+               b'"cause": "collective_timeout", "text": "said by the agent", "advice": "", "evidence": "", '
+               b'"retryable": true}\n')
+    for log, said in ((MISSING_MODULE_LOG, "module_missing"), (MISSING_MODULE_LOG + decided, "collective_timeout")):
+        for stream_logs in (True, False):
+            run = Run(tmp_path, FakeClient(_failing_with(log)), stream_logs=stream_logs)
+            assert run.result.diagnosis is not None and run.result.diagnosis.cause == said, (log, stream_logs)
 
 
-def test_a_cause_not_named_is_not_retried(tmp_path):
-    client = FakeClient(_failing_with(COLLECTIVE_TIMEOUT_LOG), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "max_retries: 2\nretry_on: [host_out_of_memory]\n")
-    assert (run.result.exit_code, len(run.result.attempts)) == (ExitCode.FAILED, 1)
-
-
-def test_a_missing_module_is_never_retried_whatever_the_spec_says(tmp_path, clock):
-    client = FakeClient(_failing_with(MISSING_MODULE_LOG), Script(["RUNNING", "SUCCEEDED"]))
-    run = Run(tmp_path, client, "max_retries: 3\nretry_on: [JOB_ENTRYPOINT_COMMAND_ERROR, 'exit_code:1']\n")
-    assert (run.result.exit_code, run.result.attempts) == (ExitCode.FAILED, ["raysubmit_fake1"])
-    assert run.result.diagnosis is not None and run.result.diagnosis.cause == "module_missing"
-    assert "rayjobs: not retried, although max_retries is 3: the failure is module_missing, and a missing module " \
-        "is missing again in the next attempt" in run.note_lines
-    assert clock.waits == []
+def test_a_retry_never_attaches_to_an_attempt_an_earlier_invocation_left_ended(tmp_path, clock):
+    body = "submission_id: nightly-1\nmax_retries: 1\n"
+    (tmp_path / "spec.yaml").write_text(f"name: demo\nentrypoint: python job.py\n{body}")
+    spec_hash = build_submission(load_spec(tmp_path / "spec.yaml"))["metadata"]["rayjobs.spec_hash"]
+    client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    # An earlier `rayjobs submit` of this same spec failed twice and left its second attempt behind.
+    client.existing("nightly-1-attempt2", _lost(), {"rayjobs.spec_hash": spec_hash})
+    client.get_job("nightly-1-attempt2")
+    client.get_job("nightly-1-attempt2")  # it has ended
+    run = Run(tmp_path, client, body)
+    assert run.result.attempts == ["nightly-1", "nightly-1-attempt2-2"]
+    assert run.result.exit_code == ExitCode.SUCCEEDED
 
 
 @pytest.mark.parametrize("named, message", [
@@ -374,7 +391,7 @@ def test_retry_on_refuses_what_no_retry_can_fix_and_misspelled_causes(tmp_path, 
 
 def test_every_cause_the_diagnosis_names_is_classified_for_retries():
     from jobs.retry import PERMANENT_CAUSES, RETRYABLE_CAUSES
-    from runner.follow.diagnosis import CAUSES
+    from rayjobs_agent.causes import CAUSES
 
     diagnosed = {cause.name for cause in CAUSES} | {"max_failures_used_up"}
     classified = set(RETRYABLE_CAUSES) | set(PERMANENT_CAUSES)

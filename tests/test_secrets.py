@@ -1,4 +1,4 @@
-"""Secrets masked by value in everything rayjobs prints or writes (workloads/rayjobs_observe/masking.py, and the
+"""Secrets masked by value in everything rayjobs prints or writes (rayjobs_agent/masking.py, and the
 client's output paths that use it): no Ray here; the whole path on a cluster is tests/test_secrets_cluster.py."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import os
 
 import pytest
 
-from jobs.keys import METADATA_SECRETS
+from rayjobs_agent.wire import METADATA_SECRETS
 from jobs.loader import load_spec
 from jobs.secrets import MASK, job_mask, looks_secret, masked
 from jobs.submission import build_submission
 from runner.errors import BadInput
 from runner.follow.log_cursor import LogCursor
-from runner.run.policy import follow_job
+from runner.run.lifecycle import follow_job
 from tests.support.fake_cluster import FakeClient, Script, speed_up_following
-from workloads.rayjobs_observe import masking
-from workloads.rayjobs_observe.masking import SecretMask, mask_url_userinfo
+from rayjobs_agent import masking
+from rayjobs_agent.masking import SecretMask, mask_url_userinfo
 
 # Fixed values: test ids carry them, and the test processes of a run must collect the same ids.
 TOKEN = "tok-5fff17c6ae3f4c64"
@@ -110,6 +110,53 @@ def test_the_client_and_the_job_share_one_rule_for_secret_names():
     assert looks_secret("API_TOKEN") and looks_secret("db_password") and not looks_secret("EPOCHS")
 
 
+def test_a_name_that_says_where_or_how_is_no_secret():
+    assert not looks_secret("RAY_AUTH_TOKEN_PATH") and not looks_secret("RAY_AUTH_MODE")
+    assert not looks_secret("SSH_AUTH_SOCK") and looks_secret("RAY_AUTH_TOKEN")
+    mask = masking.environment_mask({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/cluster/auth_token"})
+    assert mask.mask_text("the token is at /tmp/cluster/auth_token") == "the token is at /tmp/cluster/auth_token"
+
+
+def test_the_jobs_mask_covers_the_secrets_of_the_nodes_own_environment():
+    # AWS_SECRET_ACCESS_KEY is the node's (code_path needs it there, `cluster up` passes it on), not the job's:
+    # the one rule reads the whole environment of the job's process.
+    environ = {"AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-node-secret", "MY_SETTING": "plain-value",
+               "BESPOKE": "marked-by-the-spec",
+               "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"metadata": {METADATA_SECRETS: "BESPOKE"}})}
+    shown = masking.environment_mask(environ).mask_text("wJalrXUtnFEMI-node-secret marked-by-the-spec plain-value")
+    assert shown == "*** *** plain-value"
+
+
+SLACK = "https://hooks.slack.com/services/T0A1B2C3D/B0E1F2G3H/abcdEFGHijklMNOPqrstUVWX"
+
+
+def test_a_notification_urls_token_printed_alone_is_masked_on_both_sides():
+    settings = json.dumps({"targets": [{"url": SLACK, "on": ["failed"]}, {"url": "slack://TokenAA1/TokenBB2/TokenCC3"}]})
+    printed = ("posting to https://hooks.slack.com/services/T0A1B2C3D/B0E1F2G3H/abcdEFGHijklMNOPqrstUVWX; "
+               "token abcdEFGHijklMNOPqrstUVWX; channel B0E1F2G3H; TokenBB2 via slack services")
+    cluster_side = masking.environment_mask({"RAYJOBS_NOTIFY_SECRET": settings}).mask_text(printed)
+    client_side = job_mask({"runtime_env": {"env_vars": {"RAYJOBS_NOTIFY_SECRET": settings}}}).mask_text(printed)
+    assert cluster_side == client_side
+    for token in ("abcdEFGHijklMNOPqrstUVWX", "B0E1F2G3H", "TokenBB2", "T0A1B2C3D"):
+        assert token not in cluster_side
+    assert "via slack services" in cluster_side  # the words of a URL that are no token stay
+
+
+@pytest.mark.parametrize("offset", range(-24, 3))
+def test_a_line_longer_than_the_hold_is_never_cut_inside_a_secret(offset):
+    """A secret placed around the point where a line with no end is released, cut by every read boundary across it."""
+    from rayjobs_agent.record_parts import MAX_HELD_LINE_BYTES, LineMasker
+
+    secret = b"hunter2-token-value"
+    mask = SecretMask([secret.decode(), f"https://me:{PASSWORD}@db"])
+    line = b"a" * (MAX_HELD_LINE_BYTES + offset) + secret + b" b " + f"https://me:{PASSWORD}@db".encode() + b"c" * 40
+    for cut in range(MAX_HELD_LINE_BYTES + offset - 2, MAX_HELD_LINE_BYTES + offset + len(secret) + 2):
+        masker = LineMasker(mask)
+        kept = masker.feed(line[:cut]) + masker.feed(line[cut:]) + masker.feed(b"\n") + masker.flush()
+        assert secret not in kept and PASSWORD.encode() not in kept, cut
+        assert kept == mask.mask_bytes(line + b"\n"), cut
+
+
 # --- what the client prints and writes -----------------------------------------------------------------
 
 
@@ -179,7 +226,7 @@ def test_a_log_delivered_in_pieces_and_again_is_masked_once(tmp_path):
 
 
 def test_a_record_read_back_is_shown_masked():
-    from runner.runs.report import masked_log, masked_record
+    from runner.records.report import masked_log, masked_record
 
     document = {"spec": {"entrypoint": f"run https://me:{PASSWORD}@h", "secret_env_vars": ["PLAIN_NAME"],
                          "runtime_env": {"env_vars": {"PLAIN_NAME": TOKEN}}}}
@@ -193,7 +240,7 @@ def test_a_kuberay_export_refuses_a_secret_copied_out_of_its_variable(tmp_path):
 
     loaded = load_spec(spec_file(tmp_path))
     with pytest.raises(BadInput, match="API_TOKEN") as refused:
-        build_rayjob(loaded, build_submission(loaded))
+        build_rayjob(loaded, build_submission(loaded, beside_agent=False))
     assert TOKEN not in str(refused.value)
 
 
@@ -203,7 +250,7 @@ def test_a_kuberay_export_still_writes_placeholders_for_secrets(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(f"name: demo\nentrypoint: python job.py\nruntime_env:\n  env_vars:\n    API_TOKEN: {TOKEN}\n")
     loaded = load_spec(path)
-    exported = build_rayjob(loaded, build_submission(loaded))
+    exported = build_rayjob(loaded, build_submission(loaded, beside_agent=False))
     assert TOKEN not in json.dumps(exported.manifest) and "${API_TOKEN}" in json.dumps(exported.manifest)
 
 
@@ -223,7 +270,7 @@ def test_stacks_name_their_processes_with_the_arguments_masked():
 
 def test_the_record_config_survives_rays_expansion_of_env_var_values(tmp_path):
     # Ray runs os.path.expandvars over every env var's value before the job starts.
-    from jobs.keys import RECORD_ENV_VAR
+    from rayjobs_agent.wire import RECORD_ENV_VAR
 
     (tmp_path / "code").mkdir()
     path = tmp_path / "job.yaml"

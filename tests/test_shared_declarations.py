@@ -39,3 +39,29 @@ def test_each_workload_refuses_weights_at_a_uri_by_the_one_shared_rule(model, we
     with pytest.raises(ValueError, match=r"'s3://bucket/w' is a URI \(s3://\), but this field takes a local path"):
         params.model_validate({**base, section: {field: "s3://bucket/w"}})
     assert getattr(getattr(params.model_validate({**base, section: {field: "none"}}), section), field) == "none"
+
+
+def _string_constants(path):
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    # A docstring may name a variable; it does not define one.
+    documented = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in documented]
+
+
+def test_each_name_of_the_wire_is_spelled_once():
+    """Variables, metadata keys and commands the client and the job share: defined in rayjobs_agent/wire.py only."""
+    from rayjobs_agent import wire
+    from tests.support.cli import REPO_ROOT
+
+    spelled = {value: name for name, value in vars(wire).items() if name.isupper() and isinstance(value, str)}
+    elsewhere = [f"{path.relative_to(REPO_ROOT)}:{line}: {text!r} (wire.{spelled[text]})"
+                 for package in ("rayjobs_agent", "jobs", "runner", "workloads")
+                 for path in sorted((REPO_ROOT / package).rglob("*.py")) if path.name != "wire.py" or
+                 path.parent.name != "rayjobs_agent"
+                 for line, text in _string_constants(path) if text in spelled]
+    assert elsewhere == []

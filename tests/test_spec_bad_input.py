@@ -28,7 +28,6 @@ import pytest
 from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.yaml_reader import MAX_SPEC_BYTES
-from runner.cli.app import app
 from tests.support.cli import rayjobs_in_process, run_rayjobs
 from tests.support.images import jpeg_bytes, make_hf_shards, write_text_as_jpeg, write_truncated_jpeg
 from workloads.vision.config import DataConfig

@@ -6,7 +6,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from jobs.keys import METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
+from rayjobs_agent.wire import METADATA_SPEC_HASH, WORKLOAD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import build_submission, spec_hash
 
@@ -101,3 +101,21 @@ def test_only_whole_folder_names_of_the_spec_folder_are_made_relative(tmp_path):
 def test_a_missing_working_dir_still_has_a_hash(tmp_path):
     submission = {"entrypoint": "run", "runtime_env": {"working_dir": str(tmp_path / "gone")}}
     assert spec_hash(submission, tmp_path) == spec_hash(submission, tmp_path)
+
+
+def test_two_folders_whose_names_and_contents_string_along_alike_have_two_hashes(tmp_path):
+    one, two = make_project(tmp_path / "one"), make_project(tmp_path / "two")
+    # Strung along as name, NUL, content: "x\0" + "ABy\0CD" and "x\0" + "AB" + "y\0" + "CD" read the same.
+    (one / "x").write_bytes(b"ABy\0CD")
+    (two / "x").write_bytes(b"AB")
+    (two / "y").write_bytes(b"CD")
+    assert hash_of(one) != hash_of(two)
+
+
+def test_what_gitignore_lists_counts_when_ray_is_told_to_upload_it(tmp_path, monkeypatch):
+    project = make_project(tmp_path / "a")
+    (project / ".gitignore").write_text("*.log\n")
+    (project / "train.log").write_text("epoch 1\n")
+    before = hash_of(project)
+    monkeypatch.setenv("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "1")  # Ray's upload then takes train.log too
+    assert hash_of(project) != before

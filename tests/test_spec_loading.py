@@ -10,7 +10,7 @@ import pytest
 from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.spec import parse_size
-from jobs.keys import WORKLOAD_ENV_VAR
+from rayjobs_agent.wire import WORKLOAD_ENV_VAR
 from jobs.submission import DEFAULT_EXCLUDES, build_submission
 
 MINIMAL = """\

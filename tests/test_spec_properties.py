@@ -105,6 +105,8 @@ sizes = st.integers(min_value=0, max_value=2**50) | st.builds(
     lambda number, unit: f"{number}{unit}", st.integers(0, 4096), st.sampled_from(["", "K", "MB", "Gi", "GiB", "mi"])
 )
 env_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
+# Ray's resource names as the spec takes them (they reach a shell in a KubeRay export).
+resource_names = st.from_regex(r"[A-Za-z0-9_.:/-]{1,20}", fullmatch=True)
 env_values = texts | st.integers() | st.booleans()
 
 valid_specs = st.fixed_dictionaries(
@@ -113,7 +115,7 @@ valid_specs = st.fixed_dictionaries(
         "entrypoint_num_cpus": amounts,
         "entrypoint_num_gpus": amounts,
         "entrypoint_memory": sizes,
-        "entrypoint_resources": st.dictionaries(keys, amounts, max_size=3),
+        "entrypoint_resources": st.dictionaries(resource_names, amounts, max_size=3),
         "entrypoint_label_selector": st.dictionaries(keys, texts, max_size=3),
         "metadata": st.dictionaries(keys, texts, max_size=3),
         "submission_id": st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,40}", fullmatch=True),

@@ -10,7 +10,7 @@ import pytest
 
 from jobs.paths import SpecStoragePath
 from tests.support.cli import REPO_ROOT
-from workloads.rayjobs_observe.storage_location import StorageLocation
+from rayjobs_agent.storage_location import StorageLocation
 
 
 def test_an_s3_uri_is_a_bucket_and_a_key_written_back_as_it_was_meant():
@@ -83,7 +83,7 @@ def test_the_spec_the_workloads_and_the_run_commands_read_a_location_alike(tmp_p
     from pydantic import TypeAdapter
 
     from runner.errors import BadInput
-    from runner.runs.store import Folder
+    from runner.records.store import Folder
     from workloads.storage import ObjectPath, storage_path
 
     spec_field = TypeAdapter(SpecStoragePath)
@@ -113,9 +113,9 @@ def test_local_reads_and_writes_replace_files_whole(tmp_path):
 
 
 def test_the_keeper_and_the_client_write_and_read_one_s3_folder(aws_env, s3_endpoint):
-    from runner.runs.store import Folder
+    from runner.records.store import Folder
     from tests.support.s3_server import create_bucket
-    from workloads.rayjobs_observe.record_store import Store
+    from rayjobs_agent.record_store import Store
 
     create_bucket(s3_endpoint, "seam")
     store = Store.at("s3://seam/runs/one/")
@@ -138,7 +138,7 @@ def _tells_s3_apart(node: ast.AST) -> bool:
 
 
 def test_no_module_but_the_parser_tells_s3_apart_by_its_spelling():
-    parser = REPO_ROOT / "workloads" / "rayjobs_observe" / "storage_location.py"
+    parser = REPO_ROOT / "rayjobs_agent" / "storage_location.py"
     found = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
              for package in ("jobs", "runner", "workloads") for path in sorted((REPO_ROOT / package).rglob("*.py"))
              if path != parser for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
@@ -147,11 +147,11 @@ def test_no_module_but_the_parser_tells_s3_apart_by_its_spelling():
 
 
 def test_the_record_keepers_side_imports_neither_pyarrow_nor_jobs_until_s3_is_used():
-    """The keeper is shipped alone (as ``rayjobs_observe``) and runs before the entrypoint: it must stay light."""
+    """The keeper is shipped alone (as ``rayjobs_agent``) and runs before the entrypoint: it must stay light."""
     import subprocess
     import sys
 
-    probe = ("import sys; import rayjobs_observe.record_store as store; store.Store.at('~/runs'); "
+    probe = ("import sys; import rayjobs_agent.record_store as store; store.Store.at('~/runs'); "
              "print(sorted(m for m in ('pyarrow', 'jobs', 'workloads') if m in sys.modules))")
     shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT / "workloads", capture_output=True,
                            text=True, check=True)
@@ -163,7 +163,7 @@ def test_the_record_keeper_starts_a_job_without_importing_ray():
     import subprocess
     import sys
 
-    probe = "import sys; import rayjobs_observe.record; print('ray' in sys.modules)"
+    probe = "import sys; import rayjobs_agent.record; print('ray' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT / "workloads", capture_output=True,
                            text=True, check=True)
     assert shown.stdout.strip() == "False", shown.stderr

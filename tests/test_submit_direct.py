@@ -159,12 +159,12 @@ def test_a_job_that_only_keeps_a_record_ships_the_observer_without_rays_client(t
     import zipfile
 
     from jobs.loader import load_spec
-    from jobs.submission import OBSERVE_PACKAGE_DIR, build_submission
+    from jobs.submission import AGENT_PACKAGE_DIR, build_submission
 
     spec = tmp_path / "plain.yaml"
     spec.write_text(f"name: plain\nentrypoint: echo hi\nrecord_path: {tmp_path / 'records'}\n")
     submission = build_submission(load_spec(spec, []))
-    assert submission["runtime_env"]["py_modules"] == [str(OBSERVE_PACKAGE_DIR)]
+    assert submission["runtime_env"]["py_modules"] == [str(AGENT_PACKAGE_DIR)]
     assert not needs_ray_client(submission), "the record alone keeps a job on the direct path"
     rest = PackageRest()
     for _ in range(2):
@@ -174,14 +174,4 @@ def test_a_job_that_only_keeps_a_record_ships_the_observer_without_rays_client(t
     assert [request["runtime_env"]["py_modules"] for request in sent] == [[f"gcs://{name}"]] * 2
     assert [call for call, _ in rest.calls].count("ensure_package") == 2 and len(rest.packages) == 1
     names = zipfile.ZipFile(io.BytesIO(rest.packages[name])).namelist()
-    assert "rayjobs_observe/record.py" in names and not any("__pycache__" in entry for entry in names)
-
-
-def test_a_job_with_neither_code_nor_record_path_stays_a_bare_request(tmp_path):
-    from jobs.loader import load_spec
-    from jobs.submission import build_submission
-
-    spec = tmp_path / "bare.yaml"
-    spec.write_text("name: bare\nentrypoint: echo hi\n")
-    submission = build_submission(load_spec(spec, []))
-    assert "runtime_env" not in submission and submission["entrypoint"] == "echo hi"
+    assert "rayjobs_agent/record.py" in names and not any("__pycache__" in entry for entry in names)

@@ -59,7 +59,7 @@ def test_a_grid_sweep_trains_each_trial_reports_a_failed_one_infers_with_the_bes
                                                                                      monkeypatch, tmp_path, capsys):
     import ray
 
-    from jobs.keys import TRACKING_ENV_VAR
+    from rayjobs_agent.wire import TRACKING_ENV_VAR
 
     document, run_dir = sweep_spec(tmp_path)
     tracking = {"mlflow": {"tracking_uri": mlflow_tracking_server.uri, "experiment": f"sweep-{tmp_path.name}"}}

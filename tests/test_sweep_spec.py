@@ -172,7 +172,7 @@ def test_a_sweep_the_cluster_cannot_hold_is_refused_at_submit_before_anything_is
 
     from jobs.submission import build_submission
     from runner.errors import BadInput
-    from runner.run.policy import submit_or_attach
+    from runner.run.lifecycle import submit_or_attach
     from tests.support.fake_cluster import FakeClient
 
     sweep = {**a_sweep(**{"workload.train.lr": {"choice": [0.1, 0.2, 0.3]}}), "search": "grid", "max_concurrent": 3}
@@ -216,7 +216,7 @@ def test_the_follower_shows_each_trial_and_where_the_sweep_stands():
 
 
 def test_the_job_gets_the_checked_sweep(monkeypatch):
-    from jobs.keys import SWEEP_ENV_VAR
+    from rayjobs_agent.wire import SWEEP_ENV_VAR
     from jobs.submission import build_submission
     from workloads.params import load_sweep
 

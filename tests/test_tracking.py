@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from jobs.errors import SpecError
-from jobs.keys import TRACKING_ENV_VAR
+from rayjobs_agent.wire import TRACKING_ENV_VAR
 from jobs.loader import validate_spec_data
 from tests.support.cli import REPO_ROOT
 from tests.support.fault_proxy import FaultProxy
@@ -100,3 +100,35 @@ def test_the_tracking_block_is_checked_and_reaches_the_job():
 
     submission["runtime_env"]["env_vars"]["MLFLOW_TRACKING_TOKEN"] = "s3cr3t"
     assert masked(submission)["runtime_env"]["env_vars"]["MLFLOW_TRACKING_TOKEN"] != "s3cr3t"
+
+
+def test_a_report_mlflow_refuses_is_dropped_and_the_reports_after_it_are_sent(mlflow_tracking_server, tmp_path,
+                                                                             capsys):
+    from workloads.training.tracking import MlflowRun
+
+    run = MlflowRun.open(tmp_path / "run", "refused", {"train": {"lr": 0.1}},
+                         settings={"tracking_uri": mlflow_tracking_server.uri, "experiment": f"refused-{tmp_path.name}"})
+    assert run is not None
+    reporter = run.reporter()
+    reporter.after_report(None, [{"epoch": 1, "acc@1": 0.5}], None)  # a name MLflow does not take as it is
+    reporter.after_report(None, [{"epoch": 2, "x" * 300: 1.0}], None)  # a name MLflow refuses for good (too long)
+    reporter.after_report(None, [{"epoch": 3, "acc@1": 0.7}], None)
+    client = mlflow_tracking_server.client()
+    assert [(point.step, point.value) for point in client.get_metric_history(run.run_id, "acc_1")] == [(1, 0.5), (3, 0.7)]
+    assert [point.step for point in client.get_metric_history(run.run_id, "epoch")] == [1, 3]
+    said = [line for line in capsys.readouterr().err.splitlines() if "refused a report's metrics" in line]
+    assert len(said) == 1 and "step 2" in said[0]
+    assert run.pending == []
+
+
+def test_a_jobs_secrets_reach_mlflow_masked_in_its_parameters(mlflow_tracking_server, tmp_path, monkeypatch):
+    from workloads.training.tracking import MlflowRun
+
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop0123")
+    run = MlflowRun.open(tmp_path / "run", "masked", {"train_loop_config": {"token": "hf_abcdefghijklmnop0123",
+                                                                            "data": "s3://me:pw-sekrit99@store/x"}},
+                         settings={"tracking_uri": mlflow_tracking_server.uri, "experiment": f"masked-{tmp_path.name}"})
+    assert run is not None
+    params = mlflow_tracking_server.client().get_run(run.run_id).data.params
+    assert params["train_loop_config.token"] == "***"
+    assert params["train_loop_config.data"] == "s3://me:***@store/x"

@@ -1,5 +1,5 @@
 """``tracking: mlflow:`` for a user's own Ray Train script, through the callback shipped with its code
-(workloads/rayjobs_observe/tracking_callback.py): the specs refused because nothing would record them, what is
+(rayjobs_agent/tracking_callback.py): the specs refused because nothing would record them, what is
 shipped, and a callback that never raises. On the session cluster (test_tracking_script_cluster.py), a plain
 script's reports reach MLflow.
 """
@@ -12,14 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs import keys
-from jobs.keys import TRACKING_ENV_VAR
+from rayjobs_agent.wire import TRACKING_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import TRACKING_CALLBACK, TRAIN_CALLBACKS_ENV_VAR, build_submission
 from runner.errors import ExitCode
 from tests.support.cli import cli_env, run_rayjobs
 from tests.support.mlflow_server import free_port
-from workloads.rayjobs_observe import mlflow_tracking
 from tests.test_rerun import vision_spec
 
 TRACKING = "tracking:\n  mlflow:\n    tracking_uri: {uri}\n    experiment: {experiment}\n"
@@ -54,7 +52,7 @@ def test_tracking_is_refused_where_nothing_would_record_it_and_shipped_where_som
 
 @pytest.mark.parametrize("mlflow_installed", [True, False])
 def test_the_callback_says_once_why_nothing_is_recorded_and_never_raises(mlflow_installed, monkeypatch, capsys):
-    from workloads.rayjobs_observe.tracking_callback import TrackingCallback
+    from rayjobs_agent.tracking_callback import TrackingCallback
 
     if not mlflow_installed:
         monkeypatch.setitem(sys.modules, "mlflow", None)
@@ -74,8 +72,3 @@ def test_the_callback_says_once_why_nothing_is_recorded_and_never_raises(mlflow_
     assert len(said) == 1 and expected in said[0], said
 
 
-def test_names_shared_with_the_cluster_side_are_the_clients():
-    assert mlflow_tracking.TRACKING_ENV_VAR == keys.TRACKING_ENV_VAR
-    assert mlflow_tracking.RECORD_ENV_VAR == keys.RECORD_ENV_VAR
-    tags = dict(mlflow_tracking._JOB_METADATA_TAGS)
-    assert keys.METADATA_SPEC_HASH in tags and keys.METADATA_ATTEMPT in tags

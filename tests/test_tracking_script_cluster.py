@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.runs.store import Folder, attempt_events, read_run
+from runner.records.store import Folder, attempt_events, read_run
 from tests.support.cli import plain_train_spec, run_rayjobs
 from tests.test_tracking_script import TRACKING
 
@@ -26,8 +26,8 @@ EPOCHS = 3
 USER_CALLBACKS = '''
 from ray.train.v2._internal.execution.callback import ReportCallback
 
-from rayjobs_observe.guard import guarded
-from rayjobs_observe.train_callback import ProgressCallback
+from rayjobs_agent.guard import guarded
+from rayjobs_agent.train_callback import ProgressCallback
 
 
 class CountingCallback(ReportCallback):

@@ -11,7 +11,7 @@ work to :func:`workload_main`, which turns what the work raised into the exit st
 - 2: bad input: parameters that are not valid (:class:`BadInput`, which
   :func:`workloads.params.read_params` raises), data that cannot be read as asked (the errors
   the entry point names as bad input), or object storage that cannot be used
-  (``jobs.infra.storage.ObjectStoreError``: a missing bucket, refused credentials, an endpoint
+  (``rayjobs_agent.s3_access.ObjectStoreError``: a missing bucket, refused credentials, an endpoint
   that does not answer).
 
 Any other error is a bug: the program ends with its traceback, and exit status 1.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, TypeVar
 
-from jobs.infra.storage import ObjectStoreError
+from rayjobs_agent.s3_access import ObjectStoreError
 from jobs.infra.ray_env import prepare_ray_env
 
 SUCCESS_EXIT_CODE = 0

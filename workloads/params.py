@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 from pydantic import BaseModel, BeforeValidator
 
-from jobs.keys import SWEEP_ENV_VAR, WORKLOAD_ENV_VAR
+from rayjobs_agent.wire import SWEEP_ENV_VAR, WORKLOAD_ENV_VAR
+from rayjobs_agent.record_layout import run_of_this_submission
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, refuse_uri
 from workloads.entry import BadInput
 
@@ -47,9 +48,12 @@ def load_params(model: type[ModelT], params_file: str | Path | None = None) -> M
             raw = raw["workload"]
         return model.model_validate(_without_kind(raw), context={SPEC_DIR_CONTEXT_KEY: Path(params_file).parent})
     encoded = os.environ.get(WORKLOAD_ENV_VAR)
-    if encoded:
-        return model.model_validate(_without_kind(json.loads(encoded)))
-    return model.model_validate({})
+    params = model.model_validate(_without_kind(json.loads(encoded)) if encoded else {})
+    run_name = getattr(params, "run_name", None)
+    if isinstance(run_name, str):
+        # Each run of a schedule is a new run, its folder named after its submission (the record's folder too).
+        params = params.model_copy(update={"run_name": run_of_this_submission(run_name, os.environ)})
+    return params
 
 
 def load_sweep() -> SweepSpec | None:

@@ -2,7 +2,7 @@
 
 A location is a :data:`StoragePath`: a :class:`pathlib.Path` or an :class:`ObjectPath`
 (``s3://bucket/prefix``, with the same ``/``, ``name`` and ``parent``). Both come from the one
-parser of storage locations (:class:`StorageLocation`, ``workloads/rayjobs_observe/storage_location.py``,
+parser of storage locations (:class:`StorageLocation`, ``rayjobs_agent/storage_location.py``,
 which the client and the run record's keeper use too); local ones stay ``Path`` because training
 code hands them to everything that takes a path. In the workloads this module is the only one that
 tells the two apart: the functions below read, write and replace either kind,
@@ -10,7 +10,7 @@ and :func:`arrow_path` gives the path and filesystem that pyarrow, Ray Data and 
 take. On local disk a file or folder is replaced atomically (:mod:`jobs.infra.atomic`); in S3 one
 upload is atomic by itself, and a folder is replaced in place under a ``_writing`` marker.
 
-S3 is configured from the standard AWS variables (see :mod:`jobs.infra.storage`); on a
+S3 is configured from the standard AWS variables (see :mod:`rayjobs_agent.s3_access`); on a
 cluster they come from the spec's ``runtime_env.env_vars``, so the driver and every
 worker see them. Errors from the store are :class:`ObjectStoreError` with one paragraph
 naming the path and the variables to check.
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar, Union
 
 from jobs.infra import atomic
-from jobs.infra.storage import (ObjectStoreError, S3Settings, StorageLocation, call_object_store, check_bucket)
+from rayjobs_agent.s3_access import ObjectStoreError, S3Settings, call_object_store, check_bucket
+from rayjobs_agent.storage_location import StorageLocation
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from jobs.infra.storage import uri_scheme
+from rayjobs_agent.storage_location import uri_scheme
 
 # Names that reach this machine's loopback interface, where local clusters listen.
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "localhost.localdomain"})

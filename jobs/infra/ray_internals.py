@@ -70,11 +70,12 @@ def default_working_dir_excludes() -> list[str]:
 
 
 def walk_upload(root: Path, excludes: list[str], visit: Callable[[Path], None]) -> None:
-    """Call ``visit`` on every path Ray would upload from ``root`` (excludes, .gitignore and .rayignore applied)."""
+    """Call ``visit`` on every path Ray would upload from ``root``: excludes and .rayignore applied, and .gitignore
+    unless ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1`` says Ray's upload takes what it lists too."""
     from ray._private.runtime_env import packaging
 
-    packaging._dir_travel(root, [packaging._get_excludes(root, excludes)], visit, include_gitignore=True,
-                          logger=logging.getLogger("rayjobs.upload"))
+    packaging._dir_travel(root, [packaging._get_excludes(root, excludes)], visit,
+                          include_gitignore=include_gitignore(), logger=logging.getLogger("rayjobs.upload"))
 
 
 def package_name(directory: Path, excludes: list[str]) -> str:
@@ -94,17 +95,33 @@ def create_package(directory: Path, target: Path, excludes: list[str], include_p
                        include_parent_dir=include_parent_dir, excludes=excludes, logger=logger)
 
 
-def job_client_noting_job_request(on_job_request: Callable[[], None]) -> type:
+def job_client_noting_job_request(on_job_request: Callable[[], None],
+                                  deliver: Callable[[dict[str, Any]], None] | None = None) -> type:
     """A ``JobSubmissionClient`` subclass that calls ``on_job_request`` as the job-creating request goes out.
 
     Uploads of the working_dir go to ``/api/packages/`` first; only the POST to ``/api/jobs`` creates
-    the job, so Ctrl-C before it leaves nothing behind, and after it leaves a job to report.
+    the job, so Ctrl-C before it leaves nothing behind, and after it leaves a job to report. With
+    ``deliver``, that request is not sent at all: its body goes to ``deliver`` (a queue keeps it to send
+    later), and the client reads it as accepted.
     """
     from ray.job_submission import JobSubmissionClient
+
+    class Accepted:
+        status_code = 200
+
+        def __init__(self, body: dict[str, Any]) -> None:
+            self.body = body
+
+        def json(self) -> dict[str, Any]:
+            return {"submission_id": self.body.get("submission_id"), "job_id": None}
 
     class NotingClient(JobSubmissionClient):
         def _do_request(self, method: str, endpoint: str, *args: Any, **kwargs: Any) -> Any:
             if method == "POST" and endpoint.rstrip("/") == "/api/jobs":
+                if deliver is not None:
+                    body = kwargs.get("json_data")
+                    deliver(body)
+                    return Accepted(body)
                 on_job_request()
             return super()._do_request(method, endpoint, *args, **kwargs)
 

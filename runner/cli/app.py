@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from jobs.keys import METADATA_ATTEMPT
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME
 from jobs.infra.ray_env import prepare_ray_env
 from jobs.infra.status import JobStatus, is_terminal
-from runner.cli.cluster import cluster_app, ensure_local_cluster
-from runner.cli.export import export_app
-from runner.cli.queue import queue as queue_command, queued_text, waiting_in_queue, with_queue_place
-from runner.cli.runs import is_run_location, print_saved_log
-from runner.cli.runs import register as register_run_commands
+from runner.cli.cluster import ensure_local_cluster
+from runner.cli.cluster import register as register_cluster_commands
+from runner.cli.export import register as register_export_commands
+from runner.cli.queue import register as register_queue_commands
+from runner.cli.records import is_run_location, print_saved_log
+from runner.cli.records import register as register_record_commands
 from runner.cli.specs import register as register_spec_commands
 from runner.cli.options import (ConnectionOptions, GiveUpOption, JobIdArgument, OutputOption, RawOption, SetOption,
                                 SubmitFlags, check_output, handles_errors, with_connection_options,
@@ -32,9 +33,8 @@ from runner.errors import BadInput, ExitCode
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
-    from runner.client.connection import Connection
     from runner.client.jobs_api import JobsApi
-    from runner.follow.diagnosis import FailureReader
+    from rayjobs_agent.causes import FailureReader
     from runner.follow.progress import RunProgress
 
 app = typer.Typer(
@@ -46,27 +46,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.add_typer(cluster_app, name="cluster")
-app.add_typer(export_app, name="export")
-app.command("queue")(queue_command)
 
 STOP_WAIT_S = 60.0
-# A dashboard restarting or a proxy hiccup should not fail `rayjobs status`; a dead cluster should, soon.
-ONE_SHOT_RETRY_S = 5.0
 # How much of a job's log `status` reads for its progress and a failure's cause.
 STATUS_LOG_LINES = 5000
 
-
-
-def make_client(connection: Connection, retry_for_s: float = 0.0) -> JobsApi:
-    """The one place the commands get their cluster client from.
-
-    ``retry_for_s``: how long each request rides out an unreachable cluster; one-shot commands use
-    :data:`ONE_SHOT_RETRY_S`, a followed job none, since the follower has its own give-up policy.
-    """
-    from runner.client.jobs_api import JobsApi
-
-    return JobsApi(connection, retry_for_s=retry_for_s)
 
 
 @app.command()
@@ -95,13 +79,14 @@ def submit(
 
 def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, flags: SubmitFlags) -> None:
     """Submit a validated spec and follow it, as ``submit`` (and ``rerun``) do; ends the command with its exit code."""
+    from runner.client import jobs_api
     from jobs.secrets import masked
     from jobs.submission import build_submission
     from jobs.sweep import trial_plan
     from runner.cli.render import dry_run_text, run_summary
     from runner.run.preflight import entrypoint_note, shared_storage_note
     from runner.follow.messages import follow_up_lines
-    from runner.run.policy import RunOptions, RunOutcome, run_with_retries
+    from runner.run.lifecycle import RunOptions, RunOutcome, run_with_retries
 
     try:
         submission = build_submission(loaded)
@@ -118,7 +103,7 @@ def submit_loaded(loaded: LoadedSpec, connection: ConnectionOptions, flags: Subm
         target = connection.target(loaded.spec.address, spec_address_source)
         if flags.local and target.address is None:
             ensure_local_cluster(target.cluster_name)
-        client = make_client(connection.resolve(loaded.spec.address, spec_address_source))
+        client = jobs_api.open_client(connection.resolve(loaded.spec.address, spec_address_source))
     except KeyboardInterrupt:
         _say("interrupted: nothing was submitted")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
@@ -163,27 +148,30 @@ def rerun(
     flags: SubmitFlags = SubmitFlags(),
 ) -> None:
     """Run a recorded run's spec again as a new run beside it, linked both ways (--continue: the same run)."""
-    from runner.cli.runs import checked_rerun
+    from runner.cli.records import cluster_ray_version
+    from runner.records.rerun import checked_rerun
 
     check_output(flags.output)
-    loaded = checked_rerun(run, set_ or [], connection, force=force, continue_run=continue_run,
-                           dry_run=flags.dry_run)
+    loaded = checked_rerun(run, set_ or [], force=force, continue_run=continue_run, dry_run=flags.dry_run,
+                           cluster_ray_version=lambda spec: cluster_ray_version(connection, spec))
     submit_loaded(loaded, connection, flags)
 
 
 def _job_and_its_log(connection: ConnectionOptions, job_id: str) \
-        -> tuple[JobsApi, dict, RunProgress, FailureReader, dict | None]:
-    """The cluster client, the job's record, and what the end of its log says (progress, failure reader, and
-    the job's place in its queue while it waits there)."""
-    from runner.cli.render import read_job_log
+        -> tuple[JobsApi, dict, RunProgress, FailureReader]:
+    """The cluster client, the job's record (a waiting job's place in its queue: ``queue``), and what the end of
+    its log says (progress, failure reader)."""
+    from runner.client import jobs_api
+    from runner.follow.log_view import read_job_log
+    from runner.follow.queued import job_or_place
 
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
-    info = client.get_job(job_id)
+    client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
+    info = job_or_place(client, job_id)
     # The end of the log holds the latest progress: every report names the run's planned length.
     node_id = info.get("driver_node_id")
     text = client.job_log(job_id, STATUS_LOG_LINES, driver_node_id=node_id) if node_id else ""
     progress, failure = read_job_log(info, text)
-    return client, info, progress, failure, waiting_in_queue(info, text)
+    return client, info, progress, failure
 
 
 @app.command()
@@ -198,10 +186,13 @@ def status(
     from jobs.secrets import masked
     from runner.errors import exit_code_for_status
     from runner.cli.render import attempts_report, progress_report, status_report
+    from runner.follow.log_view import diagnosis_of
+    from runner.follow.queued import queued_text
 
     check_output(output)
-    client, info, progress, failure, queued = _job_and_its_log(connection, job_id)
-    diagnosis = failure.diagnose(progress) if info.get("status") == JobStatus.FAILED else None
+    client, info, progress, failure = _job_and_its_log(connection, job_id)
+    queued = info.get("queue")
+    diagnosis = diagnosis_of(progress, failure) if info.get("status") == JobStatus.FAILED else None
     train_runs, train_runs_error = _train_runs(client, info, progress)
     if output == "json":
         typer.echo(json.dumps({**masked(info), "progress": progress.as_dict(),
@@ -212,7 +203,7 @@ def status(
         typer.echo(status_report(info))
         if queued is not None:
             typer.echo(queued_text(queued))
-        if progress.events or diagnosis is not None:
+        if progress.events or diagnosis is not None:  # the agent's decisions are events too
             typer.echo(progress_report(progress, diagnosis))
         if train_runs:
             from runner.client.train_state import train_runs_text
@@ -251,23 +242,33 @@ def logs(
     raw: RawOption = False,
 ) -> None:
     """Print a job's log (--follow: stream it until the job ends, with its progress), or the log a run's record saved."""
+    from runner.client import jobs_api
     if is_run_location(job_id):
         if follow:
             raise BadInput("--follow needs a job id: a run's record holds the log as last uploaded")
         print_saved_log(job_id, tail)
         return
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    from runner.follow.queued import job_or_place
+
+    client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
     if follow:
-        from runner.run.policy import RunOptions, follow_job
+        from runner.run.lifecycle import RunOptions, follow_job
 
         if tail is not None:
             raise BadInput("--tail and --follow cannot be combined; --follow prints the whole log")
-        client.get_job(job_id)  # unknown id: clear error before streaming
+        found = job_or_place(client, job_id)  # unknown id: clear error before streaming (a waiting job is followed)
         options = RunOptions(give_up_after_s=give_up_after, raw=raw, live=False if raw else None)
-        result = follow_job(make_client(client.connection), job_id, options=options, log_tail_on_failure=False)
+        result = follow_job(jobs_api.open_client(client.connection), job_id, options=options, log_tail_on_failure=False,
+                            queued=found.get("queue") is not None)
         raise typer.Exit(int(result.exit_code))
     from jobs.secrets import job_mask  # Ray returns the job's runtime_env: its secrets' values are known here
-    sys.stdout.write(job_mask(client.get_job(job_id)).mask_text(client.job_log(job_id, tail)))
+
+    info = job_or_place(client, job_id)
+    if info.get("queue") is not None:
+        _say(f"job {job_id} waits in queue {info['queue'].get('queue')} (position {info['queue'].get('position')}): "
+             "it has no log yet")
+        return
+    sys.stdout.write(job_mask(info).mask_text(client.job_log(job_id, tail)))
     sys.stdout.flush()
 
 
@@ -283,7 +284,9 @@ def stack(
     from runner.follow.stacks import job_stacks
 
     check_output(output)
-    client, info, progress, _, _ = _job_and_its_log(connection, job_id)
+    client, info, progress, _ = _job_and_its_log(connection, job_id)
+    if info.get("queue") is not None:
+        raise BadInput(f"job {job_id} waits in queue {info['queue'].get('queue')}: it has no process to show yet")
     if is_terminal(info.get("status")):
         raise BadInput(f"job {job_id} is {info.get('status')}: only a running job has stacks to show")
     stacks = job_stacks(client, info, progress)
@@ -305,16 +308,19 @@ def stop(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job has stopped.")] = False,
     connection: ConnectionOptions = ConnectionOptions(),
 ) -> None:
-    """Stop a running job."""
-    from runner.run.interrupts import wait_until_ended
+    """Stop a running job, or take a waiting one out of its queue (it then reads STOPPED)."""
+    from runner.client import jobs_api
+    from runner.client.queue import stop_job
+    from runner.client.jobs_api import wait_until_ended
 
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
-    stopped = client.stop_job(job_id)
-    if not stopped:
+    client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
+    stopped = stop_job(client, job_id)
+    if stopped == "ended":
         info = client.get_job(job_id)
         _say(f"job {job_id} had already ended: {info.get('status')}")
         return
-    _say(f"stop requested for job {job_id}")
+    _say(f"stop requested for job {job_id}" + (" (waiting in its queue: it never starts)" if stopped == "queued"
+                                               else ""))
     if wait:
         status_now, ended = wait_until_ended(client, job_id, within_s=STOP_WAIT_S)
         if not ended:
@@ -332,17 +338,27 @@ def list_jobs(
     output: OutputOption = "text",
 ) -> None:
     """List the jobs on the cluster, newest first."""
+    from runner.client import jobs_api
     from jobs.secrets import masked
     from runner.cli.render import jobs_table
 
     check_output(output)
     wanted = {s.upper() for s in status_filter or []}
-    unknown = wanted - {status.value for status in JobStatus}
+    unknown = wanted - {status.value for status in JobStatus} - {"QUEUED"}
     if unknown:
-        raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use PENDING, RUNNING, SUCCEEDED, FAILED "
-                       "or STOPPED")
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
-    jobs = [with_queue_place(client, job) for job in client.list_jobs() if not wanted or job.get("status") in wanted]
+        raise BadInput(f"unknown status {', '.join(sorted(unknown))}; use QUEUED, PENDING, RUNNING, SUCCEEDED, "
+                       "FAILED or STOPPED")
+    from runner.client.queue import ClusterQueue
+    from runner.follow.queued import QUEUED, queued_info
+
+    client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
+    from rayjobs_agent.queueing import HELPER_NAME
+
+    # A queue's helper jobs are the queue's own business (its keeper deletes them soon after they end).
+    jobs = [job for job in client.list_jobs() if (not wanted or job.get("status") in wanted)
+            and (job.get("metadata") or {}).get(METADATA_NAME) != HELPER_NAME]
+    if not wanted or QUEUED in wanted:
+        jobs += [queued_info(place) for place in ClusterQueue(client).waiting_jobs()]
     typer.echo(json.dumps([masked(job) for job in jobs], indent=2) if output == "json" else jobs_table(jobs))
 
 
@@ -354,8 +370,9 @@ def delete(
     connection: ConnectionOptions = ConnectionOptions(),
 ) -> None:
     """Delete a finished job and its record from the cluster."""
+    from runner.client import jobs_api
 
-    client = make_client(connection.resolve(), retry_for_s=ONE_SHOT_RETRY_S)
+    client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
     info = client.get_job(job_id)
     if not is_terminal(info.get("status")):
         raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
@@ -365,8 +382,10 @@ def delete(
 
 
 # After the cluster's commands in `rayjobs --help`: these need no cluster.
-register_run_commands(app)
-register_spec_commands(app)
+# Every other module of commands adds its own, one way: register(app).
+for register in (register_cluster_commands, register_export_commands, register_queue_commands,
+                 register_record_commands, register_spec_commands):
+    register(app)
 
 
 def main() -> None:

@@ -102,3 +102,8 @@ def ensure_local_cluster(name: str) -> None:
     _say(f"no cluster running: starting local cluster '{name}' on 127.0.0.1 (stop it with `{down}`)")
     started = local.start(name=name)
     _say(f"local cluster '{name}' is up at {started.dashboard_url}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rayjobs cluster …`` to the ``rayjobs`` command."""
+    app.add_typer(cluster_app, name="cluster")

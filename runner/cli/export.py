@@ -45,10 +45,11 @@ def kuberay(
 
     With --schedule, a RayCronJob whose job template is that RayJob.
     """
-    from jobs.keys import METADATA_SPEC_HASH
+    from rayjobs_agent.wire import METADATA_SPEC_HASH
     from jobs.loader import load_spec
     from jobs.submission import build_submission
-    from jobs.submission import local_runtime_paths
+    from jobs.submission import AGENT_PACKAGE_DIR, local_runtime_paths
+    from rayjobs_agent.wire import RECORD_ENV_VAR
     from runner.export.kuberay import build_rayjob, manifest_yaml
     from runner.errors import BadInput
     from runner.export.packaging import upload_destination, upload_local_paths
@@ -68,7 +69,15 @@ def kuberay(
     loaded = load_spec(spec_file, set_ or [])
     # On Kubernetes, Kueue queues the RayJob itself (the labels build_rayjob adds): the job does not also wait
     # in a queue of its own cluster.
-    submission = build_submission(dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"queue": None})))
+    unqueued = dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"queue": None}))
+    submission = build_submission(unqueued)
+    if upload_to is None and local_runtime_paths(submission.get("runtime_env") or {}) == [
+            ("py_modules", str(AGENT_PACKAGE_DIR))] and RECORD_ENV_VAR not in _env_vars(submission):
+        # Nothing of the user's needs uploading, and the agent alone is no reason to ask for a bucket: the job
+        # runs as written, and what that costs is said.
+        submission = build_submission(unqueued, beside_agent=False)
+        _say("warning: the job runs without rayjobs' agent, which only --upload-to can ship to a RayJob: no retries "
+             "in place by cause (backoffLimit retries after any failure, on a new cluster) and no cause in its log")
     if cluster is not None and image is not None:
         _say("warning: --image is not used with --cluster: the existing cluster's image runs the job")
     runtime_env = submission.get("runtime_env") or {}
@@ -88,3 +97,12 @@ def kuberay(
         _say(f"warning: {warning}")
     typer.echo(f"# rayjobs export kuberay {spec_file} (spec hash {submission['metadata'][METADATA_SPEC_HASH]})")
     typer.echo(manifest_yaml(export.manifest), nl=False)
+
+
+def _env_vars(submission: dict) -> dict:
+    return (submission.get("runtime_env") or {}).get("env_vars") or {}
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rayjobs export …`` to the ``rayjobs`` command."""
+    app.add_typer(export_app, name="export")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 
+from runner.reporter import own_line
 from runner.errors import BadInput, RayJobsError
 from runner.errors import ExitCode
 
@@ -159,12 +160,12 @@ def _options_in_place_of(command: F, bundle: str, options: list[tuple[str, Any, 
 
 def say(text: str) -> None:
     """Print one of rayjobs' own lines (``rayjobs: …``) to stderr."""
-    typer.echo(f"rayjobs: {text}", err=True)
+    typer.echo(own_line(text), err=True)
 
 
 def fail(message: str, code: ExitCode) -> NoReturn:
     """Print ``rayjobs: error: …`` and exit with ``code``."""
-    typer.echo(f"rayjobs: error: {message}", err=True)
+    typer.echo(own_line(f"error: {message}"), err=True)
     raise typer.Exit(int(code))
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from jobs.keys import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
 from jobs.secrets import job_mask
 from jobs.submission import user_entrypoint
-from runner.follow.messages import duration_s, format_duration, job_id_of, plain_table
+from rayjobs_agent.wording import format_duration, plain_table
+from runner.follow.messages import duration_s, job_id_of
 
 if TYPE_CHECKING:
-    from runner.follow.diagnosis import Diagnosis, FailureReader
+    from rayjobs_agent.causes import Diagnosis
     from runner.follow.follower import Outcome
     from runner.follow.progress import RunProgress
 
@@ -95,14 +96,6 @@ def run_summary(job_id: str, exit_code: int, followed: Outcome, summary: str, ad
     }
 
 
-def read_job_log(info: dict[str, Any], text: str) -> tuple[RunProgress, FailureReader]:
-    """What the end of a job's log says (its progress, the lines that may name why it failed), read after its
-    secrets are masked: a failure's evidence is a line of the log, and is printed."""
-    from runner.follow.log_view import read_log
-
-    return read_log(job_mask(info).mask_text(text))
-
-
 def dry_run_text(submission: dict[str, Any], address: str | None, sweep_plan: dict[str, Any] | None = None) -> str:
     """What ``submit --dry-run`` prints: where it would go, a sweep's trial plan, then the submission as YAML."""
     import yaml
@@ -130,8 +123,11 @@ def nodes_text(nodes: list[Any] | None, error: str | None) -> str:
 
 
 def progress_report(progress: RunProgress, diagnosis: Diagnosis | None) -> str:
-    """The lines ``rayjobs status`` adds for a job that reported progress, and for a failure with a known cause."""
-    from runner.follow.progress import format_value, pace_parts, position_text, short_reason, shown_metrics
+    """The lines ``rayjobs status`` adds for a job that reported progress, the agent's decisions (attempts in
+    place, a wait, a stall) and a failure with a known cause."""
+    from rayjobs_agent.causes import short_reason
+    from rayjobs_agent.wording import format_value
+    from runner.follow.progress import pace_parts, position_text, shown_metrics
 
     rows = []
     if progress.events:
@@ -151,6 +147,14 @@ def progress_report(progress: RunProgress, diagnosis: Diagnosis | None) -> str:
             if progress.workers:
                 nodes = progress.nodes
                 rows.append(("workers", f"{len(progress.workers)} on {nodes} node{'s' if nodes != 1 else ''}"))
+    if progress.retries:
+        failed = "; ".join(f"attempt {int(retry.get('attempt') or 2) - 1} failed with {retry.get('cause')}"
+                           for retry in progress.retries)
+        rows.append(("attempts", f"{len(progress.retries) + 1} in this job ({failed}, and it ran again)"))
+    if progress.waiting:
+        rows.append(("waiting", progress.waiting))
+    elif progress.stalled_s is not None:
+        rows.append(("stalled", f"nothing of its own for {progress.stalled_s:.0f}s (it is left running)"))
     if diagnosis is not None:
         rows.append(("why", diagnosis.paragraph()))
     width = max((len(label) for label, _ in rows), default=0) + 1

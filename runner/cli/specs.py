@@ -47,7 +47,7 @@ def schema(
     if record and workload is not None:
         _fail("--record and --workload name different schemas: give one of them", ExitCode.BAD_INPUT)
     if record:
-        from jobs.run_vocabulary import json_schema
+        from rayjobs_agent.record_layout import json_schema
 
         typer.echo(json.dumps(json_schema(), indent=2))
         return

@@ -22,7 +22,8 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from runner.client.backoff import retrying
+from jobs.infra.status import is_terminal
+from runner.client.backoff import Deadline, retrying
 from runner.client.connection import Connection, resolve_connection
 from runner.client.http import Answer, Unanswered, fetch, is_loopback_host, ssl_context_for, through_proxy_note
 from runner.errors import (AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable, JobNotFound, NoLogApi,
@@ -106,6 +107,10 @@ class JobsApi:
         """The JSON answer to ``GET path`` from the dashboard (an API rayjobs reads beside the job API)."""
         return self._request("GET", path)
 
+    def get_raw(self, path: str) -> bytes:
+        """The raw answer to ``GET path`` from the dashboard (a file Ray's log API serves)."""
+        return self._request("GET", path, raw=True)
+
     def get_logs(self, job_id: str) -> str:
         """The job API's text of the log (carriage returns become line ends; fails on invalid UTF-8)."""
         return self._request("GET", f"/api/jobs/{_quote(job_id)}/logs", job_id=job_id).get("logs", "")
@@ -131,6 +136,16 @@ class JobsApi:
         from runner.client.submission import submit_job
 
         return submit_job(self.connection, submission, warn=warn, progress=progress, rest=self)
+
+    def prepare(self, submission: dict[str, Any], *, warn: Callable[[str], None] = lambda text: None,
+                progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+        """What :meth:`submit` would send, without creating the job: its code uploaded, the request's body returned
+        (a queue submits it when the job's turn comes)."""
+        from runner.client.submission import submit_job
+
+        kept: list[dict[str, Any]] = []
+        submit_job(self.connection, submission, warn=warn, progress=progress, rest=self, deliver=kept.append)
+        return kept[0]
 
     def ensure_package(self, name: str, data: bytes) -> bool:
         """Store a runtime_env package as ``gcs://NAME`` on the cluster unless it is there; returns whether it sent it
@@ -389,6 +404,35 @@ def _driver_log_path(job_id: str, node_id: str, lines: int, follow: bool) -> str
     else:
         query["timeout"] = _FILE_FETCH_TIMEOUT_S
     return f"/api/v0/logs/{'stream' if follow else 'file'}?{urllib.parse.urlencode(query)}"
+
+
+# How long each request of a one-shot command (status, stop, list) rides out an unreachable cluster; a followed job's
+# client has none, since the follower has its own give-up policy and must see an outage when it starts.
+ONE_SHOT_RETRY_S = 5.0
+
+
+def open_client(connection: Connection, retry_for_s: float = 0.0) -> JobsApi:
+    """The one place a cluster client is made, for every command and the Python API (tests replace it here)."""
+    return JobsApi(connection, retry_for_s=retry_for_s)
+
+
+def wait_until_ended(client: JobsApi, job_id: str, *, within_s: float, poll_s: float = 0.3) -> tuple[str | None, bool]:
+    """Poll a job's status until it is SUCCEEDED, FAILED or STOPPED, for at most ``within_s``.
+
+    Returns:
+        The last status seen, and whether the job ended in time.
+
+    Raises:
+        ClusterUnreachable: no answer for 10 s in a row; any other ``RayJobsError`` at once.
+    """
+    deadline = Deadline(within_s)
+    status: str | None = None
+    while deadline.left() > 0:
+        status = retrying(lambda: client.get_job(job_id), give_up_after_s=10).get("status")
+        if is_terminal(status):
+            return status, True
+        time.sleep(poll_s)
+    return status, False
 
 
 def last_line(text: str) -> str:

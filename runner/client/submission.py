@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 
 from jobs.infra import ray_internals
 from jobs.infra.ray_env import prepare_ray_env
-from jobs.submission import OBSERVE_PACKAGE_DIR, local_runtime_paths
+from jobs.submission import AGENT_PACKAGE_DIR, local_runtime_paths
 from runner.client.http import bypass_proxy_for_loopback
 from runner.client.connection import Connection
 from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable
@@ -104,8 +104,9 @@ def new_submission_id() -> str:
 
 def submit_job(connection: Connection, submission: dict[str, Any],
                warn: Callable[[str], None] = lambda text: None,
-               progress: Callable[[str], None] = lambda text: None, rest: JobRequests | None = None) -> str:
-    """Submit a job to the cluster of ``connection``.
+               progress: Callable[[str], None] = lambda text: None, rest: JobRequests | None = None,
+               deliver: Callable[[dict[str, Any]], None] | None = None) -> str:
+    """Submit a job to the cluster of ``connection`` (or, with ``deliver``, prepare it: packages uploaded, request kept).
 
     Args:
         connection: where to submit, with its headers and TLS verification.
@@ -114,6 +115,7 @@ def submit_job(connection: Connection, submission: dict[str, Any],
         progress: hears of a large working_dir before it is packaged and uploaded.
         rest: the cluster client for the same connection; with it, a job that Ray's client has
             nothing to do for is sent without importing ray (see :func:`needs_ray_client`).
+        deliver: hears the job request's body instead of the cluster (a queue sends it when the job's turn comes).
 
     Returns:
         The submission id (chosen here when ``submission`` names none).
@@ -129,8 +131,8 @@ def submit_job(connection: Connection, submission: dict[str, Any],
     watch = _JobRequestWatch()
     try:
         if rest is not None and not needs_ray_client(submission):
-            return _submit_directly(rest, connection.address, submission, watch)
-        return _submit(connection, submission, warn, progress, watch)
+            return _submit_directly(rest, connection.address, submission, watch, deliver)
+        return _submit(connection, submission, warn, progress, watch, deliver)
     except KeyboardInterrupt:
         raise SubmitInterrupted(submission["submission_id"] if watch.sent else None) from None
 
@@ -138,24 +140,24 @@ def submit_job(connection: Connection, submission: dict[str, Any],
 def needs_ray_client(submission: dict[str, Any]) -> bool:
     """Whether the job request needs Ray's client: a runtime_env with more than env_vars (to upload or check).
 
-    The observer's own package in py_modules is no reason: it is small, and sent without Ray
-    (:func:`observer_package`), so a job that keeps a record but uploads no code stays a plain request.
+    The agent's own package in py_modules is no reason: it is small, and sent without Ray
+    (:func:`agent_package`), so a job that keeps a record but uploads no code stays a plain request.
     """
     runtime_env = submission.get("runtime_env") or {}
     if any(key not in ("env_vars", "py_modules") for key in runtime_env):
         return True
-    return "py_modules" in runtime_env and runtime_env["py_modules"] != [str(OBSERVE_PACKAGE_DIR)]
+    return "py_modules" in runtime_env and runtime_env["py_modules"] != [str(AGENT_PACKAGE_DIR)]
 
 
-def observer_package() -> tuple[str, bytes]:
-    """The observer's package as Ray's py_modules expects it (its folder at the zip's top) and its
+def agent_package() -> tuple[str, bytes]:
+    """The agent's package as Ray's py_modules expects it (its folder at the zip's top) and its
     content-addressed name: the same files always give the same name, so a cluster gets it once."""
-    files = sorted(path for path in OBSERVE_PACKAGE_DIR.rglob("*.py") if "__pycache__" not in path.parts)
+    files = sorted(path for path in AGENT_PACKAGE_DIR.rglob("*.py") if "__pycache__" not in path.parts)
     buffer = io.BytesIO()
     digest = hashlib.sha256()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in files:
-            name = f"{OBSERVE_PACKAGE_DIR.name}/{path.relative_to(OBSERVE_PACKAGE_DIR).as_posix()}"
+            name = f"{AGENT_PACKAGE_DIR.name}/{path.relative_to(AGENT_PACKAGE_DIR).as_posix()}"
             data = path.read_bytes()
             digest.update(name.encode() + b"\0" + data)
             # A fixed time stamp, so that the zip's bytes depend on the files alone.
@@ -179,13 +181,14 @@ def job_request(submission: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in body.items() if value is not None}
 
 
-def _submit_directly(rest: JobRequests, address: str, submission: dict[str, Any], watch: _JobRequestWatch) -> str:
+def _submit_directly(rest: JobRequests, address: str, submission: dict[str, Any], watch: _JobRequestWatch,
+                     deliver: Callable[[dict[str, Any]], None] | None = None) -> str:
     modules = (submission.get("runtime_env") or {}).get("py_modules") or []
-    if str(OBSERVE_PACKAGE_DIR) in modules:
-        name, data = observer_package()
+    if str(AGENT_PACKAGE_DIR) in modules:
+        name, data = agent_package()
         rest.ensure_package(name, data)
         runtime_env = {**submission["runtime_env"],
-                       "py_modules": [f"gcs://{name}" if module == str(OBSERVE_PACKAGE_DIR) else module
+                       "py_modules": [f"gcs://{name}" if module == str(AGENT_PACKAGE_DIR) else module
                                       for module in modules]}
         submission = {**submission, "runtime_env": runtime_env}
     request = job_request(submission)
@@ -196,6 +199,9 @@ def _submit_directly(rest: JobRequests, address: str, submission: dict[str, Any]
                 raise ClusterRequestFailed(f"submitting to {address} failed: Ray version {running} is running on the "
                                            f"cluster. {refusal}. Please ensure the cluster is running Ray "
                                            f"{since[0]}.{since[1]} or higher")
+    if deliver is not None:
+        deliver(request)
+        return request["submission_id"]
     watch.sent = True
     return rest.create_job(request)
 
@@ -205,7 +211,8 @@ def _major_minor(version: str) -> tuple[int, ...]:
 
 
 def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[str], None],
-            progress: Callable[[str], None], watch: _JobRequestWatch) -> str:
+            progress: Callable[[str], None], watch: _JobRequestWatch,
+            deliver: Callable[[dict[str, Any]], None] | None = None) -> str:
     prepare_ray_env()
     runtime_env = submission.get("runtime_env") or {}
     working_dir = dict(local_runtime_paths(runtime_env)).get("working_dir")
@@ -232,7 +239,7 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
         progress(f"packaging and uploading working_dir {working_dir} ({size / 2**20:.0f} MiB)")
 
     try:
-        client = _job_client(connection, watch)
+        client = _job_client(connection, watch, deliver)
         return client.submit_job(**submission)
     except AuthenticationError as exc:
         raise AuthFailed(f"the cluster at {connection.address} refused the submission: {_first_line(exc)}") from None
@@ -256,12 +263,14 @@ def _submit(connection: Connection, submission: dict[str, Any], warn: Callable[[
         raise BadInput(f"Ray refused the submission: {_first_line(exc)}") from None
 
 
-def _job_client(connection: Connection, watch: _JobRequestWatch) -> Any:
-    """A ``JobSubmissionClient`` that notes in ``watch`` when the job request itself goes out."""
+def _job_client(connection: Connection, watch: _JobRequestWatch,
+                deliver: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """A ``JobSubmissionClient`` that notes in ``watch`` when the job request itself goes out (or hands it to
+    ``deliver`` instead of sending it)."""
     def sent() -> None:
         watch.sent = True
 
-    client_class = ray_internals.job_client_noting_job_request(sent)
+    client_class = ray_internals.job_client_noting_job_request(sent, deliver)
     # Ray's client goes through `requests`, which reads the proxy variables itself.
     bypass_proxy_for_loopback()
 

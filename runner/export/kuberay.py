@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
@@ -21,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from jobs.keys import RECORD_ENV_VAR
+from rayjobs_agent.wire import RECORD_ENV_VAR, RETRY_ENV_VAR
 from jobs.loader import LoadedSpec
-from jobs.infra.storage import uri_scheme
-from jobs.secrets import SecretMask, looks_secret
+from rayjobs_agent.storage_location import uri_scheme
+from jobs.secrets import SecretMask, secret_names
 from jobs.submission import local_runtime_paths
 from jobs.sweep import SweepSpec
 from jobs.workload_contract import Demand, workload_needs
@@ -111,7 +112,7 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
     result = Export({})
     job: dict[str, Any] = {"entrypoint": submission["entrypoint"]}
     env_vars = runtime_env.get("env_vars") or {}
-    secret_values = {name: env_vars[name] for name in env_vars if name in spec.secret_env_vars or looks_secret(name)}
+    secret_values = {name: env_vars[name] for name in secret_names(env_vars, spec.secret_env_vars)}
     secrets = _replace_secrets(runtime_env, set(spec.secret_env_vars))
     if secrets:
         result.warnings.append(
@@ -140,14 +141,19 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
         result.notes.append(f"{' and '.join(deadlines)} count{'s' if len(deadlines) == 1 else ''} from the "
                             "RayJob's start, so the time its cluster takes to come up is included")
 
+    retried_in_place = RETRY_ENV_VAR in (runtime_env.get("env_vars") or {})
+    if retried_in_place:
+        result.notes.append(f"a failed attempt whose cause is in retry_on runs again inside the same RayJob (up to "
+                            f"max_retries, {spec.max_retries}), with nothing watching it; backoffLimit is left out, "
+                            "since it would also retry failures no attempt can get past, each on a new cluster")
     if cluster is not None:
         job["clusterSelector"] = {CLUSTER_SELECTOR_KEY: cluster}
-        if spec.max_retries:
+        if spec.max_retries and not retried_in_place:
             result.warnings.append(
                 f"max_retries ({spec.max_retries}) is dropped: KubeRay allows backoffLimit only for a RayJob "
                 "with a cluster of its own (leave out --cluster)")
     else:
-        if spec.max_retries:
+        if spec.max_retries and not retried_in_place:
             job["backoffLimit"] = spec.max_retries
         job["shutdownAfterJobFinishes"] = True
         job["ttlSecondsAfterFinished"] = TTL_AFTER_FINISHED_S
@@ -156,7 +162,7 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
             result.warnings.append(f"the run record goes to {where} in the head pod, which is deleted with the "
                                    f"cluster {TTL_AFTER_FINISHED_S} s after the job ends: set record_path (or the "
                                    "workload's storage_path) to s3://BUCKET/PREFIX to keep it")
-    result.warnings += _unmapped_fields(loaded, cluster is not None)
+    result.warnings += _unmapped_fields(loaded, cluster is not None, retried_in_place)
     result.notes += _workload_path_notes(loaded)
     result.manifest = {
         "apiVersion": RAYJOB_API_VERSION,
@@ -274,8 +280,8 @@ def _cluster_spec(loaded: LoadedSpec, image: str | None, result: Export) -> dict
     # the group was sized for, not on spare head CPUs.
     head_params = {"num-cpus": str(head_cpus)}
     if spec.entrypoint_resources:
-        # As in KubeRay's samples: the value reaches `ray start --resources=` through a shell.
-        head_params["resources"] = '"' + json.dumps(spec.entrypoint_resources, sort_keys=True).replace('"', '\\"') + '"'
+        # The value reaches `ray start --resources=` through a shell: quoted whole, so the shell reads no part of it.
+        head_params["resources"] = shlex.quote(json.dumps(spec.entrypoint_resources, sort_keys=True))
     head_container = {
         "name": "ray-head",
         "image": image,
@@ -309,7 +315,7 @@ def _pod_resources(cpus: int, memory_gib: int, gpus: int) -> dict[str, dict[str,
 def _replace_secrets(runtime_env: dict[str, Any], marked: set[str]) -> list[str]:
     """Swap secret env var values for ``${NAME}`` placeholders in place; return their names."""
     env_vars = runtime_env.get("env_vars") or {}
-    names = [name for name in env_vars if name in marked or looks_secret(name)]
+    names = secret_names(env_vars, marked)
     for name in names:
         env_vars[name] = f"${{{name}}}"
     return names
@@ -338,7 +344,7 @@ def _local_record_location(runtime_env: dict[str, Any]) -> str | None:
     return None if not where or uri_scheme(str(where)) else str(where)
 
 
-def _unmapped_fields(loaded: LoadedSpec, on_existing_cluster: bool) -> list[str]:
+def _unmapped_fields(loaded: LoadedSpec, on_existing_cluster: bool, retried_in_place: bool) -> list[str]:
     """Warnings for the spec fields a RayJob has no place for."""
     spec = loaded.spec
     warnings = []
@@ -350,7 +356,7 @@ def _unmapped_fields(loaded: LoadedSpec, on_existing_cluster: bool) -> list[str]
                         "field: the driver may run on any node")
     if spec.address is not None:
         warnings.append(f"address ({spec.address}) is not used: the RayJob runs where it is applied")
-    if spec.max_retries and not on_existing_cluster and spec.retry_on:
+    if spec.max_retries and not on_existing_cluster and spec.retry_on and not retried_in_place:
         warnings.append(f"retry_on ({', '.join(spec.retry_on)}) has no RayJob field: KubeRay retries after any "
                         "failure, up to backoffLimit times, each on a new cluster")
     return warnings

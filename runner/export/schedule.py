@@ -16,6 +16,9 @@ import zoneinfo
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
+from rayjobs_agent.wire import RUN_PER_SUBMISSION_ENV_VAR
 from runner.errors import BadInput
 from runner.export.kuberay import Export
 
@@ -146,6 +149,13 @@ def build_raycronjob(rayjob: Export, schedule: str, time_zone: str | None) -> Ex
     """
     template = copy.deepcopy(rayjob.manifest["spec"])
     result = Export({}, list(rayjob.notes), list(rayjob.warnings))
+    # Each scheduled run is a new run, as a rerun is: its workload and its record name their folder after its
+    # submission, so that no run resumes the previous one's checkpoint or writes into its record.
+    runtime_env = yaml.safe_load(template.get("runtimeEnvYAML") or "") or {}
+    runtime_env.setdefault("env_vars", {})[RUN_PER_SUBMISSION_ENV_VAR] = "1"
+    template["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=False, default_flow_style=False, width=2**20)
+    result.notes.append("each scheduled run is a new run: its run folder (and its MLflow run) is named after its "
+                        "submission")
     if "jobId" in template:
         # Ray refuses a submission id it already holds, and the run record is named after it.
         result.warnings.append(f"submission_id ({template.pop('jobId')}) is dropped: every scheduled run would "

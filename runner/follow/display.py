@@ -14,9 +14,10 @@ import sys
 import time
 from typing import Any, TextIO
 
-from jobs.run_vocabulary import EventKind, kind_of
-from runner.follow.messages import format_duration
-from runner.follow.progress import (RunProgress, epochs_done, event_line, format_value, pace_parts,
+from runner.reporter import Reporter
+from rayjobs_agent.vocabulary import EventKind, kind_of
+from rayjobs_agent.wording import format_duration, format_value
+from runner.follow.progress import (RunProgress, epochs_done, event_line, pace_parts,
                                     position_text, short_reason, shown_metrics)
 
 _REFRESH_PER_S = 4
@@ -42,8 +43,7 @@ class PlainProgress:
         self.progress.update(event)
         line = event_line(event, self.progress)
         if line is not None:
-            self.notes.write(f"rayjobs: {line}\n")
-            self.notes.flush()
+            Reporter(self.notes).say(line)
 
     def close(self) -> None:
         """Nothing is left on screen to tidy."""
@@ -106,7 +106,7 @@ class LiveProgress:
                 kind_of(event) == EventKind.TRIAL and event.get("state") != "running"):
             line = event_line(event, self.progress)
             if line is not None:
-                self.notes.write(f"rayjobs: {line}\n")
+                Reporter(self.notes).say(line)
 
     def close(self) -> None:
         """Print what is left and take the block off the screen; the last state is printed once, plainly."""

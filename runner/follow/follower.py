@@ -23,6 +23,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from runner.reporter import Reporter
 from jobs.secrets import job_mask
 from jobs.infra.status import JobStatus, is_terminal
 from runner.client.jobs_api import JobsApi
@@ -94,6 +95,9 @@ class Follower:
         on_stall: Callable[[float, dict[str, Any]], None] | None = None,
         activity: Callable[[], float | None] | None = None,
         on_quiet: Callable[[float], None] | None = None,
+        on_info: Callable[[dict[str, Any]], None] | None = None,
+        agent_stall: Callable[[], float | None] | None = None,
+        beside_agent: Callable[[], bool | None] | None = None,
     ) -> None:
         self.api = api
         self.job_id = job_id
@@ -109,6 +113,8 @@ class Follower:
         self.on_stall = on_stall
         # Signs of the job's own life (None: any byte of its log); on_quiet is told once per QUIET_S of quiet.
         self.activity, self.on_quiet = activity, on_quiet
+        # The job's status as it is read (whether it runs beside the agent), and the stalls the agent said.
+        self.on_info, self.agent_stall, self.beside_agent = on_info, agent_stall, beside_agent
         self._quiet_asked_at = 0.0
         self._running_since: float | None = None
         self._stall_reported_at: float | None = None
@@ -124,8 +130,7 @@ class Follower:
 
     def note(self, text: str) -> None:
         """Print one of rayjobs' own lines (``rayjobs: …``) to ``notes``."""
-        self.notes.write(f"rayjobs: {text}\n")
-        self.notes.flush()
+        Reporter(self.notes).say(text)
 
     def run(self) -> Outcome:
         """Follow the job (blocking).
@@ -206,6 +211,8 @@ class Follower:
             last_contact = time.monotonic()
             contact = Deadline(self.give_up_after_s)
             self.last_info = info
+            if self.on_info is not None:
+                self.on_info(info)
             if not self._driver_known.is_set() and (info.get("driver_node_id") or "driver_node_id" not in info):
                 self._driver_node = info.get("driver_node_id")
                 self.cursor.mask_with(job_mask(info))  # before the log's first byte, which waits for the driver
@@ -243,6 +250,12 @@ class Follower:
 
     async def _watch_for_a_stall(self, info: dict[str, Any]) -> None:
         if self.stall_after is None or self.on_stall is None:
+            return
+        if self.beside_agent is not None and self.beside_agent():
+            # The agent decides; a stall it said is answered here (the stacks, which only the client can take).
+            silent_s = self.agent_stall() if self.agent_stall is not None else None
+            if silent_s is not None:
+                await asyncio.to_thread(self.on_stall, silent_s, info)
             return
         now = time.monotonic()
         self._running_since = self._running_since or now

@@ -4,13 +4,14 @@ The follower hands every decoded piece of the log to a :class:`LogView`, which c
 takes the progress events out of it (to :class:`runner.follow.progress.RunProgress`), keeps lines
 of Ray's own machinery out of sight unless asked (``--raw``), and writes the rest. An error is never
 chatter: Ray's ERROR and FATAL lines are always shown. Ray's complaints that the job waits for
-resources are taken out and named once by the follower (``runner.follow.waits``). In a pipe, a
+resources are taken out: the agent beside the job names the wait in its own line (``rayjobs_agent.watch``),
+and the follower names it only for a job without the agent (``rayjobs_agent.waits``). In a pipe, a
 progress bar redrawn with carriage returns is written once, as its last state. ``rayjobs logs JOB``
 without ``--follow`` does not come through here: it prints the log exactly as written.
 
-What counts as a sign of life for the stall watch is kept here too (:attr:`LogView.last_activity_at`):
-an event, or a line of the job's own. Ray's lines are not: a second Ray instance on the host makes
-Ray's own actors log a warning every few seconds while the job itself may be deadlocked.
+Which lines are Ray's own is the agent's rule (``rayjobs_agent.ray_lines``). For a job without the agent,
+the follower's stall watch reads its signs of life here (:attr:`LogView.last_activity_at`): an event, or a
+line of the job's own.
 """
 
 from __future__ import annotations
@@ -19,90 +20,32 @@ import io
 import re
 import time
 from collections.abc import Collection
-from typing import Callable, TextIO
+from typing import Any, Callable, TextIO
 
-from runner.follow.diagnosis import FailureReader
-from jobs.run_vocabulary import EVENT_MARKER, EventKind, kind_of
-from runner.follow.progress import RunProgress, parse_event
-from runner.follow.waits import ResourceWait, resource_wait_in
+from rayjobs_agent.causes import Diagnosis, FailureReader
+from rayjobs_agent.vocabulary import EVENT_MARKER, EventKind, kind_of
+from rayjobs_agent.vocabulary import decode as parse_event
+from runner.follow.progress import RunProgress
+from rayjobs_agent.ray_lines import ANSI_ESCAPE, FORWARD_PREFIX, RAY_WARNING_LINE, is_ray_chatter, is_rays_own
+from rayjobs_agent.waits import ResourceWait, resource_wait_in
+from rayjobs_agent.wire import OWN_LINE_PREFIX
 
-# A colour or cursor sequence; Ray colours the prefix of lines it forwards from other processes,
-# even into a log file.
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# Lines of Ray's own machinery that a job's driver log collects and a user did not write. Each is
-# recognised by how it begins after the forwarding prefix, so a job's output that quotes one is
-# only hidden when it has the same shape.
-_RAY_WARNING = r"^\S*/site-packages/ray/\S+\.py:\d+: \w*Warning: "
-_RAY_CHATTER = [re.compile(pattern) for pattern in (
-    r"^Reporting training result \d+: TrainingReport\(",
-    # Ray's C++ core logs: [2026-11-24 12:00:00,123 I 1234 5678] core_worker.cc:123: ... (errors are shown)
-    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIW] \d+ \d+\] \w+\.(cc|h):\d+:",
-    # Ray's Python loggers in the driver: 2026-11-24 12:00:00,123\tINFO worker.py:1234 -- ...
-    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\t(DEBUG|INFO|WARNING) [\w.]+\.py:\d+ -- ",
-    # Ray Data's progress lines when no terminal is attached (logging_progress) and its execution notes.
-    r"^(Running Dataset|Running: |- \w[\w ()]*: (Tasks|Active|Queued)|Dataset \w+ (execution|dataset_\w+)"
-    r"|✔️  Dataset \w+ execution finished)",
-    r"^\s*(Operator|Dataset throughput|\* (Ray Data throughput|Estimated single task throughput|"
-    r"Extra metrics|Remote wall time|Remote cpu time|UDF time|Peak heap memory|Output num rows|"
-    r"Output size bytes|Tasks executed|Operator throughput))",
-    r"^Wrapping provided model in DistributedDataParallel\.?$",
-    r"^Requesting resources: \{",
-    r"^- \(ip=[\d.]+, pid=\d+\) world_rank=\d+",
-    r"^Checkpoint successfully created at: Checkpoint\(",
-    # A warning raised inside Ray's own code (site-packages/ray); the source line under it: see LogView._keep.
-    _RAY_WARNING,
-    r"^\s+warnings\.warn\($",
-    r"^Started training worker group of size \d+:",
-    r"^- \(node_id=\w+, ip=[\d.]+, pid=\d+\) world_rank=\d+",
-    r"^Setting up process group for: ",
-    r"^Moving model to device: ",
-    r"^Attempting to start training worker group of size \d+",
-    r"^\[State Transition\] ",
-    r"^Training finished iteration \d+",
-)]
-# ``(TrainController pid=4711)``, ``(RayTrainWorker pid=12, ip=10.0.0.2)``, ``(raylet)``, ``(autoscaler +3s)``:
-# Ray's prefix on a line it forwarded from another process.
-_FORWARD_PREFIX = re.compile(r"^\((?:[\w.]+(?: pid=\d+)?(?:, ip=[\d.]+)?|raylet(?:, ip=[\d.]+)?|"
-                             r"autoscaler \+[\w.]+)\) ")
-# Lines of Ray's that are shown (errors are never chatter) but are no sign of the job's own life.
-_RAY_SHOWN = re.compile(r"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [EF] \d+ \d+\] \w+\.(cc|h):\d+:|"
-                        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\t(ERROR|CRITICAL) [\w.]+\.py:\d+ -- )")
-# Ray's own processes, which run none of the job's code: whatever they print (a traceback included) is Ray's.
-_RAY_PROCESSES = re.compile(r"^\((autoscaler \+|raylet[,)]|PlacementGroupCleaner |JobSupervisor |_StatsActor |"
-                            r"SplitCoordinator |AutoscalingRequester |DatasetStatsActor )")
 # A tqdm bar's state: ``Parquet dataset sampling: 100%|##########| 3.00/3.00 [00:00<00:00, 12.4k file/s]``.
 _TQDM_BAR = re.compile(r"^(?P<desc>.*?)(?P<pct>\d{1,3}%)\|[^|]*\|\s*(?P<done>[\d.]+[kMGTP]?)/(?P<total>[\d.]+[kMGTP]?)")
 # Lines a workload prints that say what an event says too; the follower's line for the event stays.
 _STAGE_ECHO = re.compile(r"^Stage (\S+) finished in [\d.]+s$")
 _EPOCH_ECHO = re.compile(r"^epoch (\d+)/\d+[:,]? ")
 # A partial line that may still turn out to be an event or chatter is held back until its end.
-_MAY_BE_HIDDEN = ("(", "[", "Reporting", "Running", "- ", "Dataset", "Wrapping", "Started", "Setting", "Moving",
+_MAY_BE_HIDDEN = (OWN_LINE_PREFIX, "(", "[", "Reporting", "Running", "- ", "Dataset", "Wrapping", "Started", "Setting", "Moving",
                   "Attempting", "Training", "✔", "Requesting", "Checkpoint", "/", " ", EVENT_MARKER,
                   *"0123456789")
 _HELD_PARTIAL_CHARS = 4096
 
 
-_RAY_WARNING_LINE = re.compile(_RAY_WARNING)
-
-
-def is_ray_chatter(line: str) -> bool:
-    """Whether a log line (colour already removed) is Ray's machinery talking rather than the job."""
-    body = _FORWARD_PREFIX.sub("", line, count=1).lstrip("\r")
-    return any(pattern.search(body) for pattern in _RAY_CHATTER)
-
-
-def is_rays_own(line: str) -> bool:
-    """Whether a log line (colour already removed) comes from Ray rather than the job: chatter, Ray's error
-    logs, the autoscaler's messages, resource waits. None of them is a sign of the job's own life."""
-    if _RAY_PROCESSES.match(line) or is_ray_chatter(line):
-        return True
-    body = _FORWARD_PREFIX.sub("", line, count=1).lstrip("\r")
-    return bool(_RAY_SHOWN.search(body)) or resource_wait_in(body) is not None
-
 
 def last_state(line: str) -> str:
     """What a line redrawn with carriage returns finally showed; a tqdm bar as ``desc: 100% 3/3``."""
-    prefix = _FORWARD_PREFIX.match(line)
+    prefix = FORWARD_PREFIX.match(line)
     head = prefix[0] if prefix else ""
     states = [state for state in line[len(head):].split("\r") if state.strip()]
     if not states:
@@ -129,6 +72,8 @@ class LogView:
         on_event: called with each progress event found in the log.
         on_line: called with every complete line, colour removed, shown or not (to read a failure's cause).
         on_wait: called with each line of Ray's that says the job waits for resources (taken out of the view).
+        on_agent_line: called with each line the agent beside the job wrote (taken out of the job's output);
+            None: they stay in it.
         raw: show everything, Ray's chatter and the event lines too, as the log has it.
         strip_ansi: remove colour codes (for output that is not a terminal).
         pipe: the output is no terminal: a bar redrawn with carriage returns is written once, as its last state.
@@ -138,12 +83,14 @@ class LogView:
 
     def __init__(self, out: TextIO, on_event: Callable[[dict], None] | None = None, *, raw: bool = False,
                  strip_ansi: bool = False, on_line: Callable[[str], None] | None = None,
-                 on_wait: Callable[[ResourceWait], None] | None = None, pipe: bool = False,
+                 on_wait: Callable[[ResourceWait], None] | None = None,
+                 on_agent_line: Callable[[str], None] | None = None, pipe: bool = False,
                  echoed: Collection[str] = ()) -> None:
         self.out = out
         self.on_event = on_event or (lambda event: None)
         self.on_line = on_line or (lambda line: None)
         self.on_wait = on_wait or (lambda wait: None)
+        self.on_agent_line = on_agent_line
         self.raw = raw
         self.strip_ansi = strip_ansi
         self.pipe = pipe and not raw  # --raw: the log as written, carriage returns and all
@@ -177,6 +124,13 @@ class LogView:
             if self._shown_partial:
                 self._shown_partial = False  # its start is already on the screen: the rest goes too
                 shown.append(line + "\n")
+                continue
+            if self.on_agent_line is not None and not self.raw and plain.startswith(OWN_LINE_PREFIX):
+                # The agent's own line (a decision, a problem of the record): shown among rayjobs' lines.
+                self.hidden_lines += 1
+                self._emit("".join(shown))
+                shown = []
+                self.on_agent_line(plain)
                 continue
             wait = None if self.raw else resource_wait_in(plain)
             if wait is not None:
@@ -254,7 +208,7 @@ class LogView:
 
     def _fact_in(self, plain: str) -> tuple[str, str] | None:
         """What an event may say again of a line of the job's: ``("stage", "train")``, ``("report", "3")``."""
-        body = _FORWARD_PREFIX.sub("", plain, count=1)
+        body = FORWARD_PREFIX.sub("", plain, count=1)
         if EventKind.STAGE in self.echoed and EventKind.STAGE in self._events_seen:
             match = _STAGE_ECHO.match(body)
             if match is not None:
@@ -280,12 +234,12 @@ class LogView:
         """Whether a complete line that is no event is shown."""
         if self.raw:
             return True
-        prefix = _FORWARD_PREFIX.match(plain)
+        prefix = FORWARD_PREFIX.match(plain)
         prefix_text = prefix[0] if prefix else ""
         body = plain[len(prefix_text):]
         # Python prints the line of source a warning points at under it, indented: whatever that line is.
         source_of_warning = self._warned_by == prefix_text and body.startswith("  ")
-        self._warned_by = prefix_text if _RAY_WARNING_LINE.search(body) else None
+        self._warned_by = prefix_text if RAY_WARNING_LINE.search(body) else None
         if source_of_warning or is_ray_chatter(plain):
             self.hidden_lines += 1
             return False
@@ -310,6 +264,20 @@ def _fact_of(event: dict) -> tuple[str, str] | None:
         epoch = (event.get("metrics") or {}).get("epoch", event.get("iteration"))
         return (EventKind.REPORT, str(int(epoch))) if isinstance(epoch, (int, float)) else None
     return None
+
+
+def diagnosis_of(progress: RunProgress, failure: FailureReader) -> Diagnosis | None:
+    """Why the job failed: what the agent beside it decided (its ``cause`` events); for a job that ran without the
+    agent (submitted by other means), the agent's own table read over the same log here."""
+    return progress.diagnosis() if progress.decided else failure.diagnose()
+
+
+def read_job_log(info: dict[str, Any], text: str) -> tuple[RunProgress, FailureReader]:
+    """What the end of a job's log says (its progress, the lines that may name why it failed), read after its
+    secrets are masked: a failure's evidence is a line of the log, and is printed."""
+    from jobs.secrets import job_mask
+
+    return read_log(job_mask(info).mask_text(text))
 
 
 def read_log(text: str) -> tuple[RunProgress, FailureReader]:

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.secrets import job_mask
 from jobs.infra.status import JobStatus
+from rayjobs_agent.wording import format_duration
 from runner.errors import ExitCode
+from rayjobs_agent.causes import killed_by
 
 if TYPE_CHECKING:
     from runner.client.connection import Connection
@@ -25,17 +27,6 @@ def duration_s(info: dict[str, Any]) -> float | None:
         return None
     end = info.get("end_time") or time.time() * 1000
     return max(0.0, (end - start) / 1000)
-
-
-def format_duration(seconds: float | None) -> str:
-    """``12.3s``, ``4m05s`` or ``1h02m03s``; ``-`` for None."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | None, reason: str = "",
@@ -57,8 +48,11 @@ def summary_line(job_id: str, outcome_code: ExitCode, info: dict[str, Any] | Non
         message = (info.get("message") or "").strip().splitlines()
         first = job_mask(info).mask_text(message[0].split(", last available logs")[0]) if message else ""
         detail = " ".join(part for part in (info.get("error_type"), first) if part)
-        if info.get("driver_exit_code") is not None and "exit code" not in detail:
-            detail += f" (exit code {info['driver_exit_code']})"
+        code = info.get("driver_exit_code")
+        if code is not None and "exit code" not in detail:
+            detail += f" (exit code {code})"
+        if status == JobStatus.FAILED and (killed := killed_by(code)):
+            detail += f": the entrypoint {killed}"
         if detail:
             line += f": {detail.strip()}"
     return line
@@ -86,10 +80,3 @@ def follow_up_lines(job_id: str, connection: Connection) -> list[str]:
     return [f"follow it:  rayjobs logs --follow {job_id}{hint}",
             f"its status: rayjobs status {job_id}{hint}",
             f"stop it:    rayjobs stop {job_id}{hint}"]
-
-
-def plain_table(rows: list[tuple[str, ...]]) -> str:
-    """Rows as aligned columns, two spaces apart; the last column is left ragged (it may be long)."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1]
-                     for row in rows)

@@ -1,4 +1,4 @@
-"""A job's progress, read from the events in its log (``workloads/rayjobs_observe``): what it is doing,
+"""A job's progress, read from the events in its log (``rayjobs_agent``): what it is doing,
 how far it got, how long the rest should take, and what went wrong on the way.
 
 The job writes events as ``rayjobs-event {json}`` lines; lines forwarded from other processes of the
@@ -7,75 +7,18 @@ job carry a ``(Name pid=…)`` prefix, possibly in colour, so an event is found 
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.run_vocabulary import EVENT_MARKER, EventKind, kind_of
-from runner.follow.messages import format_duration
+from rayjobs_agent.causes import Diagnosis, short_reason
+from rayjobs_agent.vocabulary import AGENT_KINDS, EventKind, kind_of
+from rayjobs_agent.wording import format_duration, format_value
 
-_EVENT_LINE = re.compile(rf"{EVENT_MARKER} (\{{.*\}})\s*$")
 # How many of the last epochs the pace (and so the ETA) is taken over: recent enough to follow a
 # change of speed, long enough that one slow evaluation does not swing it.
 _PACE_EPOCHS = 5
 _METRICS_SHOWN = 4
-_REASON_LINE_CHARS = 300
-
-
-def parse_event(line: str) -> dict[str, Any] | None:
-    """The event a log line holds, or None for any other line (a malformed event too)."""
-    if EVENT_MARKER not in line:
-        return None
-    match = _EVENT_LINE.search(line)
-    if match is None:
-        return None
-    try:
-        event = json.loads(match[1])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and kind_of(event) is not None else None
-
-
-_RANK_SNIPPET = re.compile(r"^\[Rank (\d+) Error Snippet\]:\s*$", re.MULTILINE)
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
-# A rank that fails because another rank is gone says so through the collective it was in; the rank
-# that is gone is the cause worth naming.
-_CONSEQUENCE = re.compile(r"Connection reset by peer|Connection closed by peer|gloo|NCCL|ProcessGroup|"
-                          r"Broken pipe|collective operation timeout", re.IGNORECASE)
-_PROCESS_DIED = re.compile(r"worker process has died|health check failed|actor died unexpectedly", re.IGNORECASE)
-
-
-def short_reason(reason: str | None) -> str:
-    """One line that names a training failure.
-
-    Ray wraps every failed rank's traceback (``[Rank N Error Snippet]:``); the line chosen is the cause:
-    a rank whose process died, else a rank's own error, rather than another rank's broken collective.
-    """
-    if not reason:
-        return "no reason given"
-    snippets = _RANK_SNIPPET.split(reason.strip())
-    if len(snippets) > 1:
-        ranks = [(int(snippets[index]), snippets[index + 1]) for index in range(1, len(snippets) - 1, 2)]
-        for rank, text in ranks:
-            if _PROCESS_DIED.search(text):
-                detail = re.search(r"Worker exit detail: ([^.]*)", text)
-                return _clip(f"rank {rank}'s worker process died" + (f" ({detail[1].strip()})" if detail else ""))
-        own = [(rank, text) for rank, text in ranks if text.strip() and not _CONSEQUENCE.search(text)]
-        rank, text = (own or [(rank, text) for rank, text in ranks if text.strip()] or [(None, reason)])[0]
-        return _clip((f"rank {rank}: " if rank is not None else "") + _last_raised(text))
-    return _clip(_last_raised(reason))
-
-
-def _last_raised(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    raised = [line for line in lines if _RAISED.match(line)]
-    return raised[-1] if raised else (lines[-1] if lines else "no reason given")
-
-
-def _clip(line: str) -> str:
-    return line if len(line) <= _REASON_LINE_CHARS else line[:_REASON_LINE_CHARS - 1] + "…"
 
 
 @dataclass
@@ -115,6 +58,12 @@ class RunProgress:
     slowest_report_s: float | None = None  # the longest wait between two reports of one attempt
     # A sweep's trials by name: state (started, running, ended, failed), values, epoch, metric.
     trials: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The agent's word on the job's attempts: why each failed (its ``cause`` events) and each retry in place.
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    # The agent's wait (its words) while the job waits, and the silence of the stall it last said.
+    waiting: str | None = None
+    stalled_s: float | None = None
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
     def update(self, event: dict[str, Any]) -> None:
@@ -122,6 +71,10 @@ class RunProgress:
         self.events += 1
         at = float(event.get("time") or time.time())
         kind = kind_of(event)
+        if kind in (EventKind.ATTEMPT, EventKind.REPORT, EventKind.STEP):
+            self.waiting = None  # it got what it waited for
+        if kind not in AGENT_KINDS:
+            self.stalled_s = None  # a sign of its own life
         if kind == EventKind.STAGE:
             if event.get("state") == "start":
                 self.stage = event.get("name")
@@ -159,6 +112,14 @@ class RunProgress:
                                          at, event.get("run")))
         elif kind == EventKind.TRAIN_END:
             self.training_state = event.get("state")
+        elif kind == EventKind.CAUSE:
+            self.causes.append(event)
+        elif kind == EventKind.RETRY:
+            self.retries.append(event)
+        elif kind == EventKind.WAIT:
+            self.waiting = str(event.get("text") or "") or None
+        elif kind == EventKind.STALL:
+            self.stalled_s = float(event.get("silent_s") or 0.0)
         elif kind == EventKind.TRIAL:
             trial = self.trials.setdefault(str(event.get("trial")), {"state": None, "values": {}, "epoch": None,
                                                                      "metric": None})
@@ -166,6 +127,15 @@ class RunProgress:
             for key in ("values", "epoch", "metric"):
                 if event.get(key) is not None:
                     trial[key] = event[key]
+
+    @property
+    def decided(self) -> bool:
+        """Whether the agent beside the job has said why an attempt failed (then nothing else is read into the log)."""
+        return bool(self.causes)
+
+    def diagnosis(self) -> Diagnosis | None:
+        """Why the last attempt failed, as the agent decided (None: it recognised no cause, or said nothing yet)."""
+        return Diagnosis.from_event(self.causes[-1]) if self.causes else None
 
     def trials_text(self) -> str | None:
         """``trials: 1 running, 2 ended, 1 failed``; None outside a sweep."""
@@ -201,6 +171,8 @@ class RunProgress:
             "restarts": [restart.as_dict() for restart in self.restarts], "training_state": self.training_state,
             "seconds_per_epoch": self.seconds_per_epoch(), "counts": self.counts, "events": self.events,
             "step": self.step, "steps": self.steps, "trials": self.trials,
+            "job_attempts": len(self.retries) + 1, "causes": self.causes, "waiting": self.waiting,
+            "stalled_s": self.stalled_s,
         }
 
 
@@ -220,13 +192,6 @@ def shown_metrics(metrics: dict[str, Any], limit: int = _METRICS_SHOWN) -> list[
                   if name not in ("epoch", "step", "iteration") and isinstance(value, (int, float))]
     wanted = [item for item in candidates if rank(item[0]) < 3] or candidates
     return sorted(wanted, key=lambda item: rank(item[0]))[:limit]
-
-
-def format_value(value: Any) -> str:
-    """A metric as a person reads it: four significant digits, integers whole."""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def pace_parts(progress: RunProgress, with_eta: bool = True) -> list[str]:
@@ -298,6 +263,7 @@ def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
         return line
     if kind == EventKind.TRIAL:
         return trial_line(event, progress)
+    # The agent's decisions (cause, retry, wait, stall) come with a line of its own in the log: that line is shown.
     return None
 
 

@@ -60,7 +60,7 @@ _FRAME = re.compile(r"^\s+(?P<function>.+?) \((?P<file>[^()]+?)(?::(?P<line>\d+)
 _LIBRARIES = frozenset({"ray", "torch", "torchvision", "numpy", "pyarrow", "pandas", "tqdm", "rich", "grpc", "aiohttp",
                         "urllib3", "requests", "fsspec", "s3fs", "boto3", "botocore", "mlflow", "transformers",
                         "accelerate", "datasets", "huggingface_hub", "timm", "lightning", "pytorch_lightning",
-                        "tensorboard", "setproctitle", "rayjobs_observe", "site-packages", "dist-packages"})
+                        "tensorboard", "setproctitle", "rayjobs_agent", "site-packages", "dist-packages"})
 # A wrapper's frame says nothing of what is called: the call named is the one it wraps
 # (``requires_train_worker.<locals>._wrap.<locals>._wrapped_fn`` around ``ray.train.report``).
 _WRAPPER = re.compile(r"^_*(wrap\w*|\w*_?wrapper|inner|decorated|fn|__call__|<lambda>)$")

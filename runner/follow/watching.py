@@ -1,16 +1,23 @@
 """What a followed job's log feeds, wired together: its progress display, the failure reader, and the wait for
-resources. (When a silent job is called stalled is the run's rule: ``runner.run.stall``.)"""
+resources.
+
+A job that runs beside the agent (every job rayjobs submits) has its waits and stalls decided there and said in
+its log (``wait`` and ``stall`` events, with the agent's own line): the follower shows them and decides nothing.
+A job submitted by other means has no agent; for it, the follower applies the agent's rules itself
+(``rayjobs_agent.waits``, and ``runner.run.stall`` for the stall limit)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jobs.run_vocabulary import EventKind, kind_of
-from runner.follow.diagnosis import FailureReader
+from runner.reporter import Reporter, own_line
+from rayjobs_agent.vocabulary import EventKind, kind_of
+from rayjobs_agent.causes import FailureReader
 from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.log_view import LogView
 from runner.follow.progress import RunProgress
-from runner.follow.waits import ResourceWait, pending_demand
+from rayjobs_agent.waits import ResourceWait, pending_demand
+from rayjobs_agent.wire import RECORD_COMMAND
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -47,11 +54,24 @@ class Watch:
         terminal = bool(getattr(logs_out, "isatty", lambda: False)())
         # The live block prints its own line for a stage, not for each report: there the job's epoch lines stay.
         self.view = LogView(logs_out, self._event, raw=raw, strip_ansi=not live and not terminal,
-                            on_line=self.failure.line, on_wait=self._waiting, pipe=not live and not terminal,
+                            on_line=self.failure.line, on_wait=self._waiting, on_agent_line=self._say,
+                            pipe=not live and not terminal,
                             echoed=(EventKind.STAGE,) if live else (EventKind.STAGE, EventKind.REPORT))
-        # What the job waits for, while it does (Ray's own lines say so; see runner.follow.waits).
-        self.resource_wait: ResourceWait | None = None
+        # What the job waits for, in words, while it does (the agent's ``wait`` event, or Ray's own lines).
+        self.waiting: str | None = None
         self._waits_said: set[tuple[Any, ...]] = set()
+        # Whether the job runs beside the agent (known from its first status), and the stalls it said.
+        self.beside_agent: bool | None = None
+        self._stalls: list[float] = []
+
+    def job_info(self, info: dict[str, Any]) -> None:
+        """The job's status, as the follower reads it: whether the agent decides its waits and stalls."""
+        if self.beside_agent is None and info.get("entrypoint"):
+            self.beside_agent = str(info["entrypoint"]).startswith(RECORD_COMMAND)
+
+    def new_stall(self) -> float | None:
+        """The silence (seconds) of a stall the agent said since the last call, or None."""
+        return self._stalls.pop() if self._stalls else None
 
     def last_activity(self) -> float | None:
         """When the job last showed a sign of its own life (time.monotonic()): an event or a line of its own."""
@@ -59,31 +79,38 @@ class Watch:
 
     def waiting_text(self) -> str | None:
         """``waiting for resources: 3 CPUs for the trainer and workers, 2 on the cluster``, while it waits."""
-        return self.resource_wait.text() if self.resource_wait is not None else None
+        return self.waiting
 
     def _event(self, event: dict[str, Any]) -> None:
-        if kind_of(event) in _WAIT_OVER:
-            self.resource_wait = None
+        kind = kind_of(event)
+        if kind in _WAIT_OVER:
+            self.waiting = None
             self._waits_said.clear()  # a later wait (after a restart) is a new one
+        elif kind == EventKind.WAIT:
+            self.waiting = str(event.get("text") or "") or None
+        elif kind == EventKind.STALL:
+            self._stalls = [float(event.get("silent_s") or 0.0)]
         self.display.event(event)
 
     def _waiting(self, wait: ResourceWait) -> None:
-        """Ray said again that the job waits for resources: named once, in rayjobs' words, with the numbers."""
+        """Ray said again that a job without the agent waits for resources: named once, with the numbers."""
+        if self.beside_agent:
+            return  # the agent names it, in its own line of the log
         said = (tuple(sorted(wait.asked.items())), wait.for_what)
         if said in self._waits_said:
             return
         self._waits_said.add(said)
         if wait.cluster is None:
             wait = wait.with_nodes(self._node_resources())
-        self.resource_wait = wait
-        self._say(f"rayjobs: {wait.text()}; Ray keeps it waiting until they are free or the cluster grows "
-                  "(ask for less, or add nodes)")
+        self.waiting = wait.text()
+        self._say(own_line(f"{wait.text()}; Ray keeps it waiting until they are free or the cluster grows "
+                           "(ask for less, or add nodes)"))
 
     def on_quiet(self, silent_s: float) -> None:
         """The job has been quiet a while: if it has not got its workers yet and the cluster has demand pending
         (Ray Train V2 waits for its worker group without a word), that is the wait, named as Ray's lines are."""
         progress = self.progress
-        if self.resource_wait is not None or progress.attempts > len(progress.restarts):
+        if self.beside_agent or self.waiting is not None or progress.attempts > len(progress.restarts):
             return  # already named, or its workers run: a quiet job then is no resource wait
         from runner.errors import RayJobsError
 
@@ -111,5 +138,4 @@ class Watch:
         self.display.close()
 
     def _say(self, line: str) -> None:
-        self.notes.write(line + "\n")
-        self.notes.flush()
+        Reporter(self.notes).write(line)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from jobs.infra.storage import StorageLocation
+from rayjobs_agent.storage_location import StorageLocation
 from jobs.submission import local_runtime_paths
 from jobs.workload_contract import workload_needs
 from runner.export.packaging import upload_local_paths

@@ -6,14 +6,12 @@ path ends with a line that says where the job is and the command that reaches it
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, TextIO
 
-from jobs.infra.status import is_terminal
-from runner.client.backoff import Deadline, retrying
 from runner.errors import ExitCode, JobNotFound, RayJobsError
 from runner.follow.messages import address_hint, follow_up_lines
-from runner.run.notes import Notes
+from runner.follow.queued import job_or_place
+from runner.reporter import Reporter
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -26,7 +24,7 @@ def detach_or_stop(client: JobsApi, job_id: str, *, stop_it: bool, notes: TextIO
     Returns:
         ExitCode.INTERRUPTED. A failed stop is reported, never raised.
     """
-    say = Notes(notes).say
+    say = Reporter(notes).say
     hint = address_hint(client.connection)
     if not stop_it:
         say(f"interrupted: detached from job {job_id}, which keeps running on the cluster")
@@ -34,31 +32,14 @@ def detach_or_stop(client: JobsApi, job_id: str, *, stop_it: bool, notes: TextIO
             say(line)
         return ExitCode.INTERRUPTED
     say(f"interrupted: stopping job {job_id} (--stop-on-interrupt)")
+    from runner.client.queue import stop_job
+
     try:
-        client.stop_job(job_id)
+        stop_job(client, job_id)
         say(f"stop requested; check with: rayjobs status {job_id}{hint}")
     except RayJobsError as exc:
         say(f"could not stop it: {exc}")
     return ExitCode.INTERRUPTED
-
-
-def wait_until_ended(client: JobsApi, job_id: str, *, within_s: float, poll_s: float = 0.3) -> tuple[str | None, bool]:
-    """Poll a job's status until it is SUCCEEDED, FAILED or STOPPED, for at most ``within_s``.
-
-    Returns:
-        The last status seen, and whether the job ended in time.
-
-    Raises:
-        ClusterUnreachable: no answer for 10 s in a row; any other ``RayJobsError`` at once.
-    """
-    deadline = Deadline(within_s)
-    status: str | None = None
-    while deadline.left() > 0:
-        status = retrying(lambda: client.get_job(job_id), give_up_after_s=10).get("status")
-        if is_terminal(status):
-            return status, True
-        time.sleep(poll_s)
-    return status, False
 
 
 def settle_interrupted_submit(client: JobsApi, interrupted: SubmitInterrupted, *, stop_it: bool,
@@ -70,7 +51,7 @@ def settle_interrupted_submit(client: JobsApi, interrupted: SubmitInterrupted, *
     Returns:
         The id of the job that was (or may have been) created, or None if nothing was submitted.
     """
-    say = Notes(notes).say
+    say = Reporter(notes).say
     job_id = interrupted.submission_id
     if job_id is None:
         say("interrupted: nothing was submitted")
@@ -79,7 +60,7 @@ def settle_interrupted_submit(client: JobsApi, interrupted: SubmitInterrupted, *
     if not interrupted.answered:
         # The job request had gone out; only the cluster knows whether it created the job.
         try:
-            client.get_job(job_id)
+            job_or_place(client, job_id)
         except JobNotFound:
             say(f"interrupted: nothing was submitted (the cluster has no job {job_id}; "
                 f"`rayjobs status {job_id}{hint}` checks again)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from jobs.infra.storage import uri_scheme
+from rayjobs_agent.storage_location import uri_scheme
 from jobs.sweep import SweepDoesNotFit, sweep_concurrency
 from jobs.workload_contract import workload_needs
 from runner.errors import BadInput, RayJobsError

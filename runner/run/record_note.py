@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jobs.keys import RECORD_ENV_VAR
+from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.submission import DEFAULT_RECORD_PATH
 
 if TYPE_CHECKING:

@@ -1,7 +1,8 @@
-"""When a followed job that runs but says nothing is called stalled, and what is done then.
+"""What is done when a followed job that runs but says nothing is stalled.
 
-The follower measures the silence (``runner.follow.follower``); this rule decides how long is too long
-and answers: one warning per hang, one line per process saying where it is in its own code, and the
+The agent beside the job decides that it stalled (``rayjobs_agent.watch``, a ``stall`` event); for a job
+submitted without the agent, the follower measures the silence (``runner.follow.follower``) against the
+same limit. The answer: one warning per hang, one line per process saying where it is in its own code, and the
 whole stacks kept in the run record. A stalled job is always left running: it may be slow, not stuck.
 """
 
@@ -10,16 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.secrets import job_mask
+from rayjobs_agent.watch import stall_limit_s
 from runner.follow.stacks import job_stacks
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
     from runner.follow.watching import Watch
 
-# A silence shorter than this is never called a stall: start-up, a first epoch and an evaluation
-# can each be that quiet. Past the pace of the run's own reports, three times its slowest gap.
-STALL_FLOOR_S = 300.0
-STALL_PACE_FACTOR = 3.0
 
 
 class StallRule:
@@ -40,9 +38,7 @@ class StallRule:
 
     def after(self) -> float:
         """How long a RUNNING job may be silent before it is called stalled."""
-        if self.stall_after_s is not None:
-            return self.stall_after_s
-        return max(STALL_FLOOR_S, STALL_PACE_FACTOR * (self.watch.progress.slowest_report_s or 0.0))
+        return stall_limit_s(self.stall_after_s, self.watch.progress.slowest_report_s)
 
     def on_stall(self, silent_s: float, info: dict[str, Any]) -> None:
         """Say once per hang that the job stalled, with one line per process: where it is in its own code.
@@ -50,10 +46,10 @@ class StallRule:
         The whole stacks go to the run record (and ``rayjobs stack`` shows them); a job that waits for
         resources is not stalled, and is said to wait instead.
         """
-        waiting = self.watch.resource_wait
+        waiting = self.watch.waiting_text()
         if waiting is not None:
             self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has made no progress for "
-                      f"{silent_s:.0f}s: {waiting.text()}; it is left running")
+                      f"{silent_s:.0f}s: {waiting}; it is left running")
             return
         self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
                   f"no progress for {silent_s:.0f}s (stall_after_s {self.after():g}); it is left running. "
@@ -71,7 +67,7 @@ class StallRule:
     def _keep_in_record(self, info: dict[str, Any], text: str) -> None:
         """The stacks go into the job's run record too, where they outlive this terminal."""
         from runner.errors import RayJobsError
-        from runner.runs.store import save_stacks
+        from runner.records.store import save_stacks
 
         try:
             where = save_stacks(info, text, cluster_is_local=self.client.connection.local_cluster is not None)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from jobs.keys import METADATA_SPEC_HASH
+from rayjobs_agent.wire import METADATA_SPEC_HASH
 from jobs.queueing import queue_needs
-from runner.client.submission import SubmitInterrupted, working_dir_size
+from jobs.submission import AGENT_PACKAGE_DIR
+from runner.client.queue import ClusterQueue
+from runner.client.submission import SubmitInterrupted, new_submission_id, working_dir_size
 from runner.errors import BadInput, ClusterRequestFailed, JobNotFound
 from runner.run.code_upload import code_destination, upload_code
 from runner.follow.messages import where_from
 from runner.run.interrupts import settle_interrupted_submit
-from runner.run.notes import Notes
+from runner.reporter import Reporter
 from runner.run.preflight import check_entrypoint_fits, check_queue_fits, check_sweep_fits
 from runner.run.record_note import no_record_note
 
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
 
 
 def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, preflight: bool = True,
-                     notes: TextIO | None = None, loaded: LoadedSpec | None = None) -> str:
+                     notes: TextIO | None = None, loaded: LoadedSpec | None = None,
+                     queue: dict[str, Any] | None = None) -> str:
     """Submit a job; with a fixed ``submission_id`` already taken by the same spec, attach to that job instead.
 
     Args:
@@ -36,6 +39,8 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
             ``loaded`` is given, if the cluster holds none of its trials or fewer at once than it asks for).
         loaded: the spec the submission was built from.
         notes: where rayjobs' own lines go (default: stderr).
+        queue: the job's place in a cluster queue (``jobs.queueing.queue_config``): its request is then kept by
+            the queue, which submits it to Ray when its turn comes.
 
     Returns:
         The submission id of the new or the attached job.
@@ -46,7 +51,7 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
         KeyboardInterrupt: Ctrl-C before that (in the attach check or the pre-flight): nothing was submitted.
         RayJobsError: the cluster could not be reached, refused the credentials, or failed the request.
     """
-    say = Notes(notes).say
+    say = Reporter(notes).say
     wanted = submission.get("submission_id")
     if wanted and _attach_if_submitted(client, wanted, submission, say):
         return wanted
@@ -60,6 +65,8 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
     destination = code_destination(loaded, submission, working_dir_size) if loaded is not None else None
     if destination is not None:
         submission = upload_code(submission, destination, say)
+    if queue is not None:
+        return _enqueue(client, submission, name, queue, say, loaded)
     try:
         job_id = client.submit(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
     except (BadInput, ClusterRequestFailed):
@@ -77,30 +84,71 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
     return job_id
 
 
+def _enqueue(client: JobsApi, submission: dict[str, Any], name: str, queue: dict[str, Any],
+             say: Callable[[str], None], loaded: LoadedSpec | None) -> str:
+    """Put the job's request (its code uploaded) into its cluster queue; the job's id."""
+    submission = {**submission, "submission_id": submission.get("submission_id") or new_submission_id()}
+    job_id = submission["submission_id"]
+    try:
+        request = client.prepare(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
+    except KeyboardInterrupt:
+        raise SubmitInterrupted(None) from None
+    modules = (submission.get("runtime_env") or {}).get("py_modules") or []
+    sent_modules = (request.get("runtime_env") or {}).get("py_modules") or []
+    agent_modules = [sent for local, sent in zip(modules, sent_modules) if local == str(AGENT_PACKAGE_DIR)]
+    try:
+        answer = ClusterQueue(client).enqueue(request, queue=queue["name"], priority=int(queue.get("priority") or 0),
+                                              needs=queue.get("needs") or {}, name=name, agent_modules=agent_modules)
+    except KeyboardInterrupt:
+        raise SubmitInterrupted(job_id, answered=False) from None
+    if "exists" in answer:
+        _same_spec_or_refuse(job_id, submission, answer.get("metadata") or {},
+                             answer.get("status") or f"waiting in queue {answer.get('queue')}", say)
+        return job_id
+    limit = answer.get("max_running")
+    say(f"submitted {name} as {job_id} to {client.address} ({where_from(client.connection)}): waiting in queue "
+        f"{answer['queued']}, position {answer.get('position')} ({answer.get('running')} of "
+        f"{limit if limit is not None else 'unlimited'} running)")
+    if loaded is not None and (note := no_record_note(loaded, submission)) is not None:
+        say(f"note: {note}")
+    return job_id
+
+
 def _attach_if_submitted(client: JobsApi, wanted: str, submission: dict[str, Any],
                          say: Callable[[str], None]) -> bool:
-    """Whether a job ``wanted`` from this same spec exists (then it is attached to); BadInput when another spec has it."""
+    """Whether a job ``wanted`` from this same spec exists, running or queued (then it is attached to); BadInput
+    when another spec has it."""
     try:
         existing = client.get_job(wanted)
     except JobNotFound:
-        return False
+        place = ClusterQueue(client).place_of(wanted)
+        if place is None:
+            return False
+        existing = {"status": f"waiting in queue {place['queue']}", "metadata": place.get("metadata") or {}}
+    _same_spec_or_refuse(wanted, submission, existing.get("metadata") or {}, existing.get("status"), say)
+    return True
+
+
+def _same_spec_or_refuse(wanted: str, submission: dict[str, Any], metadata: dict[str, Any], status: Any,
+                         say: Callable[[str], None]) -> None:
+    """Say that job ``wanted`` came from this spec (and is attached to), or refuse: another spec's job has the id."""
     ours = submission["metadata"][METADATA_SPEC_HASH]
-    theirs = (existing.get("metadata") or {}).get(METADATA_SPEC_HASH)
+    theirs = metadata.get(METADATA_SPEC_HASH)
     if theirs != ours:
         raise BadInput(
             f"submission_id {wanted!r} is already taken by a job with different content (spec hash "
             f"{theirs or 'none: not submitted by rayjobs'}, this spec {ours}); change submission_id, or "
             f"delete the old job first (rayjobs delete {wanted})")
-    say(f"job {wanted} was already submitted from this spec ({existing.get('status')}); attaching to it")
-    return True
+    say(f"job {wanted} was already submitted from this spec ({status}); attaching to it")
 
 
 def submit_settling_interrupts(client: JobsApi, submission: dict[str, Any], name: str, *, preflight: bool,
                                stop_on_interrupt: bool, notes: TextIO | None, attempts: list[str],
-                               loaded: LoadedSpec | None = None) -> str | None:
+                               loaded: LoadedSpec | None = None, queue: dict[str, Any] | None = None) -> str | None:
     """``submit_or_attach``, its id appended to ``attempts``; on Ctrl-C, settle it and return None."""
     try:
-        job_id = submit_or_attach(client, submission, name=name, preflight=preflight, notes=notes, loaded=loaded)
+        job_id = submit_or_attach(client, submission, name=name, preflight=preflight, notes=notes, loaded=loaded,
+                                  queue=queue)
     except SubmitInterrupted as interrupted:
         created = settle_interrupted_submit(client, interrupted, stop_it=stop_on_interrupt, notes=notes)
     except KeyboardInterrupt:  # in the attach check or the pre-flight: before any job request

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from runner.client.connection import Connection
-from runner.errors import ClusterUnreachable, JobNotFound
+from runner.errors import ClusterRequestFailed, ClusterUnreachable, JobNotFound
 from runner.client.log_resume import LogChunk, ResumePlan
 from runner.client.submission import SubmitInterrupted
 
@@ -114,6 +114,15 @@ class FakeClient:
     def list_jobs(self) -> list[dict[str, Any]]:
         self.calls.append(("list_jobs",))
         return [dict(record) for record in self.records.values()]
+
+    def get_json(self, path: str) -> Any:
+        """The state API a cluster queue is read through: this cluster has no queue's keeper (no file to read)."""
+        self.calls.append(("get_json", path))
+        raise ClusterRequestFailed("no queue's keeper has published on this cluster")
+
+    def get_raw(self, path: str) -> bytes:
+        self.calls.append(("get_raw", path))
+        raise ClusterRequestFailed("no queue's keeper has published on this cluster")
 
     def node_resources(self) -> list[dict[str, float]]:
         self.calls.append(("node_resources",))

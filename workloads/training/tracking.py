@@ -12,7 +12,7 @@ runs on; metrics that could not be sent are kept in ``<run>/mlflow-unsent.jsonl`
 next ones that go through.
 
 The requests themselves, and the parameters and tags, are shared with the callback that records a user's
-own Ray Train script (``workloads/rayjobs_observe/mlflow_tracking.py``, which runs without this package).
+own Ray Train script (``rayjobs_agent/mlflow_tracking.py``, which runs without this package).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 from ray.train import UserCallback
 
 from workloads import storage
-from workloads.rayjobs_observe.mlflow_tracking import (first_line, job_tags, mlflow_client, mlflow_settings,
+from rayjobs_agent.mlflow_tracking import (first_line, job_tags, mlflow_client, mlflow_settings,
                                                        numeric_metrics, open_run, send_pending)
 from workloads.storage import StoragePath
 
@@ -56,6 +56,7 @@ class MlflowRun:
         self.run_id = run_id
         self.pending: list[dict[str, Any]] = []  # metrics not sent yet: {"metrics": {...}, "step": n}
         self.warned = False
+        self.said_dropped = False
         self.unsent_file = False  # whether this process wrote or read <run>/mlflow-unsent.jsonl
 
     @classmethod
@@ -118,8 +119,12 @@ class MlflowRun:
         return open_run(client, self.settings, str(self.run_dir), name, params, job_tags(), parent_run_id)
 
     def _send_pending(self, client: Any) -> bool:
-        send_pending(client, self.run_id, self.pending)
+        dropped = send_pending(client, self.run_id, self.pending)
         self._forget_unsent()
+        if dropped and not self.said_dropped:
+            self.said_dropped = True
+            print(f"rayjobs: MLflow at {self.settings['tracking_uri']} refused a report's metrics ({dropped[0]}); "
+                  "the reports after it are sent as usual", file=sys.stderr, flush=True)
         return True
 
     def _call(self, action: Any, what: str) -> Any:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from workloads.entry import BadInput, on_cluster, workload_main
 from workloads.params import load_sweep, parse_command_line
-from workloads.rayjobs_observe import EventKind, emit
+from rayjobs_agent import EventKind, emit
 from workloads.storage import check_storage, storage_path
 from workloads.training.trainer import TrainingError
 from workloads.vision.config import VisionParams

@@ -10,7 +10,7 @@
   (:class:`DataSourceError`; the message names the data and what was looked for), the
   parameters themselves are invalid, or the object storage named by ``data.output_dir`` or
   ``storage_path`` cannot be used: a missing bucket, refused credentials or an endpoint that
-  does not answer (``jobs.infra.storage.ObjectStoreError``; the message names the field, the
+  does not answer (``rayjobs_agent.s3_access.ObjectStoreError``; the message names the field, the
   path and the AWS variables to check). Storage is checked before the first stage starts; a
   storage failure inside the training workers is a failed stage (1).
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads import storage
-from workloads.rayjobs_observe import EventKind, emit
+from rayjobs_agent import EventKind, emit
 from workloads.storage import StoragePath
 from workloads.training.metrics import (METRICS_CSV, read_metrics_csv, write_metrics_csv,
                                        write_tensorboard_events)

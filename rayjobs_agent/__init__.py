@@ -1,0 +1,30 @@
+"""The agent beside every job rayjobs runs: it runs the entrypoint, reads what the job writes, and decides what
+happened to the run.
+
+This package runs on the cluster, inside the job, and needs nothing but the standard library and the Ray the
+cluster has. ``rayjobs submit`` ships it with every job (as a ``py_modules`` entry under its own name, so a
+user's own working_dir needs no copy of it, and the same import name works here and there) and runs the
+entrypoint under ``python -m rayjobs_agent.record``. From there the agent:
+
+- decides why an attempt failed (``causes.py``), runs it again in place when the spec's retry rule says so
+  (``retries.py``), and names waits for resources and stalls (``judge.py``, ``watch.py``), each said once as
+  an event and a ``rayjobs:`` line in the job's log;
+- keeps the run record (``recorder.py``), sends the spec's notifications (``notify.py``), and gives a queued
+  job's slot back the moment it ends (``queueing.py``; the queue's keeper is ``queue_keeper.py``);
+- installs the Ray Train callback (``train_callback.py``) on a Ray it is tested on (``train_setup.py``), so that
+  every ``ray.train.report`` of the user's script becomes a progress event without a line of the script
+  changing. Whatever goes wrong in a hook turns it off with one line in the log (``guard.py``); it never fails
+  or slows the training.
+
+Events travel in the job's own log, as lines ``rayjobs-event {json}`` (``vocabulary.py``). The log is what rayjobs
+already follows, resumes after a dropped connection and keeps; an event needs no second channel, arrives in order
+with the output around it, and is still there when the log is read later. The client imports the rules it shares
+with the job from here (``wire.py``, ``vocabulary.py``, ``record_layout.py``, ``masking.py``, ``causes.py``, …)
+and never spells them again.
+"""
+
+from .events import emit
+from .vocabulary import EVENT_MARKER
+from .vocabulary import EventKind
+
+__all__ = ["EVENT_MARKER", "EventKind", "emit"]

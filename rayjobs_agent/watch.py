@@ -1,0 +1,204 @@
+"""The agent's watch over a running job: when it waits for resources, and when it has stalled.
+
+The wrapper (``record.py``) feeds every line of the job's driver log here as it is written, and asks
+:meth:`JobWatch.decide` every second or so. Each decision is said once, as an event in the log (and so
+in the record): ``wait`` when Ray says the job cannot get resources (in rayjobs' words, with the
+numbers), ``stall`` when nothing of the job's own has been written for the stall limit. The follower,
+``rayjobs status`` and notifications show these events; none of them decides again.
+
+What counts as a sign of the job's own life: a progress event, or a line of its own. Ray's lines are
+not (``ray_lines.py``), nor is a progress bar redrawn in place: a job whose Ray Data bar repaints every
+second while no row moves is still stalled, and one whose tasks Ray cannot place is waiting.
+
+Standard library only: it runs in the job's wrapper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .ray_lines import ANSI_ESCAPE, FORWARD_PREFIX, is_rays_own
+from .vocabulary import AGENT_KINDS, EventKind, decode, kind_of
+from .waits import ResourceWait, data_starved_in, resource_wait_in
+
+# A silence shorter than this is never called a stall: start-up, a first epoch and an evaluation can each be
+# that quiet. Past the pace of the run's own reports: this many times its slowest gap between two.
+STALL_FLOOR_S = 300.0
+STALL_PACE_FACTOR = 3.0
+# Quiet this long before its workers started, a job may be waiting for resources Ray says nothing of (Ray Train's
+# worker group): the agent asks the cluster what it has pending.
+QUIET_S = 45.0
+# Events that show the job got what it waited for.
+_WAIT_OVER = frozenset({EventKind.ATTEMPT, EventKind.REPORT, EventKind.STEP})
+_EVIDENCE_CHARS = 300
+
+
+def stall_limit_s(stall_after_s: float | None, slowest_report_s: float | None) -> float:
+    """Seconds of silence that make a running job stalled: the spec's ``stall_after_s``, else from its pace."""
+    if stall_after_s is not None:
+        return stall_after_s
+    return max(STALL_FLOOR_S, STALL_PACE_FACTOR * (slowest_report_s or 0.0))
+
+
+@dataclass(frozen=True)
+class WaitDecision:
+    """A wait for resources, in words: what is asked and held, and what would end it."""
+
+    text: str
+    advice: str
+    asked: dict[str, float]
+    evidence: str
+
+    def fields(self) -> dict[str, Any]:
+        """The ``wait`` event's fields."""
+        return {"text": self.text, "advice": self.advice, "asked": self.asked, "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class StallDecision:
+    """Nothing of the job's own for ``silent_s`` seconds, past its limit ``limit_s``."""
+
+    silent_s: float
+    limit_s: float
+
+    def fields(self) -> dict[str, Any]:
+        """The ``stall`` event's fields."""
+        return {"silent_s": round(self.silent_s, 1), "limit_s": round(self.limit_s, 1)}
+
+
+class JobWatch:
+    """Reads a job's log as it grows and decides, once each, that it waits or that it has stalled.
+
+    Args:
+        stall_after_s: the spec's ``stall_after_s``; None: from the pace of the job's own reports.
+        now: the clock's reading at the start (``time.monotonic()``).
+        nodes: what each live node has in all, asked when a wait for resources names no numbers of the cluster.
+    """
+
+    def __init__(self, stall_after_s: float | None, now: float,
+                 nodes: Callable[[], list[dict[str, float]]] | None = None) -> None:
+        self.stall_after_s = stall_after_s
+        # Asked for each live node's resources when a wait names no numbers of the cluster (None: not asked).
+        self.nodes = nodes
+        self.last_life = now
+        self.last_report: float | None = None
+        self.slowest_report_s = 0.0
+        self.now = now
+        # What Ray Train said of the run: its workers and what each holds, and the cluster's size.
+        self.workers: int | None = None
+        self.per_worker: dict[str, float] = {}
+        self.cluster: dict[str, Any] | None = None
+        self.waiting: WaitDecision | None = None
+        self._pending: WaitDecision | None = None
+        self._waits_said: set[str] = set()
+        self._stall_said = False
+
+    def line(self, text: str, now: float) -> None:
+        """Take in one complete line of the log (colour and all) written at ``now``."""
+        self.now = now
+        plain = ANSI_ESCAPE.sub("", text)
+        event = decode(plain)
+        if event is not None:
+            self.event(event, now)
+            return
+        body = FORWARD_PREFIX.sub("", plain, count=1)
+        starved = data_starved_in(body)
+        if starved is not None:
+            self._wait_seen(self._data_wait(starved, body))
+            return
+        wait = resource_wait_in(body)
+        if wait is not None:
+            self._wait_seen(self._ray_wait(wait))
+            return
+        if "\r" not in plain and plain.strip() and not is_rays_own(plain):
+            self._alive(now)
+
+    def event(self, event: dict[str, Any], now: float) -> None:
+        """Take in one progress event."""
+        kind = kind_of(event)
+        if kind in AGENT_KINDS:
+            return  # the agent's own words are no sign of the job's life
+        if kind == EventKind.TRAIN_START:
+            self.workers = event.get("workers") if isinstance(event.get("workers"), int) else None
+            self.per_worker = dict(event.get("resources_per_worker") or {})
+        elif kind == EventKind.ATTEMPT:
+            self.cluster = event.get("cluster") if isinstance(event.get("cluster"), dict) else None
+        if kind == EventKind.REPORT:
+            if self.last_report is not None:
+                self.slowest_report_s = max(self.slowest_report_s, now - self.last_report)
+            self.last_report = now
+        if kind in _WAIT_OVER and self.waiting is not None:
+            self.waiting = None
+            self._waits_said.clear()  # a later wait (after a restart) is a new one
+        self._alive(now)
+
+    def limit_s(self) -> float:
+        """Seconds of silence that make a stall."""
+        return stall_limit_s(self.stall_after_s, self.slowest_report_s)
+
+    def decide(self, now: float) -> WaitDecision | StallDecision | None:
+        """What there is to say now that has not been said: a new wait, or a stall (never while it waits)."""
+        self.now = now
+        if self._pending is not None:
+            said, self._pending = self._pending, None
+            return said
+        silent_s = now - self.last_life
+        if self.waiting is None and not self._stall_said and silent_s >= self.limit_s():
+            self._stall_said = True
+            return StallDecision(silent_s, self.limit_s())
+        return None
+
+    def demand_pending(self, asked: dict[str, float], for_what: str, total: dict[str, float]) -> None:
+        """The cluster says it has a demand pending while the job is quiet: that is the wait, in words."""
+        wait = ResourceWait(asked, for_what, total or None, "on the cluster")
+        self._wait_seen(WaitDecision(wait.text(), "Ask for less, or add nodes: Ray keeps it waiting until they are "
+                                     "free or the cluster grows", dict(asked), ""))
+
+    def _alive(self, now: float) -> None:
+        self.last_life = now
+        self._stall_said = False
+
+    def _wait_seen(self, wait: WaitDecision) -> None:
+        if wait.text in self._waits_said:
+            return
+        self._waits_said.add(wait.text)
+        self.waiting = self._pending = wait
+
+    def _data_wait(self, operator: str, line: str) -> WaitDecision:
+        """Ray Data's tasks can get nothing: typically the training workers hold what they would need."""
+        cpus = (self.cluster or {}).get("cpus")
+        held = self.workers * self.per_worker.get("CPU", 0.0) if self.workers else None
+        if held and cpus:
+            whom = (f"the {self.workers} training workers hold {_count(held)} of the cluster's {_count(cpus)} CPUs"
+                    if held < cpus else f"the {self.workers} training workers hold all {_count(cpus)} CPUs")
+        else:
+            whom = "other work holds the CPUs they need"
+        text = (f"waiting for resources: Ray Data's tasks of {operator} cannot start (each needs a CPU by default), "
+                f"and {whom}")
+        advice = ("Leave a CPU to Ray Data: fewer training workers, or fewer CPUs per worker "
+                  "(resources_per_worker: {CPU: …}); or give the dataset's tasks less (num_cpus=0.25 in "
+                  "map_batches or read_*); or add a node. Ray keeps the job waiting until then")
+        return WaitDecision(text, advice, {"CPU": 1.0}, _clip(line))
+
+    def _ray_wait(self, wait: ResourceWait) -> WaitDecision:
+        if wait.cluster is None and self.nodes is not None:
+            try:
+                wait = wait.with_nodes(self.nodes())
+            except Exception:  # noqa: BLE001 - the wait is named without the cluster's numbers
+                pass
+        cpus = (self.cluster or {}).get("cpus")
+        if wait.cluster is None and cpus is not None:
+            wait = ResourceWait(wait.asked, wait.for_what, {"CPU": float(cpus), "GPU": float(
+                (self.cluster or {}).get("gpus") or 0)}, "on the cluster", wait.source)
+        return WaitDecision(wait.text(), "Ask for less, or add nodes: Ray keeps it waiting until they are free or "
+                            "the cluster grows", dict(wait.asked), _clip(wait.source))
+
+
+def _count(amount: Any) -> str:
+    return f"{float(amount):g}"
+
+
+def _clip(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= _EVIDENCE_CHARS else line[:_EVIDENCE_CHARS - 1] + "…"

@@ -1,0 +1,65 @@
+"""The names the client and the job share on the wire: job metadata keys, and the variables Ray hands a job.
+
+Each is spelled here once (``tests/test_shared_declarations.py`` finds any other spelling). The job reads
+them on the cluster, where only this package is shipped; the client writes them, importing them from here.
+Standard library only: names, and the one way a JSON document becomes such a variable (:func:`ray_env_json`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# What Ray's job manager hands every job's driver: its runtime_env (with the uploaded packages' URIs) and
+# its metadata, under which Ray puts the submission id.
+RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+SUBMISSION_ID_KEY = "job_submission_id"
+
+# How a job's entrypoint runs under the run record's keeper (``record.py``): this, then the quoted entrypoint.
+RECORD_COMMAND = "python -m rayjobs_agent.record --"
+
+# The variables that carry a spec's checked sections to the job (JSON): its workload's parameters, its sweep, its
+# tracking, what its run record keeps and where.
+WORKLOAD_ENV_VAR = "RAYJOBS_WORKLOAD"
+SWEEP_ENV_VAR = "RAYJOBS_SWEEP"
+TRACKING_ENV_VAR = "RAYJOBS_TRACKING"
+RECORD_ENV_VAR = "RAYJOBS_RECORD"
+# And how a failed entrypoint is retried in place (rayjobs_agent/retries.py), and how long a silence makes a
+# stall (rayjobs_agent/watch.py).
+RETRY_ENV_VAR = "RAYJOBS_RETRY"
+WATCH_ENV_VAR = "RAYJOBS_WATCH"
+# Ray Train builds the callbacks this variable names in every TorchTrainer of the job: the agent's own are these.
+TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
+PROGRESS_CALLBACK = "rayjobs_agent.train_callback.ProgressCallback"
+TRACKING_CALLBACK = "rayjobs_agent.tracking_callback.TrackingCallback"
+
+# The notification targets in full (their URLs hold tokens): a variable every output masks.
+NOTIFY_ENV_VAR = "RAYJOBS_NOTIFY_SECRET"
+
+# Set on a job whose every submission is a new run (each run of a RayCronJob): its run folder is then named after
+# its submission too (``record_layout.run_of_this_submission``), by the workload and by the record alike.
+RUN_PER_SUBMISSION_ENV_VAR = "RAYJOBS_RUN_PER_SUBMISSION"
+
+# Job metadata rayjobs adds to a submission.
+METADATA_NAME = "rayjobs.name"
+METADATA_SPEC_HASH = "rayjobs.spec_hash"
+METADATA_SECRETS = "rayjobs.secret_env_vars"  # the spec's own secret_env_vars, comma-separated
+METADATA_ATTEMPT = "rayjobs.attempt"  # a retried run's attempt number
+METADATA_PARENT = "rayjobs.parent"  # and its first attempt's id
+METADATA_RERUN_OF = "rayjobs.rerun_of"  # the run folder `rayjobs rerun` reran
+METADATA_QUEUE = "rayjobs.queue"  # the cluster queue a job went through
+METADATA_PRIORITY = "rayjobs.priority"
+METADATA_ENQUEUES = "rayjobs.enqueues"  # on a queue's helper job: the queue it enters a job into
+METADATA_QUEUED_ID = "rayjobs.queued_id"  # and that job's id
+
+def ray_env_json(document: Any) -> str:
+    """``document`` as JSON for a variable that Ray sets: Ray expands ``$NAME`` in every variable's value on the
+    cluster, and JSON's own escape for ``$`` reads back the same while leaving nothing to expand."""
+    return json.dumps(document, sort_keys=True, default=str).replace("$", "\\u0024")
+
+
+__all__ = ["METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "ray_env_json"]
+
+# How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
+# (which the follower shows among its own, apart from the job's output).
+OWN_LINE_PREFIX = "rayjobs: "

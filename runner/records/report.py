@@ -1,0 +1,188 @@
+"""How recorded runs read: the ``runs`` table, ``show``, and ``compare`` (a table and a PNG of the curves)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from jobs.secrets import SecretMask, mask_url_userinfo, masked_runtime_env, masked_strings
+from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table
+from runner.follow.progress import shown_metrics
+from runner.records.store import UNREADABLE, Folder
+
+LOST = "LOST"
+# A record is uploaded every `upload_every_s`; one that missed this many uploads has lost its writer.
+_MISSED_UPLOADS = 3
+_LOST_FLOOR_S = 120
+
+
+def run_status(document: dict[str, Any], now: float | None = None) -> str:
+    """The run's status as its record tells it; ``LOST`` for a RUNNING record that stopped being updated
+    (its node or cluster went away without the job saying how it ended)."""
+    status = document.get("status") or "?"
+    if status != "RUNNING":
+        return status
+    attempts = document.get("attempts") or [{}]
+    updated = attempts[-1].get("updated")
+    every = float(document.get("upload_every_s") or 30)
+    if updated is not None and (now or time.time()) - updated > max(_MISSED_UPLOADS * every, _LOST_FLOOR_S):
+        return LOST
+    return status
+
+
+def run_duration_s(document: dict[str, Any], now: float | None = None) -> float | None:
+    """From the first attempt's start to the last one's end (or its last upload, while it runs)."""
+    started = document.get("started")
+    attempts = document.get("attempts") or [{}]
+    ended = document.get("ended") or attempts[-1].get("updated")
+    if started is None or ended is None:
+        return None
+    return max(0.0, float(ended) - float(started))
+
+
+def metrics_text(metrics: dict[str, Any] | None) -> str:
+    """The few final metrics worth a glance: ``val_loss 0.31  val_accuracy 0.967``."""
+    return "  ".join(f"{name} {format_value(value)}" for name, value in shown_metrics(metrics or {})) or "-"
+
+
+def listed_run(folder: Folder, document: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """One run as ``rayjobs runs --output json`` lists it."""
+    return {"run": folder.name, "location": folder.location, "status": run_status(document, now),
+            "name": document.get("name"), "started": document.get("started"), "ended": document.get("ended"),
+            "duration_s": run_duration_s(document, now), "attempts": len(document.get("attempts") or []),
+            "iterations": document.get("iterations"), "metrics": document.get("metrics"),
+            "error": document.get("error")}
+
+
+def masked_record(document: dict[str, Any]) -> dict[str, Any]:
+    """A run's record as printed: its spec's secrets masked and every URL's password, whatever wrote it.
+
+    The job masks its record as it writes it; a record written before it did, or by hand, is masked here.
+    """
+    spec = document.get("spec")
+    if isinstance(spec, dict):
+        document = {**document, "spec": masked_runtime_env(spec, list(spec.get("secret_env_vars") or []))}
+    return masked_strings(document, SecretMask(()))
+
+
+def masked_log(text: str) -> str:
+    """A saved log as printed: URL passwords masked (the job masked its secrets' values as it saved it)."""
+    return mask_url_userinfo(text)
+
+
+def runs_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:
+    """``RUN STATUS STARTED DURATION ATTEMPTS METRICS``, one row per run, in the order given."""
+    now = time.time()
+    rows = [("RUN", "STATUS", "STARTED", "DURATION", "ATTEMPTS", "METRICS")]
+    for folder, document in runs:
+        status = run_status(document, now)
+        rows.append((folder.name, status, local_time(document.get("started")),
+                     format_duration(run_duration_s(document, now)), str(len(document.get("attempts") or [])),
+                     metrics_text(document.get("metrics")) if status != UNREADABLE else document.get("error", "")))
+    return plain_table(rows)
+
+
+def show_text(folder: Folder, document: dict[str, Any]) -> str:
+    """What ``rayjobs show RUN`` prints: what ran, where, with which code, and how it went."""
+    code = document.get("code") or {}
+    git = code.get("git") or {}
+    code_text = code.get("working_dir") or "-"
+    if git:
+        code_text += f" at commit {str(git.get('commit'))[:12]}"
+        code_text += (f", with uncommitted changes (hash {git.get('changes_hash')})" if git.get("dirty")
+                      else ", no uncommitted changes")
+    elif code.get("working_dir"):
+        code_text += " (not a git work tree)"
+    if code.get("working_dir_package"):
+        code_text += f"; package {code['working_dir_package']}"
+    versions = ", ".join(f"{name} {version}" for name, version in (document.get("versions") or {}).items() if version)
+    cluster = document.get("cluster") or {}
+    cluster_text = (f"{cluster.get('nodes')} node{'s' if cluster.get('nodes') != 1 else ''}, "
+                    f"{format_value(cluster.get('cpus'))} CPUs, {format_value(cluster.get('gpus') or 0)} GPUs"
+                    if cluster else "- (reported by Ray Train runs only)")
+    progress = []
+    if document.get("iterations") is not None:
+        epochs = document.get("epochs")
+        progress.append(f"{document['iterations']}" + (f" of {epochs}" if epochs else "") + " reports")
+    progress.append(f"{document.get('restarts') or 0} training restarts")
+    rows = [
+        ("run", folder.location),
+        ("name", f"{document.get('name') or '-'} (spec hash {document.get('spec_hash') or '-'})"),
+        ("status", f"{run_status(document)} after {format_duration(run_duration_s(document))}"),
+        ("started", local_time(document.get("started"))),
+        ("ended", local_time(document.get("ended"))),
+        ("entrypoint", (document.get("spec") or {}).get("entrypoint") or "-"),
+        ("code", code_text),
+        ("versions", versions or "-"),
+        ("cluster", cluster_text),
+        ("progress", ", ".join(progress)),
+        ("metrics", metrics_text(document.get("metrics"))),
+    ]
+    width = max(len(label) for label, _ in rows) + 1
+    lines = [f"{label + ':':<{width}} {value}" for label, value in rows]
+    lines.append("attempts:")
+    for attempt in document.get("attempts") or []:
+        exit_code = "" if attempt.get("exit_code") is None else f" exit {attempt['exit_code']}"
+        lines.append(f"  {attempt.get('attempt', '?')}. {attempt.get('submission_id')}  {attempt.get('status')}"
+                     f"{exit_code}  from {local_time(attempt.get('started'))}  on {attempt.get('host')}"
+                     f"  log {attempt.get('log_bytes', 0)} bytes")
+    lines.append(f"log:{' ' * (width - 3)} rayjobs logs {folder.location}")
+    return "\n".join(lines)
+
+
+def compare_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:
+    """Final metrics side by side: one row per metric any run reported, one column per run."""
+    names: list[str] = []
+    for _, document in runs:
+        names += [name for name in (document.get("metrics") or {}) if name not in names]
+    rows = [("", *(folder.name for folder, _ in runs)),
+            ("status", *(run_status(document) for _, document in runs)),
+            ("duration", *(format_duration(run_duration_s(document)) for _, document in runs)),
+            ("reports", *(str(document.get("iterations") or "-") for _, document in runs))]
+    for name in names:
+        rows.append((name, *(format_value((document.get("metrics") or {}).get(name, "-")) for _, document in runs)))
+    return plain_table(rows)
+
+
+def compare_plot(curves: dict[str, list[dict[str, Any]]], path: Path, limit: int = 4) -> list[str]:
+    """Overlay each run's metric curves (from its report events) in one PNG; returns the metrics drawn.
+
+    ``curves`` maps a run's label to its report events in order. The metrics drawn are the ones most runs
+    reported, losses and accuracies first, at most ``limit``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts: dict[str, int] = {}
+    last_seen: dict[str, Any] = {}
+    for events in curves.values():
+        seen = {name for event in events for name in (event.get("metrics") or {})}
+        for name in seen:
+            counts[name] = counts.get(name, 0) + 1
+        for event in events:
+            last_seen.update(event.get("metrics") or {})
+    ranked = [name for name, _ in shown_metrics(last_seen, limit=len(last_seen))]
+    metrics = sorted(ranked, key=lambda name: -counts.get(name, 0))[:limit]
+    if not metrics:
+        return []
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.6), squeeze=False)
+    for axis, metric in zip(axes[0], metrics):
+        for label, events in curves.items():
+            # A resumed run's reports count from 1 again; the epoch it reports (when it does) does not.
+            points = [((event.get("metrics") or {}).get("epoch", event.get("iteration")), event["metrics"][metric])
+                      for event in events
+                      if isinstance((event.get("metrics") or {}).get(metric), (int, float))]
+            if points:
+                axis.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=label)
+        axis.set_title(metric)
+        axis.set_xlabel("epoch (or report)")
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return metrics

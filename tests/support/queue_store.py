@@ -1,0 +1,99 @@
+"""The cluster queue's store in memory, and Ray's job API as the queue's keeper uses it, for the queue's unit tests.
+
+The cluster's own store is used by the queue's cluster tests; here the one seam, the store, is a dict
+whose put-if-absent is atomic (one lock), as the GCS's is.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from rayjobs_agent import queueing as q
+
+
+class DictStore:
+    """The key-value store's contract in memory, with Ray's job table beside it (``set_job_status``)."""
+
+    def __init__(self, free: dict[str, float] | None = None) -> None:
+        self.data: dict[tuple[bytes, str], bytes] = {}
+        self.lock = threading.Lock()
+        self.free = free if free is not None else {"CPU": 100.0}
+        self.pinned: list[tuple[str, int]] = []
+
+    def get(self, key: str, namespace: bytes = q.NAMESPACE) -> bytes | None:
+        return self.data.get((namespace, key))
+
+    def put(self, key: str, value: bytes, *, only_if_absent: bool = False) -> bool:
+        with self.lock:
+            if only_if_absent and (q.NAMESPACE, key) in self.data:
+                return False
+            self.data[(q.NAMESPACE, key)] = value
+            return True
+
+    def delete(self, key: str) -> None:
+        self.data.pop((q.NAMESPACE, key), None)
+
+    def keys(self, prefix: str, namespace: bytes = q.NAMESPACE) -> list[str]:
+        return [key for space, key in list(self.data) if space == namespace and key.startswith(prefix)]
+
+    def multi_get(self, keys: list[str], namespace: bytes = q.NAMESPACE) -> dict[str, bytes]:
+        return {key: self.data[(namespace, key)] for key in keys if (namespace, key) in self.data}
+
+    def free_resources(self) -> dict[str, float]:
+        return dict(self.free)
+
+    def pin_package(self, uri: str, expiration_s: int) -> None:
+        self.pinned.append((uri, expiration_s))
+
+    def set_job_status(self, job_id: str, status: str | None, **info: Any) -> None:
+        """What Ray's job table says of ``job_id`` (None: it has no record of it)."""
+        key = (q.RAY_JOB_NAMESPACE, q.RAY_JOB_INFO_PREFIX + job_id)
+        if status is None:
+            self.data.pop(key, None)
+        else:
+            self.data[key] = json.dumps({"status": status, **info}).encode()
+
+
+class FakeRayJobs:
+    """Ray's job API as the keeper calls it: submissions land in the store's job table as RUNNING."""
+
+    def __init__(self, store: DictStore) -> None:
+        self.store = store
+        self.submitted: list[dict[str, Any]] = []
+        self.stopped: list[str] = []
+        self.deleted: list[str] = []
+        self.refuse: dict[str, Exception] = {}
+
+    def submit(self, request: dict[str, Any]) -> None:
+        job_id = request["submission_id"]
+        if job_id in self.refuse:
+            raise self.refuse.pop(job_id)
+        self.submitted.append(request)
+        self.store.set_job_status(job_id, "RUNNING")
+
+    def stop(self, job_id: str) -> bool:
+        self.stopped.append(job_id)
+        if q.job_status(self.store, job_id) == "RUNNING":
+            self.store.set_job_status(job_id, "STOPPED")
+            return True
+        return False
+
+    def delete(self, job_id: str) -> None:
+        self.deleted.append(job_id)
+        self.store.set_job_status(job_id, None)
+
+    def ids(self) -> list[str]:
+        """The submitted jobs' ids, in order."""
+        return [request["submission_id"] for request in self.submitted]
+
+
+def enter(store: DictStore, job_id: str, *, queue: str = "team-a", priority: int = 0, submitted: float = 0.0,
+          needs: dict[str, float] | None = None) -> None:
+    """Write job ``job_id``'s entry as a helper job would."""
+    entry = {"name": job_id, "priority": priority, "submitted": submitted,
+             "needs": needs if needs is not None else {"CPU": 1.0}}
+    store.put(f"request/{job_id}", json.dumps({"submission_id": job_id, "entrypoint": f"python -m rayjobs_agent."
+                                               f"record -- 'echo {job_id}'", "metadata": {}}).encode())
+    store.put(f"waiting/{queue}/{job_id}", json.dumps(entry).encode())
