@@ -7,8 +7,9 @@ numbers), ``stall`` when nothing of the job's own has been written for the stall
 ``rayjobs status`` and notifications show these events; none of them decides again.
 
 What counts as a sign of the job's own life: a progress event, or a line of its own. Ray's lines are
-not (``ray_lines.py``), nor is a progress bar redrawn in place: a job whose Ray Data bar repaints every
-second while no row moves is still stalled, and one whose tasks Ray cannot place is waiting.
+not (``ray_lines.py``), nor are the agent's own ``rayjobs:`` lines, nor is a progress bar redrawn in
+place: a job whose Ray Data bar repaints every second while no row moves is still stalled, and one
+whose tasks Ray cannot place is waiting.
 
 Standard library only: it runs in the job's wrapper.
 """
@@ -21,6 +22,7 @@ from typing import Any, Callable
 from .ray_lines import ANSI_ESCAPE, FORWARD_PREFIX, is_rays_own
 from .vocabulary import AGENT_KINDS, EventKind, decode, kind_of
 from .waits import ResourceWait, data_starved_in, resource_wait_in
+from .wire import OWN_LINE_PREFIX
 
 # A silence shorter than this is never called a stall: start-up, a first epoch and an evaluation can each be
 # that quiet. Past the pace of the run's own reports: this many times its slowest gap between two.
@@ -111,7 +113,9 @@ class JobWatch:
         if wait is not None:
             self._wait_seen(self._ray_wait(wait))
             return
-        if "\r" not in plain and plain.strip() and not is_rays_own(plain):
+        # The agent's own lines (this watch's stall included) are read back from the same log: taking them for the
+        # job's would end the silence they describe and call it a stall again one limit later.
+        if "\r" not in plain and plain.strip() and not is_rays_own(plain) and not plain.startswith(OWN_LINE_PREFIX):
             self._alive(now)
 
     def event(self, event: dict[str, Any], now: float) -> None:

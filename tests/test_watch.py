@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 from rayjobs_agent.vocabulary import EVENT_MARKER, decode
 from rayjobs_agent.watch import STALL_FLOOR_S, JobWatch, StallDecision, WaitDecision, stall_limit_s
@@ -55,6 +56,10 @@ def test_rays_lines_progress_bars_and_the_agents_own_words_are_no_sign_of_life()
                                    _event("cause", cause="unknown"), _event("stall", silent_s=1)], start=1):
         watch.line(line, float(second * 10))
     assert isinstance(watch.decide(60.0), StallDecision)
+    # The agent reads its own words on the stall back from the log: the silence goes on, and is not said again.
+    watch.line("rayjobs: the job has printed nothing of its own and reported no progress for 60s (stall limit 60s); "
+               "it is left running", 61.0)
+    assert watch.decide(200.0) is None
 
 
 def test_without_stall_after_s_the_limit_follows_the_pace_of_reports():
@@ -117,6 +122,8 @@ def test_the_wrapper_says_a_stall_once_as_an_event_and_a_notification_and_leaves
         environ[NOTIFY_ENV_VAR] = json.dumps({"targets": [{"url": hook.url(), "on": ["stalled"]}]})
         keeper = run_keeper(job, log, environ)
         wait_for_condition(lambda: hook.received, timeout_s=HANG_GUARD_S)
+        # The silence goes on past two more limits after the stall was said: it is still one stall.
+        time.sleep(5)
         marker.write_text("")
         assert keeper.wait(timeout=HANG_GUARD_S) == 0
     text = log.read_text()
