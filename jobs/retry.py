@@ -21,10 +21,6 @@ class RetryBackoff(StrictModel):
     initial_s: float = Field(10.0, ge=0, description="Seconds before the first retry; 0 retries at once.")
     max_s: float = Field(300.0, ge=0, description="The longest wait between two attempts.")
 
-    def delay_s(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (1 for the second attempt)."""
-        return min(self.max_s, self.initial_s * 2.0 ** max(0, retry - 1))
-
     @model_validator(mode="after")
     def _ordered(self) -> RetryBackoff:
         if self.max_s < self.initial_s:

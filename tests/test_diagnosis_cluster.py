@@ -1,4 +1,4 @@
-"""Failures brought about for real, each named with what to do (runner/follow/diagnosis.py).
+"""Failures brought about for real, each named with what to do (rayjobs_agent/causes.py, said by the agent).
 
 They run on the session cluster (2 CPUs), one job each. A full disk and refused object-store credentials
 need no cluster: tests/test_diagnosis.py brings them about in its own process; the causes this machine

@@ -311,9 +311,13 @@ def test_backoff_doubles_each_retry_up_to_its_cap(tmp_path, clock):
 
 def test_backoff_schedule_and_its_defaults():
     from jobs.retry import RetryBackoff
+    from rayjobs_agent.retries import RetryPolicy
 
-    assert [RetryBackoff().delay_s(retry) for retry in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
-    assert [RetryBackoff(initial_s=0).delay_s(retry) for retry in (1, 2)] == [0, 0]
+    def schedule(backoff: RetryBackoff, retries: range) -> list[float]:
+        return [RetryPolicy(7, (), backoff.initial_s, backoff.max_s).delay_s(retry) for retry in retries]
+
+    assert schedule(RetryBackoff(), range(1, 8)) == [10, 20, 40, 80, 160, 300, 300]
+    assert schedule(RetryBackoff(initial_s=0), range(1, 3)) == [0, 0]
     with pytest.raises(ValueError, match=r"max_s \(1\) is shorter than initial_s \(2\)"):
         RetryBackoff(initial_s=2, max_s=1)
 

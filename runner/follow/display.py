@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from runner.reporter import Reporter
+from runner.reporter import Reporter, own_line
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value
 from runner.follow.progress import (RunProgress, epochs_done, event_line, pace_parts,
@@ -174,4 +174,4 @@ class LiveProgress:
         parts += [f"{name} {format_value(value)}" for name, value in shown_metrics(progress.metrics)]
         if progress.attempts > 1:
             parts.append(f"{progress.attempts} attempts")
-        return "rayjobs: last progress: " + " · ".join(parts) if parts else "rayjobs: no training progress reported"
+        return own_line("last progress: " + " · ".join(parts) if parts else "no training progress reported")

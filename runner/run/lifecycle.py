@@ -83,7 +83,8 @@ class RunResult:
     summary: str = ""
     # What the job's progress events said (last metrics, iterations, attempts, restarts with reasons).
     progress: RunProgress = field(default_factory=RunProgress)
-    # Why the last attempt failed, when its log shows a known cause (runner.follow.diagnosis).
+    # Why the last attempt failed: the agent's cause event (rayjobs_agent.causes), or the same table read here for a
+    # job that ran without the agent.
     diagnosis: Diagnosis | None = None
 
     @property

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.secrets import job_mask
 from rayjobs_agent.watch import stall_limit_s
 from runner.follow.stacks import job_stacks
+from runner.reporter import own_line
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -48,19 +49,19 @@ class StallRule:
         """
         waiting = self.watch.waiting_text()
         if waiting is not None:
-            self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has made no progress for "
-                      f"{silent_s:.0f}s: {waiting}; it is left running")
+            self._say(f"warning: job {self.job_id} is RUNNING but has made no progress for {silent_s:.0f}s: "
+                      f"{waiting}; it is left running")
             return
-        self._say(f"rayjobs: warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
+        self._say(f"warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
                   f"no progress for {silent_s:.0f}s (stall_after_s {self.after():g}); it is left running. "
                   f"Where each process is (the whole stacks: `rayjobs stack {self.job_id}`):")
         stacks = job_stacks(self.client, info, self.watch.progress)
         # py-spy names each process by its command line, which holds the entrypoint's arguments.
         mask = job_mask(info)
         for stack in stacks:
-            self._say(mask.mask_text(f"rayjobs:   {stack.where()}"))
+            self._say(mask.mask_text(f"  {stack.where()}"))
         if not stacks:
-            self._say("rayjobs:   no process of the job to read yet: its driver has not connected to Ray")
+            self._say("  no process of the job to read yet: its driver has not connected to Ray")
             return
         self._keep_in_record(info, "\n".join(mask.mask_text(stack.render()) for stack in stacks))
 
@@ -72,12 +73,12 @@ class StallRule:
         try:
             where = save_stacks(info, text, cluster_is_local=self.client.connection.local_cluster is not None)
         except (RayJobsError, OSError) as exc:
-            self._say(f"rayjobs: the stacks could not be kept in the run record: {exc}")
+            self._say(f"the stacks could not be kept in the run record: {exc}")
             return
         if where is not None:
-            self._say(f"rayjobs: stacks kept in the run record: {where}")
+            self._say(f"stacks kept in the run record: {where}")
 
-    def _say(self, line: str) -> None:
+    def _say(self, text: str) -> None:
         notes = self.watch.notes
-        notes.write(line + "\n")
+        notes.write(own_line(text) + "\n")
         notes.flush()

@@ -28,6 +28,7 @@ from ray.train import UserCallback
 from workloads import storage
 from rayjobs_agent.mlflow_tracking import (first_line, job_tags, mlflow_client, mlflow_settings,
                                                        numeric_metrics, open_run, send_pending)
+from rayjobs_agent.wire import OWN_LINE_PREFIX
 from workloads.storage import StoragePath
 
 UNSENT_FILE = "mlflow-unsent.jsonl"
@@ -123,8 +124,8 @@ class MlflowRun:
         self._forget_unsent()
         if dropped and not self.said_dropped:
             self.said_dropped = True
-            print(f"rayjobs: MLflow at {self.settings['tracking_uri']} refused a report's metrics ({dropped[0]}); "
-                  "the reports after it are sent as usual", file=sys.stderr, flush=True)
+            print(f"{OWN_LINE_PREFIX}MLflow at {self.settings['tracking_uri']} refused a report's metrics "
+                  f"({dropped[0]}); the reports after it are sent as usual", file=sys.stderr, flush=True)
         return True
 
     def _call(self, action: Any, what: str) -> Any:
@@ -133,9 +134,9 @@ class MlflowRun:
         except Exception as exc:  # noqa: BLE001 - tracking must never fail the job
             if not self.warned:
                 self.warned = True
-                print(f"rayjobs: MLflow at {self.settings['tracking_uri']} could not {what} ({first_line(exc)}); the "
-                      f"job runs on, and metrics not sent are kept in {self.run_dir / UNSENT_FILE} and sent later",
-                      file=sys.stderr, flush=True)
+                print(f"{OWN_LINE_PREFIX}MLflow at {self.settings['tracking_uri']} could not {what} "
+                      f"({first_line(exc)}); the job runs on, and metrics not sent are kept in "
+                      f"{self.run_dir / UNSENT_FILE} and sent later", file=sys.stderr, flush=True)
             return None
 
     def _keep_unsent(self) -> None:
