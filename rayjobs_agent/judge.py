@@ -54,6 +54,8 @@ class Judge:
         self.address = environ.get(ADDRESS_VARIABLE)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        # Why the watch stopped taking lines (None: it takes them); the cause table reads on without it.
+        self._watch_broken: str | None = None
         self._quiet_asked_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rayjobs-watch", daemon=True)
         try:
@@ -113,19 +115,26 @@ class Judge:
                 # Ray colours the prefix of every line it forwards, even into a log file.
                 plain = ANSI_ESCAPE.sub("", line)
                 self.reader.line(plain)
-                self.watch.line(plain, now)
+                if self._watch_broken is None:
+                    try:
+                        self.watch.line(plain, now)
+                    except Exception as exc:  # noqa: BLE001 - a line the watch chokes on must not cost the cause
+                        self._watch_broken = reason(exc)
 
     def _run(self) -> None:
         while not self._stopped.wait(_WATCH_EVERY_S):
             try:
                 self.read()
-                self._ask_the_cluster_when_quiet()
-                with self._lock:
-                    decision = self.watch.decide(time.monotonic())
-                if decision is not None:
-                    self._say(decision)
+                if self._watch_broken is None:
+                    self._ask_the_cluster_when_quiet()
+                    with self._lock:
+                        decision = self.watch.decide(time.monotonic())
+                    if decision is not None:
+                        self._say(decision)
             except Exception as exc:  # noqa: BLE001 - the watch is a courtesy: it stops, the job runs on
-                say(f"the watch over the job stopped ({reason(exc)}); waits and stalls are no longer named")
+                self._watch_broken = reason(exc)
+            if self._watch_broken is not None:
+                say(f"the watch over the job stopped ({self._watch_broken}); waits and stalls are no longer named")
                 return
 
     def _ask_the_cluster_when_quiet(self) -> None:

@@ -154,3 +154,28 @@ def test_the_wrapper_names_ray_datas_starved_tasks_from_the_log_as_it_is_written
     [wait] = [event for line in log.read_text().splitlines() if (event := decode(line)) and event["event"] == "wait"]
     assert "the 2 training workers hold all 2 CPUs" in wait["text"]
     assert f"rayjobs: {wait['text']}. Leave a CPU to Ray Data" in log.read_text()
+
+
+def test_an_event_the_watch_chokes_on_stops_the_watch_once_and_a_failure_after_it_is_still_named(tmp_path):
+    # Hostile input from the job's own output: a train_start event whose resources are no mapping. The watch
+    # stops and says so once; the job runs on, and its failure is still named with its own exit code.
+    log = tmp_path / "log"
+    bad = f"{EVENT_MARKER} " + json.dumps({"event": "train_start", "time": 0, "workers": 2,
+                                           "resources_per_worker": "x"})
+    job = python_command(f"""
+        import time
+        print({bad!r}, flush=True)
+        time.sleep(2.5)
+        print("went on", flush=True)
+        print({bad!r}, flush=True)
+        raise SystemExit(3)
+    """)
+    environ = keeper_env(config_for(tmp_path / "run"))
+    environ[WATCH_ENV_VAR] = json.dumps({"stall_after_s": 60})
+    keeper = run_keeper(job, log, environ)
+    assert keeper.wait(timeout=HANG_GUARD_S) == 3
+    text = log.read_text()
+    assert text.count("rayjobs: the watch over the job stopped (") == 1 and "went on" in text
+    assert "Traceback" not in text
+    [cause] = [event for line in text.splitlines() if (event := decode(line)) and event["event"] == "cause"]
+    assert cause["exit_code"] == 3
