@@ -4,11 +4,12 @@ Starts one private local cluster (one node, 2 CPUs) with ``runner.local`` and su
 ``specs/quickstart.yaml`` through ``rayjobs submit`` (followed, its log read for events as a user's
 terminal would have it) with 2 training workers x 1 CPU, 64 px images and enough epochs to time:
 
-- baseline: ``progress: false`` and ``record: false``: the job is sent exactly as the spec says, no
-  callback, no events, no record;
+- baseline: ``progress: false``, ``record: false`` and resource sampling off
+  (``RAYJOBS_RESOURCES_EVERY_S=0``): no callback, no events, no record, no samples;
 - progress: the spec as shipped: the ``rayjobs_agent`` callback in Ray Train's controller, the
-  workload's stage events, read out of the log by the follower, and the run record's keeper around
-  the entrypoint, uploading ``run.json``, the log and the events every 30 s and at the end.
+  workload's stage events, read out of the log by the follower, the run record's keeper around
+  the entrypoint, uploading ``run.json``, the log and the events every 30 s and at the end, and the
+  agent's resource samples every 10 s.
 
 It reads ``images_per_s`` from each run's ``metrics.csv`` (the first epoch left out: it includes
 start-up) and the wall time of ``rayjobs submit``. Each side is warmed up once with a one-epoch run
@@ -21,6 +22,7 @@ from round to round. Run:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,13 +32,16 @@ sys.path.insert(0, str(REPO_ROOT))
 from benchmarks.common import (Result, Stamp, add_json_option, add_training_options,  # noqa: E402
                                images_and_wall, mean_images_per_s, quickstart_sides, submit_spec,
                                timed_training)
+from rayjobs_agent.resources import EVERY_S_ENV_VAR  # noqa: E402
 
 
 def train(cluster: str, scratch: Path, tag: str, epochs: int, progress: bool,
           overrides: list[str]) -> tuple[float, float, int]:
     """Train the quickstart once; return mean images/s after epoch 1, the wall seconds and the progress lines."""
     switch = "true" if progress else "false"
-    settings = [f"progress={switch}", f"record={switch}", *timed_training(tag, scratch, epochs), *overrides]
+    sampling = [] if progress else [f"runtime_env.env_vars.{EVERY_S_ENV_VAR}=0"]
+    settings = [f"progress={switch}", f"record={switch}", *sampling, *timed_training(tag, scratch, epochs),
+                *overrides]
     done, seconds = submit_spec("specs/quickstart.yaml", cluster, settings, tag)
     epoch_lines = sum(line.startswith("rayjobs: epoch ") for line in done.stderr.splitlines())
     if progress != (epoch_lines == epochs):
@@ -45,10 +50,15 @@ def train(cluster: str, scratch: Path, tag: str, epochs: int, progress: bool,
     run_dir = scratch / "results" / tag
     if progress != (run_dir / "run.json").is_file():
         raise SystemExit(f"{tag}: expected {'a' if progress else 'no'} run record in {run_dir}")
+    if progress:
+        samples = [attempt.get("resources", {}).get("samples", 0)
+                   for attempt in json.loads((run_dir / "run.json").read_text())["attempts"]]
+        if not sum(samples):
+            raise SystemExit(f"{tag}: expected the agent's resource samples in {run_dir}/run.json")
     return mean_images_per_s(run_dir), seconds, epoch_lines
 
 
-SIDES = {"progress and record off": False, "progress and record (as shipped)": True}
+SIDES = {"progress, record and sampling off": False, "progress, record and sampling (as shipped)": True}
 
 
 def main() -> None:
@@ -62,8 +72,8 @@ def main() -> None:
         "progress", {label: (lambda cluster, scratch, tag, epochs, on=on:
                              train(cluster, scratch, tag, epochs, on, args.overrides)) for label, on in SIDES.items()},
         args.rounds, args.epochs)
-    result = Result("progress_overhead", "Training with the progress channel and run record vs without",
-                    ["round", "both off (baseline)", "both on (as shipped)", "images/s ratio",
+    result = Result("progress_overhead", "Training with the progress channel, run record and resource sampling vs "
+                    "without", ["round", "all off (baseline)", "all on (as shipped)", "images/s ratio",
                      "wall ratio"], [], stamp)
     images_and_wall(result, tuple(SIDES), results, ("off", "on"), "goal ≥ 0.98×", args)
     result.save(args.json)

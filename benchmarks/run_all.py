@@ -87,7 +87,7 @@ class Benchmark:
 # The client, and what it ships with every job (the run record's keeper, the progress callback).
 CLIENT = ("jobs", "runner", "rayjobs_agent")
 # A quickstart submitted with `rayjobs submit` and followed: every package takes part.
-QUICKSTART_END_TO_END = ("jobs", "runner", "workloads", "specs/quickstart.yaml")
+QUICKSTART_END_TO_END = ("jobs", "runner", "rayjobs_agent", "workloads", "specs/quickstart.yaml")
 # The quickstart-based benchmarks of a full run: 60 generated images per class instead of 120, so that every
 # benchmark fits one sitting on 2 cores.
 QUICKSTART_FULL_SIZE = ["--set", "workload.data.synthetic_per_class=60"]
@@ -139,9 +139,9 @@ BENCHMARKS = [
             ["--rounds", "1", "--set", "workload.train.epochs=1", "--set", "workload.data.synthetic_per_class=20"]),
     ], 6, (*QUICKSTART_END_TO_END, "tests/support/s3_server.py")),
     Benchmark("progress_overhead", [
-        Run("progress_overhead.py", ["--rounds", "2", "--epochs", "2", *QUICKSTART_FULL_SIZE],
+        Run("progress_overhead.py", ["--rounds", "3", "--epochs", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
-    ], 6, QUICKSTART_END_TO_END),
+    ], 8, QUICKSTART_END_TO_END),
     Benchmark("sweep_overhead", [
         Run("sweep_overhead.py", ["--rounds", "2", "--epochs", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),

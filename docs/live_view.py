@@ -21,7 +21,8 @@ sys.path.insert(0, str(REPO))
 
 from runner.follow.display import LiveProgress  # noqa: E402
 from runner.follow.log_view import LogView  # noqa: E402
-from runner.follow.progress import RunProgress, parse_event  # noqa: E402
+from rayjobs_agent.vocabulary import decode  # noqa: E402
+from runner.follow.progress import RunProgress  # noqa: E402
 
 COLUMNS = 110
 OUTPUT_LINES = 9
@@ -51,7 +52,7 @@ def replay(text: str, at_report: int, steps: int) -> tuple[RunProgress, list[str
     view = LogView(shown, take, strip_ansi=True)
     reports = steps_seen = 0
     for line in text.splitlines(keepends=True):
-        event = parse_event(line)
+        event = decode(line)
         kind = event["event"] if event is not None else None
         if reports >= at_report and (kind not in (None, "step") or steps_seen >= steps):
             break

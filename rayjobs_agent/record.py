@@ -42,6 +42,7 @@ from .pinning import ADDRESS_VARIABLE, pinned_to_this_cluster
 from .queueing import Admission, GcsKeyValue, release, submission_id_from
 from .record_layout import RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
 from .record_store import reason
+from .resources import ResourceSampler
 from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, Recorder, open_own_log, say
 from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry
 from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
@@ -107,6 +108,7 @@ def main(argv: list[str]) -> int:
     notifier = JobNotifier.from_environment(os.environ, recorder)  # the spec's notify: None without one
     judge = Judge(os.environ, notifier)
     judge.start()
+    sampler = resource_sampler(os.environ)
     keeping = RecordKeeping(recorder)
     keeping.start()
     policy = retry_policy(os.environ)
@@ -135,6 +137,8 @@ def main(argv: list[str]) -> int:
         if not _wait_unless_stopped(decision.delay_s, stop_signal):
             break
     judge.stop()
+    if sampler is not None:
+        sampler.stop()
     keeping.stop()
     slot.release()
     outcome = "STOPPED" if stop_signal else ("SUCCEEDED" if code == 0 else "FAILED")
@@ -164,6 +168,18 @@ def run_entrypoint(command: str, env: dict[str, str], stop_signal: list[int]) ->
         except subprocess.TimeoutExpired:
             pass
     return child.returncode
+
+
+def resource_sampler(environ: Mapping[str, str]) -> ResourceSampler | None:
+    """The job's resource sampler, started (None when sampling is off, or said once when it cannot start)."""
+    try:
+        sampler = ResourceSampler.for_job(environ, submission_id_from(environ))
+        if sampler is not None:
+            sampler.start()
+        return sampler
+    except Exception as exc:  # noqa: BLE001 - the job runs unsampled
+        say(f"resource use is not sampled ({reason(exc)}); the job goes on")
+        return None
 
 
 def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:

@@ -25,7 +25,7 @@ STACKS_FOLDER = f"{RECORD_DIR}/stacks"
 LOG_PART_SUFFIX = ".log"
 EVENT_PART_SUFFIX = ".jsonl"
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SCHEMA_VERSION_FIELD = "schema_version"
 # ``format`` predates ``schema_version``; it is still written so that records read the same to older readers.
 FORMAT_FIELD = "format"
@@ -76,6 +76,9 @@ ATTEMPT_FIELDS = (
     Field("event_parts", ("integer",), f"parts of {EVENTS_FOLDER}/<submission_id>/"),
     Field("cause", ("object", "null"), "why it failed, as the agent decided: cause, text, advice, evidence, retryable "
                                        "(1.1)"),
+    Field("resources", ("object",), "what its processes used, summed over its samples: samples, seconds, "
+                                    "cpu_core_s, gpu_s, peak_rss_bytes, peak_gpu_mem_bytes, cpu_sum, gpu_util_sum, "
+                                    "gpu_samples, data_wait_s, epoch_s (1.2)"),
 )
 
 RUN_FIELDS = (

@@ -26,6 +26,7 @@ from .record_layout import (ATTEMPTS_FIELD, EVENT_PART_SUFFIX, FORMAT_FIELD, FOR
                             log_folder, run_of_this_submission)
 from .record_parts import DriverLog, PartedFile
 from .record_store import Store, Uploader, reason
+from .resources import ResourceUsage
 from .vocabulary import EVENT_MARKER, EventKind, kind_of
 from .wire import METADATA_ATTEMPT as ATTEMPT_KEY
 from .wire import METADATA_PARENT as PARENT_KEY
@@ -131,6 +132,7 @@ class Recorder:
         self.attempt_number += 1
         self.started = time.time()
         self.cause = None
+        self.event_summary.usage = ResourceUsage()  # each attempt's use is its own: a run's total sums them
 
     def upload(self, status: str, exit_code: int | None = None) -> None:
         """Write what is new in the log, the events and ``run.json`` (``status`` is this attempt's)."""
@@ -190,6 +192,7 @@ class Recorder:
             "ended": now if status != "RUNNING" else None, "status": status, "exit_code": exit_code,
             "log_bytes": self.log_file.size, "log_parts": self.log_file.parts, "events": self.event_summary.count,
             "event_parts": self.event_file.parts, "cause": self.cause,
+            "resources": self.event_summary.usage.as_dict(),
         }
         attempts = self.previous + self.done_here + [attempt]
         report = self.event_summary.last_report or {}
@@ -277,6 +280,7 @@ class EventSummary:
         self.last_report: dict[str, Any] | None = None
         self.cluster: Any = None
         self.notes: list[str] = []
+        self.usage = ResourceUsage()
 
     def take(self, event: dict[str, Any]) -> None:
         """Count ``event`` and keep what it says that ``run.json`` shows."""
@@ -288,6 +292,8 @@ class EventSummary:
             self.restarts += 1
         elif kind == EventKind.PROGRESS_UNAVAILABLE and len(self.notes) < _NOTES_KEPT:
             self.notes.append(f"progress unavailable: {event.get('reason')}")
+        if kind in (EventKind.RESOURCES, EventKind.REPORT):
+            self.usage.take(event)
         if event.get("cluster"):
             self.cluster = event["cluster"]
 

@@ -37,6 +37,7 @@ class EventKind:
     RETRY = "retry"  # the agent runs the entrypoint again, in the same job
     STALL = "stall"  # the job has been silent past its limit (it is left running)
     WAIT = "wait"  # the job waits for resources the cluster does not have free
+    RESOURCES = "resources"  # what the job's processes use now (the agent's sample)
 
 
 EVENT_KINDS = frozenset(value for name, value in vars(EventKind).items() if name.isupper())
@@ -186,6 +187,22 @@ class WaitEvent(TypedDict, total=False):
     asked: dict[str, float]
 
 
+class ResourcesEvent(TypedDict, total=False):
+    """``resources``: CPU cores the job's processes used since the last sample (``cpu``) of the machine's ``cpus``,
+    their resident memory (``rss_bytes``: a page they share counted once, as Linux's PSS does), how many there are, the seconds between samples; with GPUs, how many the job holds
+    memory on, their mean utilisation (%), the job's memory on them and their total memory."""
+
+    cpu: float
+    cpus: float
+    rss_bytes: int
+    processes: int
+    every_s: float
+    gpus: int
+    gpu_util: float
+    gpu_mem_bytes: int
+    gpu_mem_total_bytes: int
+
+
 # Each kind's fields, besides ``event`` and ``time`` which every event has.
 EVENT_FIELDS: dict[str, type] = {
     EventKind.STAGE: StageEvent, EventKind.COUNT: CountEvent, EventKind.STEP: StepEvent,
@@ -193,9 +210,11 @@ EVENT_FIELDS: dict[str, type] = {
     EventKind.RESTART: RestartEvent, EventKind.TRAIN_END: TrainEndEvent, EventKind.TRIAL: TrialEvent,
     EventKind.QUEUE: QueueEvent, EventKind.PROGRESS_UNAVAILABLE: ProgressUnavailableEvent,
     EventKind.CAUSE: CauseEvent, EventKind.RETRY: RetryEvent, EventKind.STALL: StallEvent, EventKind.WAIT: WaitEvent,
+    EventKind.RESOURCES: ResourcesEvent,
 }
 # What the agent says of the job, as against what the job itself does: no sign of the job's own life.
-AGENT_KINDS = frozenset({EventKind.CAUSE, EventKind.RETRY, EventKind.STALL, EventKind.WAIT, EventKind.QUEUE})
+AGENT_KINDS = frozenset({EventKind.CAUSE, EventKind.RETRY, EventKind.STALL, EventKind.WAIT, EventKind.QUEUE,
+                         EventKind.RESOURCES})
 
 _EVENT_LINE = re.compile(rf"{EVENT_MARKER} (\{{.*\}})\s*$")
 

@@ -63,7 +63,9 @@ def test_failing_job_exit_code_and_summary(rayjobs_cli, tmp_path):
     assert "FAILED in" in result.stderr
     assert "JOB_ENTRYPOINT_COMMAND_ERROR" in result.stderr
     assert "last lines of its log" in result.stderr
-    assert "failing on purpose" in result.stderr.split("last lines of its log")[1]
+    tail = result.stderr.split("last lines of its log")[1]
+    assert "failing on purpose" in tail
+    assert "rayjobs-event" not in tail, "the agent's cause event is said in words, not shown as it is written"
 
 
 def test_a_proxy_in_the_environment_does_not_stand_between_rayjobs_and_a_local_cluster(ray_cluster_home):

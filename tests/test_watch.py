@@ -53,12 +53,13 @@ def test_a_silence_past_the_limit_is_one_stall_and_speaking_again_ends_it():
 def test_rays_lines_progress_bars_and_the_agents_own_words_are_no_sign_of_life():
     watch = JobWatch(60.0, 0.0)
     for second, line in enumerate([RAY_CORE, DATA_BAR, DATA_OPERATOR, "step 3/10\r step 4/10",
+                                   _event("resources", cpu=1.9, cpus=2, rss_bytes=1 << 30),
                                    _event("cause", cause="unknown"), _event("stall", silent_s=1)], start=1):
         watch.line(line, float(second * 10))
-    assert isinstance(watch.decide(60.0), StallDecision)
+    assert isinstance(watch.decide(70.0), StallDecision)
     # The agent reads its own words on the stall back from the log: the silence goes on, and is not said again.
     watch.line("rayjobs: the job has printed nothing of its own and reported no progress for 60s (stall limit 60s); "
-               "it is left running", 61.0)
+               "it is left running", 71.0)
     assert watch.decide(200.0) is None
 
 

@@ -4,6 +4,7 @@ what ``rerun`` checks and links before it submits."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -53,13 +54,21 @@ def runs(
 @handles_errors
 def show(run: RunArgument, output: OutputOption = "text") -> None:
     """Show what a recorded run ran (spec, code, versions, cluster) and how it went (no cluster needed)."""
-    from runner.records.report import masked_record, show_text
+    from rayjobs_agent.resources import prices_from
+    from runner.records.report import masked_record, run_resource_totals, show_text
     from runner.records.store import Folder, read_run
 
     check_output(output)
+    try:
+        prices = prices_from(os.environ)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     folder = Folder(run)
     document = masked_record(read_run(folder))
-    typer.echo(json.dumps(document, indent=2) if output == "json" else show_text(folder, document))
+    if output == "json":
+        typer.echo(json.dumps({**document, "resource_totals": run_resource_totals(document, prices)}, indent=2))
+    else:
+        typer.echo(show_text(folder, document, prices))
 
 
 def print_saved_log(run: str, tail: int | None) -> None:
@@ -118,6 +127,34 @@ def compare(
     _say(f"curves of {', '.join(drawn)}: {plot}" if drawn else "no run reported metrics over time: no plot drawn")
 
 
+@handles_errors
+def ui(
+    location: Annotated[str, typer.Argument(metavar="LOCATION", help="A folder of runs, local or s3://BUCKET/PREFIX "
+                                            "(a storage_path or record_path), or one run's folder.")]
+    = DEFAULT_RECORD_PATH,
+    host: Annotated[str, typer.Option("--host", help="Where to listen. Anything but loopback asks for a token, "
+                                      "printed once with the URL.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="The port to listen on (0: any free one).")] = 8270,
+    export: Annotated[Path | None, typer.Option("--export", metavar="DIR", help="Write the pages as static files "
+                                                "into DIR instead of serving them.", show_default=False)] = None,
+) -> None:
+    """A history page over the runs recorded in LOCATION: runs, one run, runs compared (no cluster needed)."""
+    from runner.records.store import Folder
+    from runner.ui.data import Records
+
+    records = Records(Folder(location))
+    if export is not None:
+        from runner.ui.export import export as write_pages
+
+        written = write_pages(records, export)
+        _say(f"wrote {written['run_pages']} run page(s) of {written['runs']} run(s) and {written['log_pages']} log "
+             f"page(s): open {export / 'index.html'}")
+        return
+    from runner.ui.server import serve
+
+    serve(records, host, port, _say)
+
+
 def cluster_ray_version(connection: ConnectionOptions, loaded: LoadedSpec) -> str | None:
     """The cluster's Ray version from its job API, or None when it does not answer (submitting will say why)."""
     from runner.client import jobs_api
@@ -134,4 +171,5 @@ def register(app: typer.Typer) -> None:
     app.command("runs")(runs)
     app.command()(show)
     app.command()(compare)
+    app.command()(ui)
 

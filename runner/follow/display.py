@@ -15,6 +15,7 @@ import time
 from typing import Any, TextIO
 
 from runner.reporter import Reporter, own_line
+from rayjobs_agent.resources import usage_line
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value
 from runner.follow.progress import (RunProgress, epochs_done, event_line, pace_parts,
@@ -136,6 +137,8 @@ class LiveProgress:
             rows.append(Text("  " + self._attempt_text(), style="yellow" if progress.restarts else "dim"))
         if progress.trials:
             rows.append(Text("  " + str(progress.trials_text()), style="cyan"))
+        if progress.resources is not None:
+            rows.append(Text("  " + usage_line(progress.resources), style="dim"))
         return Group(*rows)
 
     def _bar_row(self) -> Any:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayjobs_agent.causes import Diagnosis, short_reason
+from rayjobs_agent.resources import usage_line
 from rayjobs_agent.vocabulary import AGENT_KINDS, EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value
 
@@ -64,6 +65,8 @@ class RunProgress:
     # The agent's wait (its words) while the job waits, and the silence of the stall it last said.
     waiting: str | None = None
     stalled_s: float | None = None
+    # The agent's last sample of what the job's processes use (a ``resources`` event).
+    resources: dict[str, Any] | None = None
     _epoch_times: list[tuple[int, float]] = field(default_factory=list)
 
     def update(self, event: dict[str, Any]) -> None:
@@ -120,6 +123,8 @@ class RunProgress:
             self.waiting = str(event.get("text") or "") or None
         elif kind == EventKind.STALL:
             self.stalled_s = float(event.get("silent_s") or 0.0)
+        elif kind == EventKind.RESOURCES:
+            self.resources = event
         elif kind == EventKind.TRIAL:
             trial = self.trials.setdefault(str(event.get("trial")), {"state": None, "values": {}, "epoch": None,
                                                                      "metric": None})
@@ -172,7 +177,7 @@ class RunProgress:
             "seconds_per_epoch": self.seconds_per_epoch(), "counts": self.counts, "events": self.events,
             "step": self.step, "steps": self.steps, "trials": self.trials,
             "job_attempts": len(self.retries) + 1, "causes": self.causes, "waiting": self.waiting,
-            "stalled_s": self.stalled_s,
+            "stalled_s": self.stalled_s, "resources": self.resources,
         }
 
 
@@ -249,6 +254,8 @@ def event_line(event: dict[str, Any], progress: RunProgress) -> str | None:
         parts += pace_parts(progress)
         if event.get("checkpoint"):
             parts.append("checkpoint saved")
+        if progress.resources is not None:
+            parts.append(usage_line(progress.resources))
         return " · ".join(parts)
     if kind == EventKind.RESTART:
         return (f"training attempt {event.get('attempt')} failed; Ray Train restarts it from the last checkpoint: "

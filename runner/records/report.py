@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.secrets import SecretMask, mask_url_userinfo, masked_runtime_env, masked_strings
+from rayjobs_agent.resources import ResourceUsage, totals_lines
 from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table
 from runner.follow.progress import shown_metrics
 from runner.records.store import UNREADABLE, Folder
@@ -83,7 +84,16 @@ def runs_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:
     return plain_table(rows)
 
 
-def show_text(folder: Folder, document: dict[str, Any]) -> str:
+def run_resource_totals(document: dict[str, Any], prices: dict[str, float | None] | None = None) -> dict[str, Any]:
+    """What the run used over all its attempts (:meth:`ResourceUsage.totals`), with its cost at ``prices``."""
+    usage = ResourceUsage()
+    for attempt in document.get("attempts") or []:
+        if isinstance(attempt, dict):
+            usage = usage.add(ResourceUsage.from_dict(attempt.get("resources")))
+    return usage.totals(prices)
+
+
+def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float | None] | None = None) -> str:
     """What ``rayjobs show RUN`` prints: what ran, where, with which code, and how it went."""
     code = document.get("code") or {}
     git = code.get("git") or {}
@@ -127,7 +137,11 @@ def show_text(folder: Folder, document: dict[str, Any]) -> str:
         lines.append(f"  {attempt.get('attempt', '?')}. {attempt.get('submission_id')}  {attempt.get('status')}"
                      f"{exit_code}  from {local_time(attempt.get('started'))}  on {attempt.get('host')}"
                      f"  log {attempt.get('log_bytes', 0)} bytes")
-    lines.append(f"log:{' ' * (width - 3)} rayjobs logs {folder.location}")
+    used = totals_lines(run_resource_totals(document, prices))
+    lines.append(f"resources:{' ' * (width - 10)} " + (used[0] if used else "- (not sampled: a record before 1.2, "
+                                                                        "or sampling off)"))
+    lines += [" " * (width + 1) + line for line in used[1:]]
+    lines.append(f"log:{' ' * (width - 4)} rayjobs logs {folder.location}")
     return "\n".join(lines)
 
 

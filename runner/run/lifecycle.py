@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from jobs.infra.status import JobStatus, is_terminal
 from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT
+from rayjobs_agent.vocabulary import decode
 from jobs.queueing import queue_config
 from jobs.submission import build_submission
 from runner.errors import ExitCode, JobNotFound
@@ -271,8 +272,10 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
             out.say(f"why: {diagnosis.paragraph()}")
         if log_tail_on_failure and followed.status == JobStatus.FAILED and followed.log_tail:
             out.say("last lines of its log:")
-            for line in followed.log_tail[-LOG_TAIL_LINES:]:
-                out.write(f"  | {ANSI_ESCAPE.sub('', line)}")
+            # The event lines are for rayjobs to read (the cause above is one of them, said in words).
+            plain = [ANSI_ESCAPE.sub("", line) for line in followed.log_tail]
+            for line in [line for line in plain if decode(line) is None][-LOG_TAIL_LINES:]:
+                out.write(f"  | {line}")
     return RunResult(followed.exit_code, _OUTCOME_OF_CODE[followed.exit_code], [job_id], followed, summary,
                      progress, diagnosis)
 

@@ -1,0 +1,260 @@
+"""What the pages show, from the records: the runs' table, one run whole, and runs side by side.
+
+Everything here is read with ``runner.records`` (the same reading ``rayjobs runs``, ``show`` and ``compare`` do)
+and masked as they print it; the pages only lay it out.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rayjobs_agent.record_layout import RUN_FILE, SCHEMA_VERSION_FIELD
+from rayjobs_agent.resources import prices_from, resource_totals
+from rayjobs_agent.vocabulary import EventKind, kind_of
+from rayjobs_agent.wording import format_duration, format_value
+from runner.errors import BadInput, JobNotFound
+from runner.follow.progress import shown_metrics
+from runner.records.report import LOST, listed_run, masked_log, masked_record, run_status
+from runner.records.store import UNREADABLE, Folder, attempt_events, list_runs, read_run
+from runner.ui.log_pages import log_parts, page_count, search_log
+
+# The statuses after which a record no longer changes: a page showing one stops asking for it again.
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", LOST, UNREADABLE})
+# The resource sampler's event kind; records written before it existed have none, and show no plot.
+RESOURCES = EventKind.RESOURCES
+_RESOURCE_FIELDS = ("time", "cpu", "cpus", "rss_bytes", "processes", "nodes", "gpus", "gpu_util", "gpu_mem_bytes",
+                    "gpu_mem_total_bytes")
+# A sweep's trials are drawn from their `running` events; a long sweep keeps this many points per trial.
+_TRIAL_POINTS = 500
+
+
+class Records:
+    """The run records under one location, by the name the pages use for each: its folder's name.
+
+    ``location`` may also be a single run's folder; it is then the one run listed.
+    """
+
+    def __init__(self, location: Folder) -> None:
+        self.location = location
+
+    def runs(self) -> list[tuple[Folder, dict[str, Any]]]:
+        """Every run, newest first (an unreadable one with its reason)."""
+        found = list_runs(self.location)
+        if not found and self.location.read(RUN_FILE) is not None:
+            try:
+                found = [(self.location, read_run(self.location))]
+            except BadInput as exc:
+                found = [(self.location, {"status": UNREADABLE, "error": str(exc)})]
+        return found
+
+    def folder(self, name: str) -> Folder:
+        """The folder of the run called ``name``.
+
+        Raises:
+            JobNotFound: no run of that name here (exit code 6; a 404 to a browser).
+        """
+        if name and "/" not in name and name not in (".", ".."):
+            if name == self.location.name and self.location.read(RUN_FILE) is not None:
+                return self.location
+            child = self.location.child(name)
+            if child.read(RUN_FILE) is not None:
+                return child
+        raise JobNotFound(f"no run {name!r} in {self.location.location}")
+
+
+def runs_table(records: Records, now: float | None = None) -> dict[str, Any]:
+    """The runs page's data: one row per run, and whether any of them is still running."""
+    now = now or time.time()
+    rows = [run_row(folder, document, now) for folder, document in records.runs()]
+    return {"location": records.location.location, "runs": rows,
+            "live": any(row["status"] not in TERMINAL for row in rows)}
+
+
+def run_row(folder: Folder, document: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """One run as its row shows it: ``rayjobs runs --output json``'s fields and what the page adds."""
+    listed = listed_run(folder, document, now)
+    if listed["status"] == UNREADABLE:
+        return {**listed, "cause": None, "key_metric": None, "queue": None, "host": None, "cluster": None,
+                "duration": "-", "metrics_text": listed.get("error") or ""}
+    document = masked_record(document)
+    attempts = document.get("attempts") or []
+    cause = document.get("cause") if listed["status"] != "SUCCEEDED" else None
+    metrics = document.get("metrics") or {}
+    key = shown_metrics(metrics, limit=1)
+    return {**listed, "metrics": metrics,
+            "cause": _cause(cause) if isinstance(cause, dict) else None,
+            "key_metric": {"name": key[0][0], "value": key[0][1], "text": format_value(key[0][1])} if key else None,
+            "metrics_text": "  ".join(f"{name} {format_value(value)}" for name, value in shown_metrics(metrics)),
+            "queue": ((document.get("spec") or {}).get("queue")),
+            "host": (attempts[-1].get("host") if attempts else None),
+            "cluster": document.get("cluster"),
+            "duration": format_duration(listed["duration_s"]),
+            "schema_version": document.get(SCHEMA_VERSION_FIELD, "1.0")}
+
+
+def _cause(cause: dict[str, Any]) -> dict[str, Any]:
+    return {name: cause.get(name) for name in ("cause", "text", "advice", "evidence", "retryable")}
+
+
+def run_detail(records: Records, name: str, now: float | None = None) -> dict[str, Any]:
+    """A run's page: its row, attempts with their causes, curves, trials, resources, spec, provenance and how it
+    differs from the previous run of the same name.
+
+    Raises:
+        JobNotFound: no run of that name (exit code 6).
+        BadInput: its record cannot be read (a newer major schema, not JSON).
+    """
+    folder = records.folder(name)
+    document = read_run(folder)
+    shown = masked_record(document)
+    row = run_row(folder, document, now)
+    attempts, reports, trials, resources, decisions, logs, counted = [], [], {}, [], [], [], []
+    for attempt in shown.get("attempts") or []:
+        cause = attempt.get("cause")
+        attempts.append({**{key: attempt.get(key) for key in ("attempt", "submission_id", "status", "exit_code",
+                                                              "started", "ended", "updated", "host", "log_bytes")},
+                         "duration": format_duration(_span(attempt)),
+                         "cause": _cause(cause) if isinstance(cause, dict) else None})
+    # Attempts retried in place share their Ray job, and so one log and one stream of events.
+    for submission in submissions(shown):
+        for event in attempt_events(folder, submission):
+            kind = kind_of(event)
+            if kind in (EventKind.REPORT, RESOURCES):
+                counted.append(event)
+            if kind == EventKind.REPORT:
+                reports.append({"submission_id": submission, "time": event.get("time"),
+                                "iteration": event.get("iteration"), "metrics": event.get("metrics") or {}})
+            elif kind == EventKind.TRIAL:
+                _add_trial(trials, event)
+            elif kind == RESOURCES:
+                resources.append({field: event[field] for field in _RESOURCE_FIELDS if field in event})
+            elif kind in (EventKind.RETRY, EventKind.WAIT, EventKind.STALL, EventKind.QUEUE):
+                decisions.append({"submission_id": submission,
+                                  **{key: (masked_log(value) if isinstance(value, str) else value)
+                                     for key, value in event.items()}})
+        parts = log_parts(folder, submission)
+        logs.append({"submission_id": submission, "pages": page_count(parts),
+                     "bytes": sum(part.size for part in parts),
+                     "attempts": [a["attempt"] for a in attempts if a["submission_id"] == submission]})
+    return {**row, "live": row["status"] not in TERMINAL, "attempts": attempts, "reports": reports,
+            "trials": list(trials.values()), "resources": resources,
+            "resource_totals": _totals(counted) if resources else None,
+            "decisions": decisions, "logs": logs, "spec": shown.get("spec"), "spec_hash": shown.get("spec_hash"),
+            "provenance": _provenance(shown), "notes": shown.get("notes") or [],
+            "record_health": shown.get("record_health"), "rerun_of": shown.get("rerun_of"),
+            "reruns": shown.get("reruns") or [], "previous": _previous(records, folder, shown)}
+
+
+def submissions(document: dict[str, Any]) -> list[str]:
+    """The Ray jobs a run's attempts ran in, oldest first, each once: each has a log and events of its own."""
+    seen: list[str] = []
+    for attempt in document.get("attempts") or []:
+        submission = str(attempt.get("submission_id"))
+        if submission not in seen:
+            seen.append(submission)
+    return seen
+
+
+def _span(attempt: dict[str, Any]) -> float | None:
+    start, end = attempt.get("started"), attempt.get("ended") or attempt.get("updated")
+    return None if start is None or end is None else max(0.0, float(end) - float(start))
+
+
+def _add_trial(trials: dict[str, dict[str, Any]], event: dict[str, Any]) -> None:
+    name = str(event.get("trial"))
+    trial = trials.setdefault(name, {"trial": name, "state": None, "values": {}, "epoch": None, "metric": None,
+                                     "points": []})
+    state = event.get("state")
+    trial["state"] = state
+    if state == "started":
+        trial["values"] = event.get("values") or {}
+    if event.get("epoch") is not None:
+        trial["epoch"] = event["epoch"]
+    if isinstance(event.get("metric"), (int, float)):
+        trial["metric"] = event["metric"]
+        if len(trial["points"]) < _TRIAL_POINTS:
+            trial["points"].append([event.get("epoch"), event["metric"]])
+
+
+def _totals(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sampler's own totals of the run's samples (and its reports' data waits), priced as ``rayjobs show``
+    prices them."""
+    try:
+        prices = prices_from(os.environ)
+    except ValueError:  # a price that is no number: `rayjobs show` says so; the page shows the totals unpriced
+        prices = None
+    return resource_totals(events, prices)
+
+
+def _provenance(document: dict[str, Any]) -> dict[str, Any]:
+    return {"code": document.get("code") or {}, "versions": document.get("versions") or {},
+            "cluster": document.get("cluster"), "spec_hash": document.get("spec_hash"),
+            SCHEMA_VERSION_FIELD: document.get(SCHEMA_VERSION_FIELD, "1.0")}
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def _previous(records: Records, folder: Folder, document: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest run of the same name that started before this one, and each field of spec and provenance
+    that differs between them."""
+    name, started = document.get("name"), document.get("started")
+    if name is None or started is None:
+        return None
+    earlier = [(other, other_document) for other, other_document in records.runs()
+               if other != folder and other_document.get("name") == name
+               and (other_document.get("started") or 0) < started]
+    if not earlier:
+        return None
+    other, other_document = max(earlier, key=lambda run: run[1].get("started") or 0)
+    other_document = masked_record(other_document)
+
+    def compared(record: dict[str, Any]) -> dict[str, Any]:
+        return _flat({"spec": record.get("spec") or {}, "code": record.get("code") or {},
+                      "versions": record.get("versions") or {}, "cluster": record.get("cluster") or {}})
+
+    before, after = compared(other_document), compared(document)
+    differences = [{"field": key, "before": before.get(key), "after": after.get(key)}
+                   for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    return {"run": other.name, "status": run_status(other_document), "started": other_document.get("started"),
+            "differences": differences}
+
+
+def compare_data(records: Records, names: list[str], now: float | None = None) -> dict[str, Any]:
+    """Runs side by side: each run's row and its report curves.
+
+    Raises:
+        BadInput: fewer than two runs named (exit code 2).
+    """
+    if len(names) < 2:
+        raise BadInput("compare needs at least two runs")
+    runs = []
+    for name in names:
+        folder = records.folder(name)
+        document = read_run(folder)
+        reports = [{"submission_id": submission, "iteration": event.get("iteration"),
+                    "metrics": event.get("metrics") or {}}
+                   for submission in submissions(document)
+                   for event in attempt_events(folder, submission) if kind_of(event) == EventKind.REPORT]
+        runs.append({**run_row(folder, document, now), "reports": reports})
+    return {"runs": runs, "live": any(run["status"] not in TERMINAL for run in runs)}
+
+
+def search_runs(records: Records, query: str, per_run: int = 20, limit: int = 200) -> dict[str, Any]:
+    """The lines of every run's saved logs that hold ``query``, masked, at most ``per_run`` a run."""
+    found: list[dict[str, Any]] = []
+    for folder, document in records.runs():
+        for submission in submissions(document):
+            if len(found) >= limit:
+                break
+            matches = search_log(folder, submission, query, limit=per_run)
+            found += [{"run": folder.name, "submission_id": submission, **match} for match in matches]
+    return {"query": query, "matches": found[:limit], "complete": len(found) < limit}
