@@ -10,8 +10,6 @@ autoscaler's view of the nodes (what each has, what waits), which only the agent
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any
 
 try:
@@ -90,38 +88,8 @@ def pending_demand(client: Any) -> tuple[dict[str, float], str, dict[str, float]
     return None
 
 
-def node_addresses(client: Any) -> list[str]:
-    """The IP address of each live node of the cluster, from the autoscaler's own view."""
-    from ray.autoscaler.v2.sdk import get_cluster_resource_state
-
-    return [node.node_ip_address for node in get_cluster_resource_state(client).node_states
-            if node.status != 2]  # 2: DEAD in autoscaler.proto's NodeStatus
-
-
-# A Ray driver keeps its core worker's log open under its worker id, which begins with its job's id (4 bytes).
-_DRIVER_LOG = re.compile(r"python-core-driver-([0-9a-f]{8})[0-9a-f]*_\d+\.log$")
-
-
-def job_id_of_driver(pid: int) -> str | None:
-    """The Ray job id (hex, as Ray's workers carry it in ``RAY_JOB_ID``) of the driver process ``pid``, read off the
-    log it keeps open; None for a process that is no connected Ray driver. Only ``/proc``: Ray is not imported."""
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return None
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        found = _DRIVER_LOG.search(target)
-        if found:
-            return found[1]
-    return None
-
-
-def nvml() -> Any:
-    """NVML's Python binding as Ray ships it (``pynvml``), for the GPUs' utilisation and per-process memory."""
+def ray_nvml() -> Any:
+    """NVML's Python binding as Ray ships it (``pynvml``), where no other is installed."""
     from ray._private.thirdparty import pynvml
 
     return pynvml

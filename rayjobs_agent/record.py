@@ -42,7 +42,7 @@ from .pinning import ADDRESS_VARIABLE, pinned_to_this_cluster
 from .queueing import Admission, GcsKeyValue, release, submission_id_from
 from .record_layout import RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
 from .record_store import reason
-from .resources import ResourceSampler
+from .resources import ResourceSampler, local_addresses
 from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, Recorder, open_own_log, say
 from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry
 from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     notifier = JobNotifier.from_environment(os.environ, recorder)  # the spec's notify: None without one
     judge = Judge(os.environ, notifier)
     judge.start()
-    sampler = resource_sampler(os.environ)
+    sampler = resource_sampler(os.environ, judge)
     keeping = RecordKeeping(recorder)
     keeping.start()
     policy = retry_policy(os.environ)
@@ -170,10 +170,20 @@ def run_entrypoint(command: str, env: dict[str, str], stop_signal: list[int]) ->
     return child.returncode
 
 
-def resource_sampler(environ: Mapping[str, str]) -> ResourceSampler | None:
+def resource_sampler(environ: Mapping[str, str], judge: Judge) -> ResourceSampler | None:
     """The job's resource sampler, started (None when sampling is off, or said once when it cannot start)."""
+    here: set[str] = set()
+
+    def other_hosts() -> int:
+        # Where Ray Train placed the workers, as the judge read it from the job's own attempt events. This machine's
+        # addresses are looked up (a name lookup) only once a job has placed workers, in the sampler's thread.
+        placed = set(judge.watch.worker_addresses)
+        if placed and not here:
+            here.update(local_addresses())
+        return len(placed - here)
+
     try:
-        sampler = ResourceSampler.for_job(environ, submission_id_from(environ))
+        sampler = ResourceSampler.for_job(environ, other_hosts)
         if sampler is not None:
             sampler.start()
         return sampler

@@ -12,7 +12,7 @@ it, so no sample asks the cluster anything). Whole-machine figures would count o
 own daemons, and say nothing about this run. They are read from ``/proc`` on the agent's node: cheap (a
 few milliseconds per sample), with no process of its own and no cluster call per sample. Every node of a
 local cluster shares that ``/proc``; on a cluster whose nodes are other machines, the processes there are
-not seen, which one line says once the job has run a minute. GPUs are read through NVML (the binding Ray ships): per
+not seen, which one line says once Ray Train places workers there. GPUs are read through NVML (the binding Ray ships): per
 device utilisation and, per process, the memory it holds.
 
 Ray's dashboard agent also samples worker processes, but it lists only the raylet's direct children as it
@@ -29,7 +29,10 @@ The totals (:class:`ResourceUsage`) are one rule for the record keeper, ``rayjob
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,8 +51,6 @@ FIRST_SAMPLE_S = 3.0
 CPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_CPU_HOUR"
 GPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_GPU_HOUR"
 _JOB_ID_VARIABLE = b"RAY_JOB_ID="
-# When the sampler asks whether the job has nodes on other machines (whose processes it cannot see).
-OTHER_HOSTS_AFTER_S = 60.0
 _GIB = 1024 ** 3
 
 
@@ -207,13 +208,34 @@ class JobProcesses:
 
     def _driver_job_id(self) -> str | None:
         if self._found_job_id is None:
-            from .ray_internals import job_id_of_driver
-
             for pid in self._tree:
                 self._found_job_id = job_id_of_driver(pid)
                 if self._found_job_id:
                     break
         return self._found_job_id
+
+
+# A Ray driver keeps its core worker's log open under its worker id, which begins with its job's id (4 bytes). Read
+# from /proc, so that the agent never imports Ray for it (that alone is a CPU-second and 150 MiB in every job).
+_DRIVER_LOG = re.compile(r"python-core-driver-([0-9a-f]{8})[0-9a-f]*_\d+\.log$")
+
+
+def job_id_of_driver(pid: int) -> str | None:
+    """The Ray job id (hex, as Ray's workers carry it in ``RAY_JOB_ID``) of the driver process ``pid``, read off the
+    log it keeps open; None for a process that is no connected Ray driver."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        found = _DRIVER_LOG.search(target)
+        if found:
+            return found[1]
+    return None
 
 
 def _ticks_since_boot(ticks_per_s: int) -> Callable[[], float]:
@@ -230,9 +252,7 @@ class Gpus:
     """Each GPU's utilisation and the memory the job's processes hold on it, through NVML."""
 
     def __init__(self) -> None:
-        from .ray_internals import nvml
-
-        self.nvml = nvml()
+        self.nvml = nvml_binding()
         self.nvml.nvmlInit()
         self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(index)
                         for index in range(self.nvml.nvmlDeviceGetCount())]
@@ -256,6 +276,19 @@ class Gpus:
                 "gpu_mem_total_bytes": total}
 
 
+def nvml_binding() -> Any:
+    """NVML's Python binding: ``pynvml`` (nvidia-ml-py) where it is installed, else the copy Ray ships. Raises where
+    the machine has no NVML library (no NVIDIA driver): then there is no GPU to sample, and nothing was imported."""
+    ctypes.CDLL("libnvidia-ml.so.1")  # OSError without the driver: checked first, as importing Ray costs a CPU-second
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        from .ray_internals import ray_nvml
+
+        return ray_nvml()
+    return pynvml
+
+
 # --------------------------------------------------------------------------- the sampler
 
 
@@ -273,13 +306,14 @@ class ResourceSampler:
         self._thread = threading.Thread(target=self._run, name="rayjobs-resources", daemon=True)
 
     @classmethod
-    def for_job(cls, environ: Mapping[str, str], submission_id: str | None) -> ResourceSampler | None:
-        """The sampler this job's environment asks for (None when sampling is off)."""
+    def for_job(cls, environ: Mapping[str, str], other_hosts: Callable[[], int] | None = None
+                ) -> ResourceSampler | None:
+        """The sampler this job's environment asks for (None when sampling is off); ``other_hosts`` says how many
+        other machines run its training workers."""
         every_s = sampling_every_s(environ)
         if every_s is None:
             return None
-        address = environ.get("RAY_ADDRESS")
-        return cls(every_s, other_hosts=(lambda: other_hosts(address)) if address else None)
+        return cls(every_s, other_hosts=other_hosts)
 
     def start(self) -> None:
         """Begin sampling (the first sample after :data:`FIRST_SAMPLE_S`, or sooner when samples are more often)."""
@@ -311,35 +345,28 @@ class ResourceSampler:
                 self.gpus = None
             wait_s = min(FIRST_SAMPLE_S, self.every_s)
             said_other_hosts = self.other_hosts is None
-            started = time.monotonic()
             while not self._stopped.wait(wait_s):
                 wait_s = self.every_s
                 fields = self.sample()
                 if fields is not None:
                     emit(EventKind.RESOURCES, **fields)
-                # Asking the cluster for its nodes imports Ray here (a CPU-second): a short job never pays for it.
-                if not said_other_hosts and time.monotonic() - started >= OTHER_HOSTS_AFTER_S:
+                others = self.other_hosts() if not said_other_hosts else 0  # type: ignore[misc]
+                if others:
                     said_other_hosts = True
-                    others = self.other_hosts()  # type: ignore[misc]
-                    if others:
-                        _say(f"resource use is sampled on this machine only: the job's processes on {others} other "
-                             f"machine{'s' if others != 1 else ''} of the cluster are not counted")
+                    _say(f"resource use is sampled on this machine only: the job's processes on {others} other "
+                         f"machine{'s' if others != 1 else ''} of the cluster are not counted")
         except Exception as exc:  # noqa: BLE001 - the job must never notice its sampler
             _say(f"resource sampling stopped ({type(exc).__name__}: {exc}); the job goes on")
 
 
-def other_hosts(address: str | None) -> int:
-    """How many live nodes of the cluster are on other machines than this one."""
-    from .ray_internals import gcs_client, node_addresses
-
+def local_addresses() -> set[str]:
+    """The addresses this machine answers to."""
     here = {"127.0.0.1", "localhost"}
     try:
-        import socket
-
         here |= set(socket.gethostbyname_ex(socket.gethostname())[2])
     except OSError:
         pass
-    return len({address for address in node_addresses(gcs_client(address or "")) if address not in here})
+    return here
 
 
 def _say(text: str) -> None:

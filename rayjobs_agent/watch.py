@@ -91,6 +91,8 @@ class JobWatch:
         self.workers: int | None = None
         self.per_worker: dict[str, float] = {}
         self.cluster: dict[str, Any] | None = None
+        # Where the current attempt's training workers run (their nodes' addresses).
+        self.worker_addresses: set[str] = set()
         self.waiting: WaitDecision | None = None
         self._pending: WaitDecision | None = None
         self._waits_said: set[str] = set()
@@ -128,6 +130,8 @@ class JobWatch:
             self.per_worker = dict(event.get("resources_per_worker") or {})
         elif kind == EventKind.ATTEMPT:
             self.cluster = event.get("cluster") if isinstance(event.get("cluster"), dict) else None
+            self.worker_addresses = {str(worker.get("node_ip")) for worker in event.get("workers") or []
+                                     if isinstance(worker, dict) and worker.get("node_ip")}
         if kind == EventKind.REPORT:
             if self.last_report is not None:
                 self.slowest_report_s = max(self.slowest_report_s, now - self.last_report)

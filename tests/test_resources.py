@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_a_process_started_between_samples_counts_all_its_time_and_a_reused_pid_
 
 
 def test_the_jobs_id_is_read_off_the_log_its_ray_driver_keeps_open(tmp_path):
-    from rayjobs_agent.ray_internals import job_id_of_driver
+    from rayjobs_agent.resources import job_id_of_driver
 
     log = tmp_path / f"python-core-driver-0d000000{'f' * 48}_4242.log"
     driver = _start(f"import time; handle = open({str(log)!r}, 'w'); time.sleep(60)")
@@ -143,12 +144,25 @@ def test_a_sample_is_a_resources_event_line_the_client_decodes(capfd):
     assert event is not None and event["event"] == "resources" and event["cpus"] == 2
 
 
+def test_sampling_a_job_never_imports_ray_into_the_agent():
+    # Importing Ray costs the agent a CPU-second and 150 MiB in every job; the sampler reads /proc alone (and NVML
+    # only where its library loads, which a machine without an NVIDIA driver has not).
+    code = ("import sys, time\nfrom rayjobs_agent.resources import ResourceSampler\n"
+            "sampler = ResourceSampler(0.1, other_hosts=lambda: 0)\nsampler.start()\ntime.sleep(0.5)\n"
+            "sampler.stop()\nprint(sorted(name for name in sys.modules if name == 'ray' or name.startswith('ray.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert done.stdout.count('"event":"resources"') >= 2
+
+
 @pytest.mark.parametrize(("value", "every_s"), [(None, 10.0), ("", 10.0), ("2.5", 2.5), ("0", None), ("often", None)])
 def test_sampling_is_every_ten_seconds_unless_the_job_says_otherwise(value, every_s):
     environ = {} if value is None else {"RAYJOBS_RESOURCES_EVERY_S": value}
     assert sampling_every_s(environ) == every_s
     if every_s is None:
-        assert ResourceSampler.for_job(environ, "raysubmit_x") is None
+        assert ResourceSampler.for_job(environ) is None
 
 
 SAMPLES = [
@@ -225,3 +239,19 @@ def test_the_live_block_has_the_resource_line():
         assert "CPU 1.5/2 · RSS 2.0 GiB" in console.file.getvalue()
     finally:
         live.close()
+
+
+def test_training_workers_on_other_machines_are_said_once_to_be_left_out(capfd):
+    from rayjobs_agent.watch import JobWatch
+
+    watch = JobWatch(60.0, 0.0)
+    watch.event({"event": "attempt", "workers": [{"rank": 0, "node_ip": "127.0.0.1"},
+                                                 {"rank": 1, "node_ip": "10.1.2.3"}, {"rank": 2}]}, 1.0)
+    assert watch.worker_addresses == {"127.0.0.1", "10.1.2.3"}
+    sampler = ResourceSampler(0.05, other_hosts=lambda: len(watch.worker_addresses - {"127.0.0.1"}))
+    sampler.start()
+    time.sleep(0.5)
+    sampler.stop()
+    out = capfd.readouterr().out
+    assert out.count("resource use is sampled on this machine only: the job's processes on 1 other machine of the "
+                     "cluster are not counted") == 1
