@@ -108,9 +108,9 @@ def main(argv: list[str]) -> int:
     notifier = JobNotifier.from_environment(os.environ, recorder)  # the spec's notify: None without one
     judge = Judge(os.environ, notifier)
     judge.start()
-    sampler = resource_sampler(os.environ, judge)
     keeping = RecordKeeping(recorder)
     keeping.start()
+    sampler = resource_sampler(os.environ, judge, keeping)
     policy = retry_policy(os.environ)
     attempt = first_attempt(os.environ)
     while True:
@@ -170,7 +170,7 @@ def run_entrypoint(command: str, env: dict[str, str], stop_signal: list[int]) ->
     return child.returncode
 
 
-def resource_sampler(environ: Mapping[str, str], judge: Judge) -> ResourceSampler | None:
+def resource_sampler(environ: Mapping[str, str], judge: Judge, keeping: RecordKeeping) -> ResourceSampler | None:
     """The job's resource sampler, started (None when sampling is off, or said once when it cannot start)."""
     here: set[str] = set()
 
@@ -183,7 +183,8 @@ def resource_sampler(environ: Mapping[str, str], judge: Judge) -> ResourceSample
         return len(placed - here)
 
     try:
-        sampler = ResourceSampler.for_job(environ, other_hosts)
+        sampler = ResourceSampler.for_job(environ, other_hosts,
+                                          keeping.add_event if keeping.recorder is not None else None)
         if sampler is not None:
             sampler.start()
         return sampler
@@ -296,6 +297,12 @@ class RecordKeeping:
             say(f"the run record's last upload to {recorder.store.location} did not finish within "
                 f"{END_DEADLINE_S:g}s (storage did not answer); what was written before stays")
         return not ending.is_alive() and not self._thread.is_alive()
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Keep one of the agent's events that the log did not take, with the next upload."""
+        if self.recorder is not None:
+            with self.lock:
+                self.recorder.add_event(event)
 
     def _locked_upload(self, outcome: str, code: int) -> None:
         assert self.recorder is not None

@@ -251,6 +251,11 @@ class Recorder:
         if self.log is not None:
             self._keep(self.log.read(ended))
 
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Keep an event of the agent's own that is not in the log (a resource sample the log could not take)."""
+        self.event_summary.take(event)
+        self.event_file.append(json.dumps(event, separators=(",", ":"), default=str).encode() + b"\n")
+
     def _keep(self, masked: bytes) -> None:
         if not masked:
             return
@@ -267,8 +272,7 @@ class Recorder:
             except ValueError:
                 continue
             if isinstance(event, dict):
-                self.event_summary.take(event)
-                self.event_file.append(json.dumps(event, separators=(",", ":"), default=str).encode() + b"\n")
+                self.add_event(event)
 
 
 class EventSummary:

@@ -33,6 +33,7 @@ import ctypes
 import os
 import re
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -296,8 +297,12 @@ class ResourceSampler:
     """Writes a ``resources`` event every ``every_s`` seconds while the entrypoint runs, in a thread of its own."""
 
     def __init__(self, every_s: float, job_id: Callable[[], str | None] | None = None, root: int | None = None,
-                 cpus: float | None = None, other_hosts: Callable[[], int] | None = None) -> None:
+                 cpus: float | None = None, other_hosts: Callable[[], int] | None = None,
+                 unsaid: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.every_s = every_s
+        # Where a sample goes that cannot be said in the log now (the job's last line is unfinished): the record.
+        self.unsaid = unsaid
+        self.log = LogEnd()
         self.processes = JobProcesses(os.getpid() if root is None else root, job_id)
         self.cpus = cpus if cpus is not None else float(len(os.sched_getaffinity(0)))
         self.other_hosts = other_hosts
@@ -306,14 +311,14 @@ class ResourceSampler:
         self._thread = threading.Thread(target=self._run, name="rayjobs-resources", daemon=True)
 
     @classmethod
-    def for_job(cls, environ: Mapping[str, str], other_hosts: Callable[[], int] | None = None
-                ) -> ResourceSampler | None:
+    def for_job(cls, environ: Mapping[str, str], other_hosts: Callable[[], int] | None = None,
+                unsaid: Callable[[dict[str, Any]], None] | None = None) -> ResourceSampler | None:
         """The sampler this job's environment asks for (None when sampling is off); ``other_hosts`` says how many
-        other machines run its training workers."""
+        other machines run its training workers, ``unsaid`` takes the samples the log cannot."""
         every_s = sampling_every_s(environ)
         if every_s is None:
             return None
-        return cls(every_s, other_hosts=other_hosts)
+        return cls(every_s, other_hosts=other_hosts, unsaid=unsaid)
 
     def start(self) -> None:
         """Begin sampling (the first sample after :data:`FIRST_SAMPLE_S`, or sooner when samples are more often)."""
@@ -349,7 +354,7 @@ class ResourceSampler:
                 wait_s = self.every_s
                 fields = self.sample()
                 if fields is not None:
-                    emit(EventKind.RESOURCES, **fields)
+                    self._say_sample(fields)
                 others = self.other_hosts() if not said_other_hosts else 0  # type: ignore[misc]
                 if others:
                     said_other_hosts = True
@@ -357,6 +362,39 @@ class ResourceSampler:
                          f"machine{'s' if others != 1 else ''} of the cluster are not counted")
         except Exception as exc:  # noqa: BLE001 - the job must never notice its sampler
             _say(f"resource sampling stopped ({type(exc).__name__}: {exc}); the job goes on")
+
+
+    def _say_sample(self, fields: dict[str, Any]) -> None:
+        # A sample written into an unfinished line of the job's (a progress bar, a line being printed) would break
+        # that line for everyone who reads the log: it waits for the record alone.
+        if self.log.at_line_start():
+            emit(EventKind.RESOURCES, **fields)
+        elif self.unsaid is not None:
+            self.unsaid({"event": EventKind.RESOURCES, "time": round(time.time(), 3), **fields})
+
+
+class LogEnd:
+    """Whether the job's log (this process's stdout, a file) ends at the start of a line now."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+        self._file = True
+
+    def at_line_start(self) -> bool:
+        """True when the log's last byte ends a line (or it is empty, or stdout is no file to look at)."""
+        if not self._file:
+            return True
+        try:
+            if self._handle is None:
+                if not stat.S_ISREG(os.fstat(1).st_mode):
+                    self._file = False
+                    return True
+                self._handle = open(f"/proc/{os.getpid()}/fd/1", "rb")
+            size = os.fstat(self._handle.fileno()).st_size
+            return size == 0 or os.pread(self._handle.fileno(), 1, size - 1) == b"\n"
+        except OSError:
+            self._file = False
+            return True
 
 
 def local_addresses() -> set[str]:

@@ -100,7 +100,7 @@ def test_json_output_keeps_stdout_parsable(json_submitted):
                                    "attempts": 0, "nodes": None, "restarts": [], "training_state": None,
                                    "seconds_per_epoch": None, "counts": {}, "events": 0, "step": None,
                                    "steps": None, "trials": {}, "job_attempts": 1, "causes": [], "waiting": None,
-                                   "stalled_s": None}
+                                   "stalled_s": None, "resources": None}
 
 
 def test_no_wait_then_logs_follow(rayjobs_cli, tmp_path):

@@ -76,22 +76,46 @@ def test_the_jobs_id_is_read_off_the_log_its_ray_driver_keeps_open(tmp_path):
     from rayjobs_agent.resources import job_id_of_driver
 
     log = tmp_path / f"python-core-driver-0d000000{'f' * 48}_4242.log"
-    driver = _start(f"import time; handle = open({str(log)!r}, 'w'); time.sleep(60)")
+    opener = tmp_path / "driver.py"
+    opener.write_text(f"import time\nhandle = open({str(log)!r}, 'w')\ntime.sleep(60)\n")
+    # The entrypoint's shell, and under it a "driver" holding its core worker's log open; beside them, outside the
+    # tree, a "Ray worker" of the same job.
+    shell = subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} {opener}; true"])
+    worker = _start(IDLE, RAY_JOB_ID="0d000000")
     try:
-        wait_for_condition(lambda: job_id_of_driver(driver.pid) is not None)
-        assert job_id_of_driver(driver.pid) == "0d000000"
-        worker = _start(IDLE, RAY_JOB_ID="0d000000")
-        try:
-            # The root is the driver's parent here: the sampler finds the id in its tree and then the worker by it.
-            job = JobProcesses(os.getpid())
-            assert worker.pid in job.sample()["pids"] and job.job_id() == "0d000000"
-        finally:
-            worker.kill()
-            worker.wait()
+        job = JobProcesses(shell.pid)
+        wait_for_condition(lambda: job.sample()["processes"] == 2)  # the driver (the root is not its own job), the worker
+        assert job.job_id() == "0d000000"
+        assert worker.pid in job.sample()["pids"]
+        (driver,) = descendants(ProcessTable().read()[0], shell.pid)
+        assert job_id_of_driver(driver) == "0d000000"
     finally:
-        driver.kill()
-        driver.wait()
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        shell.kill()
+        shell.wait()
+        worker.kill()
+        worker.wait()
     assert job_id_of_driver(os.getpid()) is None
+
+
+def test_a_sample_never_breaks_an_unfinished_line_of_the_job_it_goes_to_the_record_instead(tmp_path):
+    from rayjobs_agent.resources import LogEnd
+
+    log = tmp_path / "driver.log"
+    code = ("import os, sys, time\nfrom rayjobs_agent.resources import ResourceSampler\nkept = []\n"
+            "sampler = ResourceSampler(0.05, other_hosts=lambda: 0, unsaid=kept.append)\n"
+            "sys.stdout.write('progress 10%\\r'); sys.stdout.flush()\nsampler.start()\ntime.sleep(0.5)\n"
+            "sys.stdout.write('progress 100%\\n'); sys.stdout.flush()\ntime.sleep(0.5)\nsampler.stop()\n"
+            "sys.stderr.write(f'kept {len(kept)}\\n')\n")
+    with open(log, "wb") as out:
+        done = subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.PIPE, text=True,
+                              timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    text = log.read_bytes().decode()
+    assert text.startswith("progress 10%\rprogress 100%\n"), "nothing came between the job's bytes of one line"
+    assert text.count('"event":"resources"') >= 2, "once the line ended, samples were said in the log again"
+    assert int(done.stderr.split("kept ")[1]) >= 2, "the samples the log could not take went to the record"
+    assert LogEnd().at_line_start() in (True, False)
 
 
 def test_a_job_id_not_yet_known_counts_the_entrypoints_tree_alone():
