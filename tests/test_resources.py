@@ -89,13 +89,13 @@ def test_the_jobs_id_is_read_off_the_log_its_ray_driver_keeps_open(tmp_path):
         assert worker.pid in job.sample()["pids"]
         (driver,) = descendants(ProcessTable().read()[0], shell.pid)
         assert job_id_of_driver(driver) == "0d000000"
+        assert job_id_of_driver(worker.pid) is None, "a process that keeps no driver's log open is no driver"
     finally:
         subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
         shell.kill()
         shell.wait()
         worker.kill()
         worker.wait()
-    assert job_id_of_driver(os.getpid()) is None
 
 
 def test_a_sample_never_breaks_an_unfinished_line_of_the_job_it_goes_to_the_record_instead(tmp_path):
