@@ -60,6 +60,9 @@ def test_the_job_is_its_entrypoints_tree_and_the_ray_workers_marked_with_its_id_
 def test_a_process_started_between_samples_counts_all_its_time_and_a_reused_pid_is_not_mixed_up():
     job = JobProcesses(os.getpid(), lambda: None)
     job.sample()
+    # A process's start is read in clock ticks and the sample's time from /proc/uptime: one started within a tick
+    # or two of a sample is taken for one that was already there, and its first interval is not counted.
+    time.sleep(0.1)
     child = _start(BUSY)
     try:
         time.sleep(1.2)
