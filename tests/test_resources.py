@@ -282,3 +282,21 @@ def test_training_workers_on_other_machines_are_said_once_to_be_left_out(capfd):
     out = capfd.readouterr().out
     assert out.count("resource use is sampled on this machine only: the job's processes on 1 other machine of the "
                      "cluster are not counted") == 1
+
+
+def test_a_process_whose_name_holds_spaces_and_parentheses_is_read_right():
+    # /proc/PID/stat puts the command's name in parentheses, and a process may name itself anything: the fields are
+    # read after the last ")", or this process's CPU ticks and start would be read from the wrong columns.
+    hostile = _start("open('/proc/self/comm', 'w').write('a) 1 2 (b')\n" + BUSY)
+    try:
+        job = JobProcesses(os.getpid(), lambda: None)
+        wait_for_condition(lambda: open(f"/proc/{hostile.pid}/comm").read().strip() == "a) 1 2 (b")
+        job.sample()
+        time.sleep(1.0)
+        sample = job.sample()
+        assert hostile.pid in sample["pids"]
+        assert 0 < sample["cpu"] < 2.5, sample
+        assert ProcessTable().read()[0][hostile.pid] == os.getpid(), "its parent, read from the right column"
+    finally:
+        hostile.kill()
+        hostile.wait()
