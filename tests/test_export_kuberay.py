@@ -122,7 +122,8 @@ def test_gpu_training_asks_for_gpus_and_a_gpu_image(rayjob_schema):
 
 def test_image_flag_replaces_the_default_image(rayjob_schema):
     code, manifest, stderr = export("specs/vit-hf.yaml", "--set", REMOTE_WORKING_DIR, "--set",
-                                    "workload.data.path=/tmp", "--image", "registry.example/rayjobs:1")
+                                    "workload.data.path=/tmp", "--set", "workload.train.num_workers=2",
+                                    "--set", "workload.train.cpus_per_worker=1", "--image", "registry.example/rayjobs:1")
     assert code == 0, stderr
     assert_valid_rayjob(manifest, rayjob_schema)
     group = worker_group(manifest)

@@ -212,6 +212,8 @@ def test_a_lost_worker_node_fails_the_attempt_which_the_agent_retries_in_place_w
     overrides = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'results'}",
                  f"workload.data.synthetic_per_class={IMAGES_PER_CLASS}", "workload.data.image_size=16",
                  f"workload.train.epochs={EPOCHS}", "workload.train.batch_size=64", "workload.train.max_failures=0",
+                 # Two workers, not the spec's auto (one per node): the nodes left after the loss still fit them.
+                 "workload.train.num_workers=2", "workload.train.cpus_per_worker=1",
                  "workload.train.model=vit", "workload.train.vit.num_layers=1", "workload.train.vit.num_heads=2",
                  "workload.train.vit.hidden_dim=32", "workload.train.vit.mlp_dim=64",
                  "workload.run_name=node-death", "workload.stages=[preprocess, train]",

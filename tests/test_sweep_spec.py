@@ -24,6 +24,8 @@ DOCUMENTED_SWEEP = re.compile(r"```yaml\n(sweep:\n.*?)```", re.DOTALL)
 def quickstart_with(sweep: dict) -> dict:
     document = yaml.safe_load(QUICKSTART.read_text())
     document["sweep"] = sweep
+    # A layout of its own, not the spec's auto: what a trial asks of the cluster is what these tests count.
+    document["workload"]["train"].update(num_workers=2, cpus_per_worker=1)
     return document
 
 
@@ -111,6 +113,7 @@ def test_trial_values_land_in_the_workload_document_without_touching_the_origina
 def test_dry_run_prints_the_trial_plan(tmp_path):
     spec = tmp_path / "swept.yaml"
     text = QUICKSTART.read_text().replace("working_dir: ..", f"working_dir: {REPO_ROOT}")
+    text = text.replace("num_workers: auto", "num_workers: 2").replace("cpus_per_worker: auto", "cpus_per_worker: 1")
     spec.write_text(text + "sweep:\n  metric: val_accuracy\n  mode: max\n  search: grid\n  samples: 2\n"
                            "  scheduler: {asha: {grace_period: 2}}\n  parameters:\n"
                            "    workload.train.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"

@@ -58,13 +58,14 @@ def where(s3_endpoint: str, aws_env: dict[str, str], tmp_path: Path) -> Where:
 def test_quickstart_in_s3_stopped_mid_training_then_submitted_again_resumes_and_finishes(ray_cluster,
                                                                                           ray_cluster_home, where):
     run_dir = where.run_dir("e2e")
-    # One training worker and one inference replica: what the run wrote is checked here, not how many
+    # One training worker (the spec's auto layout on the session's one node, one CPU of it so that tests
+    # beside it keep theirs) and one inference replica: what the run wrote is checked here, not how many
     # processes wrote it (two workers' training is tests/test_learning_real_photos_cluster.py's and
     # tests/test_multinode_cluster.py's; each Train worker is a process that imports torch).
     overrides = [*(f"runtime_env.env_vars.{name}={value}" for name, value in where.job_env.items()),
                  f"workload.data.output_dir={where.data}", f"workload.storage_path={where.runs}",
                  f"workload.data.synthetic_per_class={PER_CLASS}", "workload.data.image_size=24",
-                 "workload.train.batch_size=32", "workload.train.num_workers=1", "workload.infer.num_actors=1",
+                 "workload.train.batch_size=32", "workload.train.cpus_per_worker=1", "workload.infer.num_actors=1",
                  "workload.run_name=e2e"]
     first = [*overrides, f"workload.train.epochs={EPOCHS - 1}"]
     submitted = run_rayjobs("submit", "specs/quickstart.yaml", *[a for o in first for a in ("--set", o)],
@@ -93,7 +94,9 @@ def test_quickstart_in_s3_stopped_mid_training_then_submitted_again_resumes_and_
     rows = read_metrics_csv(run_dir / "metrics.csv")
     assert [int(row["epoch"]) for row in rows] == list(range(1, EPOCHS + 1))
     assert rows[-1]["lr"] > 0, "the schedule was stretched to the new length, not left at the old one's end"
-    # The summary says where the training worker ran.
+    # The job says which layout it chose and why, and the summary where the training worker ran.
+    assert "Layout: 1 worker(s) × 1 CPU, auto: one per node with a CPU free (1 node(s))" in result.stdout, \
+        result.stdout[-3000:]
     assert re.search(r"Training workers: rank 0 on node \w{8} \(1 node\)", result.stdout), \
         result.stdout[-2000:]
 

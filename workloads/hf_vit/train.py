@@ -23,7 +23,7 @@ from pathlib import Path
 from workloads import storage
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
 from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, write_run_metrics
-from workloads.training.trainer import fit, first_line
+from workloads.training.trainer import first_line, fit, resolved_layout
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 RAY_CHECKPOINT_DIR = "checkpoint"  # RayTrainReportCallback's folder inside each Ray checkpoint
@@ -199,7 +199,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     params = HFViTParams.model_validate(config["params"])
     cfg: HFTrainConfig = params.train
-    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    torch.set_num_threads(cfg.cpu_threads())
     context = ray.train.get_context()
     world_size = context.get_world_size()
 
@@ -276,6 +276,7 @@ def run(params: HFViTParams) -> dict:
     print(f"Dataset {params.data.path}: {len(train)} train and {len(evaluation)} eval images, classes {classes}",
           flush=True)
 
+    params = params.model_copy(update={"train": resolved_layout(params.train)})
     run_dir = params.run_dir
     scratch = tempfile.mkdtemp(prefix="rayjobs-hf-")
     from workloads.training.tracking import tracked_training

@@ -7,9 +7,12 @@ parameter model derives from :class:`TrainingRunParams` and its training section
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr
 
 from jobs.paths import SpecStoragePath
 from jobs.strict import StrictModel
@@ -50,36 +53,119 @@ class TrainingRunParams(StrictModel):
         return self.storage_root / self.run_name
 
 
-class WorkerScaling(StrictModel):
-    """How many Ray Train workers run the training loop, and what each reserves."""
+AUTO = "auto"
 
-    num_workers: PositiveInt = Field(2, description="Ray Train workers (processes).")
-    cpus_per_worker: PositiveFloat = Field(1.0, description="CPUs reserved by each worker; also its torch threads.")
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One alive Ray node as the layout sees it: its CPUs and GPUs, and the CPUs already held on it."""
+
+    node_id: str
+    cpus: float
+    gpus: float = 0.0
+    held_cpus: float = 0.0  # the entrypoint's reservation, other jobs: not this run's to use
+
+    @property
+    def free_cpus(self) -> int:
+        """Whole CPUs left on the node for this run's workers."""
+        return max(0, int(self.cpus - self.held_cpus + 1e-9))
+
+
+class WorkerScaling(StrictModel):
+    """How many Ray Train workers run the training loop, and what each reserves.
+
+    ``auto`` (the default of both) is resolved on the cluster when training starts
+    (:meth:`resolved_for`): on CPU one worker per node, with that node's free CPUs as its threads,
+    since one process per node ran at 0.86x the bare step where two single-thread processes
+    waiting on each other's all-reduce ran at 0.65x (``docs/benchmarks.md``); on GPUs one
+    worker per GPU.
+    """
+
+    num_workers: PositiveInt | Literal["auto"] = Field(
+        AUTO, description="Ray Train workers (processes). auto: one per node on CPU, one per GPU with use_gpu.")
+    cpus_per_worker: PositiveFloat | Literal["auto"] = Field(
+        AUTO, description="CPUs reserved by each worker; also its torch threads. auto: the CPUs its node has "
+        "free when training starts (with use_gpu: shared among the node's GPUs).")
     use_gpu: bool = Field(False, description="Give each worker one GPU.")
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict, description="Further Ray resources reserved by each worker (a GPU count here "
         "overrides use_gpu's one).")
+    _one_per_node: bool = PrivateAttr(False)  # an auto layout chose one worker per node: keep them spread
+
+    @property
+    def layout_is_auto(self) -> bool:
+        """Whether either of ``num_workers`` and ``cpus_per_worker`` is left for the cluster to decide."""
+        return self.num_workers == AUTO or self.cpus_per_worker == AUTO
 
     def worker_resources(self) -> dict[str, float]:
         """The resources one worker reserves: its CPUs, a GPU with ``use_gpu``, and ``resources_per_worker``."""
-        resources = {"CPU": float(self.cpus_per_worker), **self.resources_per_worker}
+        resources = {"CPU": float(self._cpus_or_least()), **self.resources_per_worker}
         if self.use_gpu:
             resources.setdefault("GPU", 1.0)
         return resources
 
     def demand(self, phase: str, section: str) -> Demand:
         """These workers as ``phase`` of a workload's needs (:mod:`jobs.workload_contract`); ``section`` is where
-        they are set in the workload's parameters (``train``)."""
-        return Demand(phase, count=self.num_workers, cpus=float(self.cpus_per_worker), gpus=1 if self.use_gpu else 0,
+        they are set in the workload's parameters (``train``). An ``auto`` layout asks for the least it runs
+        on: one worker of one CPU."""
+        count = 1 if self.num_workers == AUTO else self.num_workers
+        return Demand(phase, count=count, cpus=float(self._cpus_or_least()), gpus=1 if self.use_gpu else 0,
                       resources=dict(self.resources_per_worker),
                       resources_parameter=f"{section}.resources_per_worker")
 
+    def cpu_threads(self) -> int:
+        """Torch threads of one worker: its reserved CPUs, or, where the layout was never resolved (the loop
+        called outside ``run_training``), the CPUs this process may run on."""
+        if self.cpus_per_worker == AUTO:
+            return max(1, len(os.sched_getaffinity(0)))
+        return max(1, int(self.cpus_per_worker))
+
+    def _cpus_or_least(self) -> float:
+        return 1.0 if self.cpus_per_worker == AUTO else float(self.cpus_per_worker)
+
+    def resolved_for(self, nodes: Sequence[NodeCapacity], reserve_cpus_per_node: float = 0.0):
+        """A copy with ``auto`` replaced by what fits ``nodes``, and one line saying which layout and why.
+
+        ``reserve_cpus_per_node``: CPUs left free on every node for work beside the workers (Ray Data's
+        decode tasks). Explicit values are kept as they are. On CPU, ``auto`` workers are one per node that
+        has a whole CPU free, each with the fewest free CPUs among those nodes (Ray Train gives every worker
+        the same reservation); with ``use_gpu``, one per GPU.
+        """
+        if not self.layout_is_auto:
+            return self, (f"layout: {self.num_workers} worker(s) × {self.cpus_per_worker:g} CPU, as the spec sets")
+        usable = [node for node in nodes if node.free_cpus - reserve_cpus_per_node >= 1]
+        if self.use_gpu:
+            usable = [node for node in usable if node.gpus >= 1] or usable
+        if not usable:
+            usable = list(nodes)[:1] or [NodeCapacity("", 1.0)]
+        if self.use_gpu:
+            gpus = int(sum(node.gpus for node in usable)) or 1
+            workers = gpus if self.num_workers == AUTO else self.num_workers
+            per_gpu = min(int((node.free_cpus - reserve_cpus_per_node) // max(1, node.gpus)) for node in usable)
+            cpus = max(1, per_gpu) if self.cpus_per_worker == AUTO else self.cpus_per_worker
+            why = f"one per GPU ({gpus} GPU(s))"
+        else:
+            workers = len(usable) if self.num_workers == AUTO else self.num_workers
+            least = min(int(node.free_cpus - reserve_cpus_per_node) for node in usable)
+            cpus = max(1, least) if self.cpus_per_worker == AUTO else self.cpus_per_worker
+            share = ("the CPUs the spec sets" if self.cpus_per_worker != AUTO else
+                     f"the {least:g} CPU(s) free on its node" + (f" less {reserve_cpus_per_node:g} for the data "
+                                                                   "pipeline" if reserve_cpus_per_node else ""))
+            why = f"one per node with a CPU free ({len(usable)} node(s)), each with {share}"
+        resolved = self.model_copy(update={"num_workers": int(workers), "cpus_per_worker": float(cpus)})
+        resolved._one_per_node = not self.use_gpu and self.num_workers == AUTO and workers > 1
+        return resolved, f"layout: {workers} worker(s) × {cpus:g} CPU, auto: {why}"
+
     def scaling_config(self):
-        """Ray Train's ``ScalingConfig`` for these settings."""
+        """Ray Train's ``ScalingConfig`` for these settings (an ``auto`` layout resolved first)."""
         import ray.train
 
+        if self.layout_is_auto:
+            raise ValueError("resolve the auto layout on the cluster (resolved_for) before building its ScalingConfig")
         return ray.train.ScalingConfig(num_workers=self.num_workers, use_gpu=self.use_gpu,
-                                       resources_per_worker=self.worker_resources())
+                                       resources_per_worker=self.worker_resources(),
+                                       # Where auto chose one worker per node, keep them one per node.
+                                       placement_strategy="SPREAD" if self._one_per_node else "PACK")
 
 
 class RayTrainSettings(WorkerScaling):

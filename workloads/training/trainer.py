@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from workloads import storage
 from workloads.storage import StoragePath
-from workloads.training.config import RayTrainSettings
+from workloads.training.config import NodeCapacity, RayTrainSettings, WorkerScaling
 
 
 class TrainingError(RuntimeError):
@@ -33,6 +33,35 @@ def root_cause(exc: BaseException) -> str:
         exc = inner
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+def cluster_capacity() -> list[NodeCapacity]:
+    """The alive nodes of the connected cluster with CPUs, as :meth:`WorkerScaling.resolved_for` reads them.
+
+    Ray's public API gives what is free for the cluster as a whole, not per node: what is held now
+    (the entrypoint's reservation, other jobs) is counted on this process's node, where the
+    entrypoint runs.
+    """
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    held = max(0.0, ray.cluster_resources().get("CPU", 0.0) - ray.available_resources().get("CPU", 0.0))
+    nodes = []
+    for node in ray.nodes():
+        resources = node.get("Resources") or {}
+        if node.get("Alive") and resources.get("CPU", 0) > 0:
+            nodes.append(NodeCapacity(node["NodeID"], float(resources["CPU"]), float(resources.get("GPU", 0)),
+                                      held if node["NodeID"] == here else 0.0))
+    return nodes
+
+
+def resolved_layout(settings: WorkerScaling, reserve_cpus_per_node: float = 0.0) -> WorkerScaling:
+    """``settings`` with an ``auto`` layout resolved on the connected cluster; prints which layout and why."""
+    if not settings.layout_is_auto:
+        return settings
+    resolved, line = settings.resolved_for(cluster_capacity(), reserve_cpus_per_node)
+    print(line[0].upper() + line[1:], flush=True)
+    return resolved
 
 
 def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSettings, score_attribute: str,

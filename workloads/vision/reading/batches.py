@@ -46,7 +46,7 @@ def effective_loader_workers(cfg: TrainConfig) -> int:
     """
     if cfg.use_gpu:
         return cfg.loader_workers  # the GPU does the model's work; the reserved CPUs are the loader's
-    return min(cfg.loader_workers, max(0, int(cfg.cpus_per_worker) - 1))
+    return min(cfg.loader_workers, cfg.cpu_threads() - 1)
 
 
 class TorchBatches:

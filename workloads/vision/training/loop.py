@@ -141,7 +141,7 @@ def setup_worker(config: dict) -> Worker:
         layout = layout.with_imagenet_statistics()
     # One intra-op thread per reserved CPU: Ray reserved cpus_per_worker for this
     # process, and more threads would contend with the other workers on the node.
-    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    torch.set_num_threads(cfg.cpu_threads())
 
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()

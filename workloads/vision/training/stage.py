@@ -30,8 +30,8 @@ from workloads import storage
 from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath
 from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, plot_loss_curve, read_metrics_csv
-from workloads.training.trainer import TrainingError, fit
-from workloads.vision.config import VisionParams
+from workloads.training.trainer import TrainingError, fit, resolved_layout
+from workloads.vision.config import TrainConfig, VisionParams
 from workloads.vision.training.loop import METRIC_FIELDS, train_loop_per_worker
 from workloads.vision.training.model import best_checkpoint, list_checkpoints, load_pretrained_state
 from workloads.vision.training.recipe import divergence_message
@@ -89,7 +89,8 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
 
     from workloads.vision.reading.torch_dataset import split_files
 
-    cfg = params.train
+    cfg = resolved_layout(params.train, data_reserve_cpus(params.train))
+    params = params.model_copy(update={"train": cfg})
     dataset_root = storage.resolved(info.root)
     classes, layout = info.classes, info.layout
     split_files(dataset_root, "train")
@@ -155,6 +156,11 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
     return outcome
 
 
+def data_reserve_cpus(cfg: TrainConfig) -> float:
+    """CPUs an auto layout leaves free on each node for Ray Data's decode tasks (none with the torch loader)."""
+    return float(cfg.data_cpus) if cfg.ingest == "ray_data" else 0.0
+
+
 def print_training_summary(outcome: TrainingOutcome) -> None:
     """Print where the best checkpoint is and the final metrics, for the job's last log lines."""
     print(f"Run directory: {outcome.run_dir}")
@@ -187,6 +193,8 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
     from workloads.training.tracking import MlflowRun
     from workloads.vision.training.selection import carve_selection_split
 
+    # Resolved once, before the trials: each trial then asks Tune for the same workers.
+    params = params.model_copy(update={"train": resolved_layout(params.train, data_reserve_cpus(params.train))})
     document = params.model_dump(mode="json")
     check_definition(sweep, params.run_dir)  # before the carve, which a changed holdout would redo
     selection = carve_selection_split(info, params.run_dir, sweep.holdout, params.data.seed)
