@@ -1,7 +1,7 @@
 """Where the start of a training run and of a batch-inference run goes, phase by phase.
 
-Training: the workload's own ``run_training`` (Ray Train's ``TorchTrainer``, 2 workers x 1 CPU,
-one epoch of a small 64 px dataset) on a private 2-CPU Ray instance. Its milestones come from
+Training: the workload's own ``run_training`` (Ray Train's ``TorchTrainer``, in the specs'
+default layout, ``auto``: 1 worker x 2 CPUs here; one epoch of a small 64 px dataset) on a private 2-CPU Ray instance. Its milestones come from
 Ray's own task events (``ray.util.state.list_tasks``: when each actor was asked for, when its
 process took it, when its constructor began and ended) and from timestamps taken inside each
 worker by a wrapper around the workload's train loop, which changes nothing the loop does:
@@ -152,7 +152,8 @@ def training_start(data: Path, scratch: Path, run: int) -> dict:
                         *args, **kwargs)
 
     settings = SimpleNamespace(epochs=1, batch=32, overrides={})
-    params = vision_params(scratch / "runs", f"start-{run}", settings)
+    # The layout every spec starts with (auto): on this 2-CPU instance, one worker of 2 CPUs.
+    params = vision_params(scratch / "runs", f"start-{run}", settings, num_workers="auto", cpus_per_worker="auto")
     info = load_dataset_info(data)
     called = time.time()
     with mock.patch.object(stage, "fit", fit):
@@ -161,7 +162,7 @@ def training_start(data: Path, scratch: Path, run: int) -> dict:
 
     ranks = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(marks_dir.glob("rank-*.json"))]
     (controller,) = settled_actor_starts(called, "TrainController", 1)[:1]
-    workers = settled_actor_starts(called, "RayTrainWorker", 2)[:2]
+    workers = settled_actor_starts(called, "RayTrainWorker", len(ranks))[:len(ranks)]
     last = {key: max(rank[key] for rank in ranks) for key in ("entered", "setup_done", "first_forward",
                                                                 "first_step_done")}
     milestones = {
@@ -314,7 +315,8 @@ def main() -> None:
         print(f"[inference] first predictions {after_asked.text(1)} s after the last actor was asked for "
               f"(goal <= {INFERENCE_GOAL_S:g} s); {args.infer_images} images done after {end.text(1)} s")
         result.notes.append(
-            f"Training: `run_training`, 2 workers × 1 CPU, {args.train_images} training images of {args.size} px, "
+            f"Training: `run_training` in the default layout (`auto`: 1 worker × 2 CPUs here), {args.train_images} "
+            f"training images of {args.size} px, "
             f"global batch 32, one epoch. Goal: the first step within {TRIAL_GOAL_S:g} s of the call.")
         result.notes.append(
             f"Inference: `prediction_dataset`, 2 actors × 1 CPU, batch {args.batch}, {args.infer_images} images of "

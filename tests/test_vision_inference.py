@@ -145,3 +145,37 @@ def test_the_infer_stage_runs_alone_on_an_existing_run(tiny_run):
     assert f"Best checkpoint: {params.run_dir / tiny_run.outcome.best_checkpoint.name}" in printed
     assert f"Inference accuracy: {tiny_run.inference['accuracy']:.4f}" in printed
     assert "rayjobs-event {" in printed  # the stage's progress events, for a follower to read
+
+def test_a_small_split_is_classified_in_the_jobs_own_process_as_the_pool_classifies_it(tiny_run, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from workloads.vision.inference.stage import run_batch_inference
+
+    params = tiny_run.params
+    auto = params.model_copy(update={"infer": params.infer.model_copy(update={"num_actors": "auto"})})
+    metrics = run_batch_inference(auto, run_dir=tmp_path, checkpoint_dir=tiny_run.outcome.best_checkpoint)
+    printed = capsys.readouterr().out
+    assert "in this process with" in printed and "actor(s)" not in printed, printed
+
+    def by_path(table) -> dict:
+        return {path: (label, predicted) for path, label, predicted in
+                zip(table["path"], table["label"], table["predicted_label"])}
+
+    ours = pq.read_table(tmp_path / "predictions").to_pydict()
+    pool = pq.read_table(tiny_run.outcome.run_dir / "predictions").to_pydict()
+    assert by_path(ours) == by_path(pool)
+    assert metrics["rows"] == tiny_run.inference["rows"] and metrics["accuracy"] == tiny_run.inference["accuracy"]
+    assert metrics["nodes"] == 1 and set(ours["precision"]) == set(pool["precision"])
+    assert (tmp_path / "confusion_matrix.png").stat().st_size > 1000
+
+
+def test_auto_classifies_in_process_only_what_a_pool_would_not_pay_for():
+    from workloads.vision.config import InferConfig
+
+    auto = InferConfig()
+    assert auto.classifies_in_process(3000, 64 * 64, 1.0)  # the 64 px development set's test split
+    assert not auto.classifies_in_process(3000, 224 * 224, 1.0)  # at 224 px, a pool's start pays for itself
+    assert not auto.classifies_in_process(3000, 64 * 64, 8.0)  # a cluster of eight such nodes: the pool spreads
+    assert not InferConfig(num_actors=2).classifies_in_process(10, 64 * 64, 1.0)  # a pool asked for is a pool
+    assert not InferConfig(use_gpu=True).classifies_in_process(10, 64 * 64, 1.0)
+    assert auto.pool_size(cluster_cpus=6) == 6 and InferConfig(num_actors=2).pool_size(cluster_cpus=6) == 2

@@ -117,6 +117,11 @@ class ViTConfig(StrictModel):
         return self
 
 
+# Images of a worker's share of the batch under which batch norm's statistics of that share alone are too noisy:
+# sync_batch_norm and batch_norm_recalibration act below it.
+SMALL_WORKER_SHARE = 16
+
+
 class TrainConfig(RayTrainSettings):
     """Distributed training with Ray Train's TorchTrainer."""
 
@@ -179,6 +184,10 @@ class TrainConfig(RayTrainSettings):
         "epoch's final weights, over this many of each worker's last training batches, averaged across "
         "workers (0: never). auto: 32 when a worker's share of batch_size is under 16 images, where the "
         "statistics gathered step by step from so few images misdescribe the model; 0 otherwise.")
+    sync_batch_norm: Literal["auto"] | bool = Field(
+        "auto", description="With several workers, normalize by the batch norm moments of the whole global batch "
+        "(an all-reduce per layer and step, on CPU too) instead of each worker's share. auto: when a worker's "
+        "share of batch_size is under 16 images, where a share's own moments are too noisy to normalize by.")
     freeze_epochs: int = Field(
         0, ge=0, description="With pretrained weights: train only the new classification head for this "
         "many epochs before the whole network.")
@@ -249,21 +258,54 @@ class TrainConfig(RayTrainSettings):
         """How many of a worker's last training batches re-estimate batch-norm statistics before evaluation."""
         if self.batch_norm_recalibration != "auto":
             return self.batch_norm_recalibration
-        return 32 if self.batch_size // max(1, world_size) < 16 else 0
+        return 32 if self.batch_size // max(1, world_size) < SMALL_WORKER_SHARE else 0
+
+    def syncs_batch_norm(self, world_size: int) -> bool:
+        """Whether batch norm normalizes by the global batch's moments (``sync_batch_norm`` resolved)."""
+        if world_size < 2:
+            return False
+        if self.sync_batch_norm != "auto":
+            return self.sync_batch_norm
+        return self.batch_size // world_size < SMALL_WORKER_SHARE
 
     def warmup(self) -> float:
         """Warm-up length in epochs."""
         return self.warmup_epochs if self.warmup_epochs is not None else min(5.0, self.epochs / 5)
 
 
+# About 12,000 images of 64 px or 1,000 of 224 px: what one process on 2 cores classifies in the time a pool of
+# actors takes to start and then make up for it (see InferConfig.classifies_in_process).
+IN_PROCESS_PIXELS = 50_000_000
+
+
 class InferConfig(StrictModel):
     """Batch inference over the validation split with the best checkpoint."""
 
     batch_size: PositiveInt = Field(64, description="Images per batch handed to a model actor.")
-    num_actors: PositiveInt = Field(2, description="Most model actors in the pool (it starts with as many as the "
-                                    "cluster fits now).")
+    num_actors: PositiveInt | Literal["auto"] = Field(
+        "auto", description="Most model actors in the pool (it starts with as many as the cluster fits now). "
+        "auto: a split small enough that starting actors would cost more than they save is classified in the "
+        "job's own process, with its node's free CPUs; a larger one by as many actors as the cluster fits.")
     cpus_per_actor: PositiveFloat = Field(1.0, description="CPUs reserved by each actor; also its torch threads.")
     use_gpu: bool = Field(False, description="Give each actor one GPU.")
+
+    def classifies_in_process(self, images: int, pixels_per_image: int, cluster_over_node_cpus: float) -> bool:
+        """Whether ``auto`` classifies ``images`` in the job's own process instead of an actor pool.
+
+        A pool pays for its start (actor processes importing torch and loading the model: 4.3 s on 2 cores)
+        and then ran at 1.21x one process of the same CPUs (``docs/benchmarks.md``): it wins only on a split
+        of more pixels than one process classifies in about 25 times that start. Where the cluster has more
+        CPUs than the job's node (``cluster_over_node_cpus``), the pool also has more to run on.
+        """
+        if self.num_actors != "auto" or self.use_gpu:
+            return False
+        return images * pixels_per_image <= IN_PROCESS_PIXELS / max(1.0, cluster_over_node_cpus)
+
+    def pool_size(self, cluster_cpus: float) -> int:
+        """Most actors of the pool: ``num_actors``, or with ``auto`` as many as the cluster's CPUs hold."""
+        if self.num_actors == "auto":
+            return max(1, int(cluster_cpus // self.cpus_per_actor))
+        return self.num_actors
 
 
 class VisionParams(TrainingRunParams):
@@ -298,7 +340,8 @@ class VisionParams(TrainingRunParams):
         if "train" in self.stages:
             demands.append(self.train.demand("training", "train"))
         if "infer" in self.stages:
-            demands.append(Demand("inference", count=self.infer.num_actors, cpus=float(self.infer.cpus_per_actor),
+            actors = 1 if self.infer.num_actors == "auto" else self.infer.num_actors  # auto: the least it runs on
+            demands.append(Demand("inference", count=actors, cpus=float(self.infer.cpus_per_actor),
                                   gpus=1 if self.infer.use_gpu else 0))
         return WorkloadNeeds(entrypoint_module="workloads.vision", shared_locations=shared, demands=tuple(demands),
                              run_location=self.run_location, sweepable=("train",), metrics=SWEEP_METRICS,

@@ -8,6 +8,7 @@ predictions, their metrics and a confusion matrix into the run's folder.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ from workloads.vision.config import InferConfig, VisionParams
 from workloads.vision.errors import InferenceError
 from workloads.vision.inference.classify import (classify_tensors, load_checkpoint_model, load_classes,
                                                  resolve_checkpoint)
+from workloads.vision.reading.manifest import load_dataset_info
 
 PREDICTIONS_DIR = "predictions"
 METRICS_FILE = "inference_metrics.json"
@@ -57,13 +59,17 @@ class BatchPredictor:
         }
 
 
-def actors_for(cfg: InferConfig, rows: int | None) -> int:
-    """The most model actors worth starting for ``rows`` images: ``num_actors``, but never more than there are
-    batches, since an actor costs a process that imports torch and loads the model, and one without a batch to
-    classify only delays the end (``rows`` None: unknown, ``num_actors``)."""
+def actors_for(cfg: InferConfig, rows: int | None, cluster_cpus: float | None = None) -> int:
+    """The most model actors worth starting for ``rows`` images: the pool's size (:meth:`InferConfig.pool_size`
+    on ``cluster_cpus``, the connected cluster's when None), but never more than there are batches, since an
+    actor costs a process that imports torch and loads the model, and one without a batch to classify only
+    delays the end (``rows`` None: unknown)."""
+    if cluster_cpus is None and cfg.num_actors == "auto":
+        cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
+    most = cfg.pool_size(cluster_cpus or 1.0)
     if rows is None:
-        return cfg.num_actors
-    return max(1, min(cfg.num_actors, -(-rows // cfg.batch_size)))
+        return most
+    return max(1, min(most, -(-rows // cfg.batch_size)))
 
 
 def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg: InferConfig, filesystem=None,
@@ -102,6 +108,56 @@ def prediction_dataset(files: list[str], checkpoint_dir: str | StoragePath, cfg:
     )
 
 
+def predictions_in_process(files: list[str], checkpoint_dir: str | StoragePath, batch_size: int, threads: int,
+                           filesystem=None, amp: AmpSetting = "auto"):
+    """Batch inference in this process: :class:`BatchPredictor`'s batches over the Parquet ``files``, one at a
+    time, with ``threads`` torch threads (restored after). No process starts, so predictions begin as soon as
+    the model is loaded."""
+    import pyarrow.parquet as pq
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        predictor = BatchPredictor(str(checkpoint_dir), use_gpu=False, cpus=threads, amp=amp)
+        for path in files:
+            parquet = pq.ParquetFile(filesystem.open_input_file(path) if filesystem is not None else path)
+            for rows in parquet.iter_batches(batch_size=batch_size, columns=["image", "label", "path"]):
+                yield predictor({name: rows.column(name).to_numpy(zero_copy_only=False)
+                                 for name in ("image", "label", "path")})
+    finally:
+        torch.set_num_threads(previous)
+
+
+def write_prediction_batches(batches, folder: str, filesystem=None) -> None:
+    """Write prediction ``batches`` (dicts of columns) as one Parquet file in ``folder``, as Ray Data would."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target = f"{folder.rstrip('/')}/part-00000.parquet"
+    writer = None
+    try:
+        for batch in batches:
+            table = pa.table({name: pa.array(list(values) if values.dtype == object else values)
+                              for name, values in batch.items()})
+            if writer is None:
+                if filesystem is None:
+                    os.makedirs(folder, exist_ok=True)
+                writer = pq.ParquetWriter(target, table.schema, filesystem=filesystem)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def in_process_threads() -> int:
+    """Torch threads for classifying in the job's own process: the CPUs free on its node, at least one."""
+    from workloads.training.trainer import cluster_capacity
+
+    here = ray.get_runtime_context().get_node_id()
+    free = [node.free_cpus for node in cluster_capacity() if node.node_id == here]
+    return max(1, min(free[0] if free else 1, len(os.sched_getaffinity(0))))
+
+
 def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> list[list[int]]:
     """Counts of (true label, predicted label) pairs."""
     matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
@@ -132,20 +188,36 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
     else:
         source = "given checkpoint"
     expected_rows = sum(pq.read_metadata(storage.open_input_file(f)).num_rows for f in val_files)
-    actors = actors_for(cfg, expected_rows)
-    fewer = f" ({expected_rows} images fill {actors} batch(es) of {cfg.batch_size})" if actors < cfg.num_actors else ""
-    print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
-          f"{actors} actor(s){fewer} x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
-
+    layout = load_dataset_info(dataset_root).layout
+    cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
+    here = ray.get_runtime_context().get_node_id()
+    node_cpus = next((node["Resources"].get("CPU", 1.0) for node in ray.nodes()
+                      if node.get("Alive") and node["NodeID"] == here), cluster_cpus) or 1.0
+    in_process = cfg.classifies_in_process(expected_rows, layout.height * layout.width, cluster_cpus / node_cpus)
     started = time.perf_counter()
     files, filesystem = storage.arrow_paths(val_files)
-    predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem, amp=params.train.amp,
-                                     rows=expected_rows)
     out_dir = run_dir / PREDICTIONS_DIR
+    if in_process:
+        threads = in_process_threads()
+        print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); in this process "
+              f"with {threads} thread(s), batch {cfg.batch_size}: {expected_rows} images of {layout.height} px "
+              "take less than starting a pool of actors would (num_actors: auto)", flush=True)
+        batches = predictions_in_process(files, checkpoint_dir, cfg.batch_size, threads, filesystem, params.train.amp)
+    else:
+        actors = actors_for(cfg, expected_rows, cluster_cpus)
+        fewer = f" ({expected_rows} images fill {actors} batch(es) of {cfg.batch_size})" if actors < cfg.pool_size(
+            cluster_cpus) else ""
+        print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); "
+              f"{actors} actor(s){fewer} x {cfg.cpus_per_actor:g} CPU, batch {cfg.batch_size}", flush=True)
+        predictions = prediction_dataset(files, checkpoint_dir, cfg, filesystem=filesystem, amp=params.train.amp,
+                                         rows=expected_rows)
     # Old and new predictions are never read back mixed (see storage.replacing_folder).
     with storage.replacing_folder(out_dir) as building:
-        path, filesystem = storage.arrow_path(building)
-        predictions.write_parquet(path, filesystem=filesystem, ray_remote_args={"num_cpus": 0})
+        path, out_filesystem = storage.arrow_path(building)
+        if in_process:
+            write_prediction_batches(batches, path, out_filesystem)
+        else:
+            predictions.write_parquet(path, filesystem=out_filesystem, ray_remote_args={"num_cpus": 0})
         seconds = time.perf_counter() - started
     out_path, filesystem = storage.arrow_path(out_dir)
     table = storage.call_storage(out_dir, lambda: pq.read_table(out_path, filesystem=filesystem,

@@ -158,6 +158,12 @@ def setup_worker(config: dict) -> Worker:
     model = build_model(cfg, len(config["classes"]), layout, pretrained)
     del pretrained
     model = model.to(memory_format=memory_format)
+    if cfg.syncs_batch_norm(world_size):
+        from workloads.training.sync_batchnorm import synchronise_batch_norm
+
+        model = synchronise_batch_norm(model, device.type)
+        if rank == 0:
+            say(f"batch norm: the moments of the global batch of {cfg.batch_size} ({world_size} workers' shares)")
     # Gradients that live in DDP's communication buckets skip one copy of every gradient per step.
     model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
     if world_size > 1 and cfg.gradient_allreduce == "bf16":
