@@ -20,12 +20,9 @@ Each rate is over the timed steps after a warm-up; utilisation is ``nvidia-smi``
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,49 +30,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from workloads.vision.images import ImageLayout, augment_batch, decode_batch, normalize, square_jpeg_from_bytes  # noqa: E402
+from benchmarks.gpu_throughput import GpuSampler, training_step  # noqa: E402
+from workloads.vision.images import (ImageLayout, augment_batch, decode_batch, decode_jpegs_on, normalize,  # noqa: E402
+                                     square_jpeg_from_bytes)
 
 DEFAULT_PHOTOS = REPO_ROOT.parent / "shared" / "data" / "food101-sample" / "images"
-
-
-def load_resnet_module():
-    """``resnet.py`` by its path: the training package's ``__init__`` chain would import Ray."""
-    spec = importlib.util.spec_from_file_location("workload_resnet", REPO_ROOT / "workloads/vision/training/resnet.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class GpuSampler:
-    """``nvidia-smi``'s utilisation and memory in use, sampled every 200 ms while the block runs."""
-
-    def __enter__(self) -> "GpuSampler":
-        self.process = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-lms", "200"],
-            stdout=subprocess.PIPE, text=True)
-        self.samples: list[tuple[float, float]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        return self
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                utilisation, memory = (float(value) for value in line.split(","))
-            except ValueError:
-                continue
-            self.samples.append((utilisation, memory))
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        self.process.wait()
-        steady = self.samples[len(self.samples) // 4:] or self.samples
-        self.utilisation = float(np.mean([sample[0] for sample in steady])) if steady else float("nan")
-        self.memory_mib = max((sample[1] for sample in steady), default=float("nan"))
 
 
 class CpuBatches(torch.utils.data.Dataset):
@@ -93,85 +54,49 @@ class CpuBatches(torch.utils.data.Dataset):
         return normalize(augment_batch(decode_batch(column, self.layout), "crop_flip"), self.layout, torch.channels_last)
 
 
-def training_step(resnet, batch: int):
-    """One bf16 training step of a fresh ResNet-18 with the workload's loop settings."""
-    model = resnet.ResNet18(num_classes=10).cuda().to(memory_format=torch.channels_last)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    labels = torch.randint(0, 10, (batch,), device="cuda")
-
-    def step(images: torch.Tensor) -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return step
-
-
 def timed(step, next_images, warmup: int, steps: int, batch: int) -> dict:
     """Images per second over ``steps`` after ``warmup`` steps, with the GPU's utilisation meanwhile."""
     for _ in range(warmup):
         step(next_images())
     torch.cuda.synchronize()
     with GpuSampler() as gpu:
-        start = time.perf_counter()
+        start, since = time.perf_counter(), time.monotonic()
         for _ in range(steps):
             step(next_images())
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    return {"images_s": batch * steps / seconds, "utilisation": gpu.utilisation, "memory_mib": gpu.memory_mib}
-
-
-def gpu_crop_flip(images: torch.Tensor) -> torch.Tensor:
-    """The workload's ``crop_flip`` with its random boxes drawn on the device, so nothing waits on the CPU."""
-    from torchvision.ops import roi_align
-
-    n, _, height, width = images.shape
-    device = images.device
-    area = torch.empty(n, device=device).uniform_(0.6, 1.0) * height * width
-    aspect = torch.exp(torch.empty(n, device=device).uniform_(float(np.log(3 / 4)), float(np.log(4 / 3))))
-    crop_w = torch.sqrt(area * aspect).clamp(1, width)
-    crop_h = torch.sqrt(area / aspect).clamp(1, height)
-    x0 = torch.rand(n, device=device) * (width - crop_w)
-    y0 = torch.rand(n, device=device) * (height - crop_h)
-    boxes = torch.stack([torch.arange(n, device=device, dtype=torch.float32), x0, y0, x0 + crop_w, y0 + crop_h], dim=1)
-    crops = roi_align(images.float(), boxes, output_size=(height, width), spatial_scale=1.0, sampling_ratio=1,
-                      aligned=True)
-    flip = torch.rand(n, device=device) < 0.5
-    return torch.where(flip[:, None, None, None], crops.flip(3), crops)
+    return {"images_s": batch * steps / seconds, **gpu.steady_from(since)}
 
 
 def measure(jpegs: list[bytes], layout: ImageLayout, batch: int, loader_workers: list[int], warmup: int,
             steps: int) -> list[dict]:
     """The rows of one global batch: the bare step, each CPU loader, and decoding on the GPU."""
-    from torchvision.io import decode_jpeg
 
-    resnet = load_resnet_module()
     rows = []
     resident = torch.randn(batch, 3, layout.height, layout.width, device="cuda").contiguous(
         memory_format=torch.channels_last)
     rows.append({"feed": "bare step, tensors already on the GPU",
-                 **timed(training_step(resnet, batch), lambda: resident, warmup, steps, batch)})
+                 **timed(training_step(batch, "cuda"), lambda: resident, warmup, steps, batch)})
     for workers in loader_workers:
         loader = torch.utils.data.DataLoader(CpuBatches(jpegs, layout, batch, warmup + steps), batch_size=None,
                                              num_workers=workers, pin_memory=True, prefetch_factor=4)
         batches = iter(loader)
         rows.append({"feed": f"CPU decode and augment, {workers} loader processes",
-                     **timed(training_step(resnet, batch), lambda: next(batches).cuda(non_blocking=True),
+                     **timed(training_step(batch, "cuda"), lambda: next(batches).cuda(non_blocking=True),
                              warmup, steps, batch)})
     encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in jpegs]
-    mean = torch.tensor(layout.mean, device="cuda").view(1, -1, 1, 1) * 255
-    std = torch.tensor(layout.std, device="cuda").view(1, -1, 1, 1) * 255
     counter = iter(range(10 ** 9))
+    device = torch.device("cuda")
 
     def decoded_on_gpu() -> torch.Tensor:
+        # The workload's own path with decode: device (workloads/vision/reading/batches.py).
         index = next(counter)
         column = [encoded[(index * batch + k) % len(encoded)] for k in range(batch)]
-        images = gpu_crop_flip(torch.stack(decode_jpeg(column, device="cuda")))
-        return ((images - mean) / std).contiguous(memory_format=torch.channels_last)
+        return normalize(augment_batch(decode_jpegs_on(device, column, layout), "crop_flip"), layout,
+                         torch.channels_last)
 
     rows.append({"feed": "nvJPEG decode, crop, flip and normalize on the GPU",
-                 **timed(training_step(resnet, batch), decoded_on_gpu, warmup, steps, batch)})
+                 **timed(training_step(batch, "cuda"), decoded_on_gpu, warmup, steps, batch)})
     bare = rows[0]["images_s"]
     for row in rows:
         row["batch"] = batch

@@ -38,6 +38,20 @@ def test_several_nodes_get_one_worker_each_kept_one_per_node():
     assert resolved.scaling_config().placement_strategy == "SPREAD"
 
 
+def test_the_spread_survives_a_dump_as_a_sweeps_trial_rebuilds_its_settings():
+    resolved, _ = settings().resolved_for([NodeCapacity(f"n{i}", 2.0) for i in range(2)])
+    rebuilt = RayTrainSettings.model_validate(resolved.model_dump(mode="json"))
+    assert rebuilt.scaling_config().placement_strategy == "SPREAD"
+
+
+def test_an_explicit_placement_is_kept_through_the_auto_layout():
+    resolved, _ = settings(placement="pack").resolved_for([NodeCapacity(f"n{i}", 1.0) for i in range(3)])
+    assert resolved.num_workers == 3
+    assert resolved.scaling_config().placement_strategy == "PACK"
+    spread = settings(num_workers=2, cpus_per_worker=1, placement="spread")
+    assert spread.scaling_config().placement_strategy == "SPREAD"
+
+
 def test_a_node_with_no_cpu_free_takes_no_worker():
     nodes = [NodeCapacity("head", 2.0, held_cpus=2.0), NodeCapacity("worker", 4.0)]
     resolved, _ = settings().resolved_for(nodes)

@@ -238,3 +238,25 @@ def test_the_precision_that_ran_is_in_every_checkpoint_and_in_the_inference_metr
     assert set(pq.read_table(run_dir / "predictions", columns=["precision"]).column("precision").to_pylist()) == {
         "fp32"}
     assert "(fp32)" in tiny_run.infer_printed
+
+
+def test_under_bf16_on_a_cpu_batch_norm_takes_fp32_while_the_convolutions_run_in_bf16():
+    import torch
+
+    from workloads.vision.training.resnet import ResNet18
+
+    model = Precision(True, "test").keep_batch_norm_in_fp32(ResNet18(num_classes=3), "cpu")
+    produced: dict[str, set] = {"conv": set(), "norm": set()}
+    for module in model.modules():
+        kind = "conv" if isinstance(module, torch.nn.Conv2d) else "norm" if isinstance(module, torch.nn.BatchNorm2d) else None
+        if kind:
+            module.register_forward_hook(lambda _, inputs, output, kind=kind: produced[kind].add(output.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 3, 32, 32))
+    assert produced == {"conv": {torch.bfloat16}, "norm": {torch.float32}}
+    assert model.state_dict().keys() == ResNet18(num_classes=3).state_dict().keys()  # a plain model's checkpoint
+
+    # fp32 runs, and a GPU (not measured), are left as they are.
+    for precision, device_type in ((Precision(False, "test"), "cpu"), (Precision(True, "test"), "cuda")):
+        untouched = precision.keep_batch_norm_in_fp32(ResNet18(num_classes=3), device_type)
+        assert not any(module._forward_pre_hooks for module in untouched.modules())

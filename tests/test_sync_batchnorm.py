@@ -41,12 +41,12 @@ def one_process_with_every_image() -> dict:
             "grad_bias": norm.bias.grad, "running_mean": norm.running_mean, "running_var": norm.running_var}
 
 
-def rank_main(rank: int, world: int, port: int, dtype_name: str, results) -> None:
+def rank_main(rank: int, world: int, port: int, dtype_name: str, results, first_share: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         images, upstream = inputs(getattr(torch, dtype_name))
-        share = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+        share = slice(0, first_share) if rank == 0 else slice(first_share, BATCH)
         mine = images[share].clone().requires_grad_(True)
         model = synchronise_batch_norm(nn.Sequential(layer()), "cpu").train()
         assert isinstance(model[0], SyncedBatchNorm)
@@ -66,16 +66,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def two_ranks(dtype_name: str = "float32") -> list[dict]:
+def two_ranks(dtype_name: str = "float32", first_share: int = BATCH // 2) -> list[dict]:
+    """Both ranks' results; rank 0 holds the first ``first_share`` images, rank 1 the rest."""
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(rank_main, args=(2, free_port(), dtype_name, results), nprocs=2, join=True)
+        mp.spawn(rank_main, args=(2, free_port(), dtype_name, results, first_share), nprocs=2, join=True)
         return [results[0], results[1]]
 
 
-def test_two_ranks_normalize_and_backpropagate_as_one_process_holding_every_image():
+# 3 and 5: an epoch's last batch splits unevenly, and each rank's moments must weigh by its own count.
+@pytest.mark.parametrize("first_share", [BATCH // 2, 3], ids=["even-shares", "uneven-shares"])
+def test_two_ranks_normalize_and_backpropagate_as_one_process_holding_every_image(first_share):
     whole = one_process_with_every_image()
-    ranks = two_ranks()
+    ranks = two_ranks(first_share=first_share)
     close = {"atol": 1e-5, "rtol": 1e-4}
     torch.testing.assert_close(torch.cat([rank["out"] for rank in ranks]), whole["out"], **close)
     torch.testing.assert_close(torch.cat([rank["grad_in"] for rank in ranks]), whole["grad_in"], **close)

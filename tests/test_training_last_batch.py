@@ -81,9 +81,11 @@ def test_ray_data_training_on_a_size_that_leaves_one_image_per_worker_finishes_a
     assert meta["val_rows"] == len(classes) * VAL_PER_CLASS == 15, "evaluation saw every validation image"
 
 
-def test_the_dataloader_path_trains_on_batches_of_two_or_more_and_says_once_what_an_epoch_skips(tmp_path, monkeypatch,
-                                                                                                capsys):
+@pytest.mark.parametrize("decode_on_device", [False, True], ids=["decoded-by-the-loader", "decoded-on-the-device"])
+def test_the_dataloader_path_trains_on_batches_of_two_or_more_and_says_once_what_an_epoch_skips(
+        tmp_path, monkeypatch, capsys, decode_on_device):
     import ray.train.torch
+    import torch
 
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
@@ -92,9 +94,10 @@ def test_the_dataloader_path_trains_on_batches_of_two_or_more_and_says_once_what
     root = write_tiny_dataset(tmp_path / "data", CLASSES, {"train": TRAIN_PER_CLASS, "val": VAL_PER_CLASS},
                               image_size=IMAGE_SIZE)
     # Outside a Ray Train worker there is no process group to prepare the loaders for: they are used as built.
-    monkeypatch.setattr(ray.train.torch, "prepare_data_loader", lambda loader: loader)
+    monkeypatch.setattr(ray.train.torch, "prepare_data_loader", lambda loader, **_: loader)
     cfg = TrainConfig(batch_size=8, num_workers=2, loader_workers=0)
-    ranks = [TorchBatches(root, cfg, ImageLayout.photos(IMAGE_SIZE), rank, 2, on_gpu=False) for rank in (0, 1)]
+    ranks = [TorchBatches(root, cfg, ImageLayout.photos(IMAGE_SIZE), rank, 2, torch.device("cpu"), decode_on_device)
+             for rank in (0, 1)]
     printed = capsys.readouterr().out.splitlines()
     assert [line for line in printed if line.startswith("Training skips")] == [
         "Training skips 2 image(s) an epoch: the last batch of each of the 2 worker(s) would hold fewer than 2 images "

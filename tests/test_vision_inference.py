@@ -179,3 +179,24 @@ def test_auto_classifies_in_process_only_what_a_pool_would_not_pay_for():
     assert not InferConfig(num_actors=2).classifies_in_process(10, 64 * 64, 1.0)  # a pool asked for is a pool
     assert not InferConfig(use_gpu=True).classifies_in_process(10, 64 * 64, 1.0)
     assert auto.pool_size(cluster_cpus=6) == 6 and InferConfig(num_actors=2).pool_size(cluster_cpus=6) == 2
+
+
+def test_an_empty_validation_split_is_one_clear_error_and_leaves_no_predictions(tiny_run, tmp_path):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from workloads.vision.errors import InferenceError
+    from workloads.vision.inference.stage import run_batch_inference
+
+    dataset = tmp_path / "data"
+    shutil.copytree(tiny_run.dataset, dataset)
+    for part in (dataset / "val").glob("*.parquet"):
+        table = pq.read_table(part)
+        pq.write_table(table.slice(0, 0), part)  # the schema kept, no rows
+    params = tiny_run.params
+    auto = params.model_copy(update={"infer": params.infer.model_copy(update={"num_actors": "auto"})})
+    with pytest.raises(InferenceError, match="no images"):
+        run_batch_inference(auto, dataset_root=dataset, run_dir=tmp_path / "run",
+                            checkpoint_dir=tiny_run.outcome.best_checkpoint)
+    assert not (tmp_path / "run" / "predictions").exists()

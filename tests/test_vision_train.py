@@ -227,6 +227,12 @@ def test_learning_rate_follows_the_global_batch_size():
     from workloads.vision.config import TrainConfig
 
     assert TrainConfig().peak_lr() == pytest.approx(0.002)  # the default recipe at its reference batch of 64
+    # batch_size auto: 64 on CPU; 256 per GPU worker, the learning rate following it.
+    assert TrainConfig().global_batch == 64 and TrainConfig().with_resolved_batch().batch_size == 64
+    on_gpus = TrainConfig(use_gpu=True, num_workers=2)
+    assert on_gpus.global_batch == 512 and on_gpus.peak_lr() == pytest.approx(0.002 * 8 ** 0.5)
+    assert TrainConfig(use_gpu=True).global_batch == 256  # the layout not yet resolved: one worker's
+    assert TrainConfig(batch_size=32, use_gpu=True).with_resolved_batch().batch_size == 32  # a number is kept
     assert TrainConfig(batch_size=256).peak_lr() == pytest.approx(0.004)  # AdamW: square root of 4x
     assert TrainConfig(optimizer="sgd", batch_size=128).peak_lr() == pytest.approx(0.2)  # SGD: linear
     assert TrainConfig(lr=0.01, lr_batch_size=128, batch_size=512, lr_scaling="linear").peak_lr() == pytest.approx(0.04)

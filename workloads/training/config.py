@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from jobs.paths import SpecStoragePath
 from jobs.strict import StrictModel
@@ -90,7 +90,10 @@ class WorkerScaling(StrictModel):
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict, description="Further Ray resources reserved by each worker (a GPU count here "
         "overrides use_gpu's one).")
-    _one_per_node: bool = PrivateAttr(False)  # an auto layout chose one worker per node: keep them spread
+    placement: Literal["auto", "pack", "spread"] = Field(
+        AUTO, description="How Ray places the workers: pack them on as few nodes as fit (all-reduce stays on one "
+        "node where it can), or spread them over as many. auto: spread where the auto layout chose one worker "
+        "per node, else pack.")
 
     @property
     def layout_is_auto(self) -> bool:
@@ -152,8 +155,12 @@ class WorkerScaling(StrictModel):
                      f"the {least:g} CPU(s) free on its node" + (f" less {reserve_cpus_per_node:g} for the data "
                                                                    "pipeline" if reserve_cpus_per_node else ""))
             why = f"one per node with a CPU free ({len(usable)} node(s)), each with {share}"
-        resolved = self.model_copy(update={"num_workers": int(workers), "cpus_per_worker": float(cpus)})
-        resolved._one_per_node = not self.use_gpu and self.num_workers == AUTO and workers > 1
+        placement = self.placement
+        if placement == AUTO:
+            placement = "spread" if not self.use_gpu and self.num_workers == AUTO and workers > 1 else "pack"
+        # The resolved values are plain fields, so a copy rebuilt from its dump (a sweep's trial) places alike.
+        resolved = self.model_copy(update={"num_workers": int(workers), "cpus_per_worker": float(cpus),
+                                           "placement": placement})
         return resolved, f"layout: {workers} worker(s) × {cpus:g} CPU, auto: {why}"
 
     def scaling_config(self):
@@ -164,8 +171,7 @@ class WorkerScaling(StrictModel):
             raise ValueError("resolve the auto layout on the cluster (resolved_for) before building its ScalingConfig")
         return ray.train.ScalingConfig(num_workers=self.num_workers, use_gpu=self.use_gpu,
                                        resources_per_worker=self.worker_resources(),
-                                       # Where auto chose one worker per node, keep them one per node.
-                                       placement_strategy="SPREAD" if self._one_per_node else "PACK")
+                                       placement_strategy="SPREAD" if self.placement == "spread" else "PACK")
 
 
 class RayTrainSettings(WorkerScaling):

@@ -117,6 +117,11 @@ class ViTConfig(StrictModel):
         return self
 
 
+# The recipe's batch on CPU, which its learning rate and schedule were tuned at (lr_batch_size), and the batch per
+# GPU worker: at 224 px an H200 ran the bare ResNet-18 step 36 % busy at batch 64 and 100 % at 256 (docs/benchmarks.md).
+CPU_BATCH = 64
+GPU_BATCH_PER_WORKER = 256
+
 # Images of a worker's share of the batch under which batch norm's statistics of that share alone are too noisy:
 # sync_batch_norm and batch_norm_recalibration act below it.
 SMALL_WORKER_SHARE = 16
@@ -147,7 +152,10 @@ class TrainConfig(RayTrainSettings):
     prefetch_batches: int = Field(2, ge=0, description="ray_data only: batches prepared ahead of the model.")
     epochs: PositiveInt = Field(10, description="Passes over the training split; raise it and rerun the same "
                                 "run_name to train further.")
-    batch_size: PositiveInt = Field(64, description="Global batch size, split evenly across workers.")
+    batch_size: PositiveInt | Literal["auto"] = Field(
+        "auto", description="Global batch size, split evenly across workers; the learning rate follows it (lr). "
+        f"auto: {CPU_BATCH} on CPU, {GPU_BATCH_PER_WORKER} per worker with use_gpu (a ResNet-18 step of 64 images "
+        "keeps a GPU about a third busy).")
     # Measured on real Food-101 photos (docs/vision.md, "The training recipe"): SGD at lr 0.1 blew up in
     # its first epoch at 64 and at 224 px, while AdamW with the settings below learned at both sizes.
     optimizer: Literal["sgd", "adamw"] = Field(
@@ -206,6 +214,11 @@ class TrainConfig(RayTrainSettings):
     gradient_allreduce: Literal["bf16", "fp32"] = Field(
         "bf16", description="Precision in which DDP averages gradients between workers: bf16 sends half the "
         "bytes (the weights and optimizer stay fp32); fp32 sends them exactly.")
+    decode: Literal["auto", "loader", "device"] = Field(
+        "auto", description="ingest: torch only. Where the training and validation JPEGs are decoded and "
+        "augmented: in the DataLoader (loader_workers processes, or the training process), or on the worker's "
+        "device (nvJPEG on a GPU), the loader then only reading the files. auto: device on a GPU, loader on "
+        "CPU. Datasets of raw pixels (mnist, cifar10) have nothing to decode.")
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per training worker. On CPU "
                                 "at most cpus_per_worker - 1: each needs a CPU beside the training process.")
     seed: int = Field(0, description="Seed of the weights' initialization and of the data shuffling.")
@@ -215,6 +228,9 @@ class TrainConfig(RayTrainSettings):
         if self.uses_imagenet_weights and self.model != "resnet18":
             raise ValueError("weights 'imagenet' is available for model resnet18 only; give a path to a state dict "
                              "of the configured VisionTransformer, or 'none'")
+        if self.decode == "device" and self.ingest == "ray_data":
+            raise ValueError("decode: device decodes in the training worker's DataLoader path (ingest: torch); "
+                             "with ingest: ray_data the data pipeline's tasks decode (set decode: auto or loader)")
         if self.freeze_epochs and not self.fine_tunes:
             raise ValueError("freeze_epochs holds pretrained weights still while the new head trains; with "
                              "weights 'none' there is nothing to hold (set weights, or freeze_epochs: 0)")
@@ -230,6 +246,19 @@ class TrainConfig(RayTrainSettings):
         """Training starts from pretrained weights (ImageNet or a state dict), not from random ones."""
         return self.weights.strip().lower() not in ("", "none")
 
+    @property
+    def global_batch(self) -> int:
+        """``batch_size`` resolved: ``auto`` is the device's batch, per GPU worker where the layout is known."""
+        if self.batch_size != "auto":
+            return self.batch_size
+        if self.use_gpu:
+            return GPU_BATCH_PER_WORKER * (self.num_workers if isinstance(self.num_workers, int) else 1)
+        return CPU_BATCH
+
+    def with_resolved_batch(self) -> "TrainConfig":
+        """A copy whose ``batch_size`` is a number (:attr:`global_batch`): what the workers and the record see."""
+        return self if self.batch_size != "auto" else self.model_copy(update={"batch_size": self.global_batch})
+
     def peak_lr(self) -> float:
         """The learning rate after warm-up: ``lr`` (or the recipe's default) scaled to ``batch_size``."""
         base = self.lr
@@ -239,7 +268,7 @@ class TrainConfig(RayTrainSettings):
                 # Pretrained features are already good; large steps would wash them out.
                 base /= 4
         rule = self.lr_scaling if self.lr_scaling != "auto" else ("sqrt" if self.optimizer == "adamw" else "linear")
-        ratio = self.batch_size / self.lr_batch_size
+        ratio = self.global_batch / self.lr_batch_size
         return base * {"linear": ratio, "sqrt": ratio ** 0.5, "none": 1.0}[rule]
 
     def zeroes_residuals(self) -> bool:
@@ -258,7 +287,7 @@ class TrainConfig(RayTrainSettings):
         """How many of a worker's last training batches re-estimate batch-norm statistics before evaluation."""
         if self.batch_norm_recalibration != "auto":
             return self.batch_norm_recalibration
-        return 32 if self.batch_size // max(1, world_size) < SMALL_WORKER_SHARE else 0
+        return 32 if self.global_batch // max(1, world_size) < SMALL_WORKER_SHARE else 0
 
     def syncs_batch_norm(self, world_size: int) -> bool:
         """Whether batch norm normalizes by the global batch's moments (``sync_batch_norm`` resolved)."""
@@ -266,7 +295,15 @@ class TrainConfig(RayTrainSettings):
             return False
         if self.sync_batch_norm != "auto":
             return self.sync_batch_norm
-        return self.batch_size // world_size < SMALL_WORKER_SHARE
+        return self.global_batch // world_size < SMALL_WORKER_SHARE
+
+    def decodes_on_device(self, device_type: str, encoding: str) -> bool:
+        """Whether the training worker decodes JPEGs on its device (``decode`` resolved for it)."""
+        if encoding != "jpeg" or self.ingest != "torch":
+            return False
+        if self.decode == "auto":
+            return device_type == "cuda"
+        return self.decode == "device"
 
     def warmup(self) -> float:
         """Warm-up length in epochs."""

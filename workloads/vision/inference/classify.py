@@ -44,7 +44,9 @@ def load_checkpoint_model(checkpoint_dir: str | StoragePath, use_gpu: bool = Fal
     device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
     # channels_last: faster convolutions on GPU and, through oneDNN, on CPU.
     model = model.to(device).eval().to(memory_format=torch.channels_last)
-    return LoadedModel(model, classes, layout, device, choose_precision(amp, device.type))
+    precision = choose_precision(amp, device.type)
+    # The arithmetic the training stage evaluated the checkpoint in, so both report the same predictions.
+    return LoadedModel(precision.keep_batch_norm_in_fp32(model, device.type), classes, layout, device, precision)
 
 
 def load_classes(checkpoint_dir: str | StoragePath) -> list[str]:

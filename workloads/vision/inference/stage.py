@@ -17,7 +17,9 @@ import ray
 from workloads import storage
 from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath
+from workloads.training.config import NodeCapacity
 from workloads.training.precision import AmpSetting
+from workloads.training.trainer import cluster_capacity
 from workloads.vision.config import InferConfig, VisionParams
 from workloads.vision.errors import InferenceError
 from workloads.vision.inference.classify import (classify_tensors, load_checkpoint_model, load_classes,
@@ -149,13 +151,9 @@ def write_prediction_batches(batches, folder: str, filesystem=None) -> None:
             writer.close()
 
 
-def in_process_threads() -> int:
-    """Torch threads for classifying in the job's own process: the CPUs free on its node, at least one."""
-    from workloads.training.trainer import cluster_capacity
-
-    here = ray.get_runtime_context().get_node_id()
-    free = [node.free_cpus for node in cluster_capacity() if node.node_id == here]
-    return max(1, min(free[0] if free else 1, len(os.sched_getaffinity(0))))
+def in_process_threads(node: NodeCapacity | None) -> int:
+    """Torch threads for classifying in the job's own process: the CPUs free on its ``node``, at least one."""
+    return max(1, min(node.free_cpus if node else 1, len(os.sched_getaffinity(0))))
 
 
 def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> list[list[int]]:
@@ -188,17 +186,22 @@ def run_batch_inference(params: VisionParams, dataset_root: StoragePath | None =
     else:
         source = "given checkpoint"
     expected_rows = sum(pq.read_metadata(storage.open_input_file(f)).num_rows for f in val_files)
+    if expected_rows == 0:
+        raise InferenceError(f"the validation split in {dataset_root / 'val'} holds no images: there is nothing to "
+                             "classify. Preprocess again with a non-empty split (data.val_fraction, or a source "
+                             "with test images), or leave infer out of stages.")
     layout = load_dataset_info(dataset_root).layout
-    cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
+    nodes = cluster_capacity()
+    cluster_cpus = sum(node.cpus for node in nodes) or 1.0
     here = ray.get_runtime_context().get_node_id()
-    node_cpus = next((node["Resources"].get("CPU", 1.0) for node in ray.nodes()
-                      if node.get("Alive") and node["NodeID"] == here), cluster_cpus) or 1.0
+    this_node = next((node for node in nodes if node.node_id == here), None)
+    node_cpus = this_node.cpus if this_node else cluster_cpus
     in_process = cfg.classifies_in_process(expected_rows, layout.height * layout.width, cluster_cpus / node_cpus)
     started = time.perf_counter()
     files, filesystem = storage.arrow_paths(val_files)
     out_dir = run_dir / PREDICTIONS_DIR
     if in_process:
-        threads = in_process_threads()
+        threads = in_process_threads(this_node)
         print(f"Batch inference over {dataset_root / 'val'} with {checkpoint_dir} ({source}); in this process "
               f"with {threads} thread(s), batch {cfg.batch_size}: {expected_rows} images of {layout.height} px "
               "take less than starting a pool of actors would (num_actors: auto)", flush=True)

@@ -50,19 +50,24 @@ def effective_loader_workers(cfg: TrainConfig) -> int:
 
 
 class TorchBatches:
-    """``ingest: torch``: Parquet row groups through a DataLoader prepared by Ray Train."""
+    """``ingest: torch``: Parquet row groups through a DataLoader prepared by Ray Train.
+
+    With ``decode_on_device`` the loader only reads the JPEG files; they are decoded and augmented on
+    ``device`` as each batch is taken (:func:`workloads.vision.images.decode_jpegs_on`).
+    """
 
     def __init__(self, dataset_root: StoragePath, cfg: TrainConfig, layout: ImageLayout, rank: int, world_size: int,
-                 on_gpu: bool):
+                 device, decode_on_device: bool = False):
         import ray.train.torch
         from torch.utils.data import DataLoader
 
-        from workloads.vision.reading.torch_dataset import (AugmentingCollate, GroupedShardSampler,
+        from workloads.vision.reading.torch_dataset import (AugmentingCollate, EncodedCollate, GroupedShardSampler,
                                                             ParquetImageDataset, split_files)
 
-        per_worker_batch = max(1, cfg.batch_size // world_size)
-        train_set = ParquetImageDataset(split_files(dataset_root, "train"), layout)
-        val_set = ParquetImageDataset(split_files(dataset_root, "val"), layout)
+        on_gpu = device.type == "cuda"
+        per_worker_batch = max(1, cfg.global_batch // world_size)
+        train_set = ParquetImageDataset(split_files(dataset_root, "train"), layout, encoded=decode_on_device)
+        val_set = ParquetImageDataset(split_files(dataset_root, "val"), layout, encoded=decode_on_device)
         self.train_sampler = GroupedShardSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                                  seed=cfg.seed, pad=True, batch_size=per_worker_batch)
         # Unpadded shards: each validation row is seen by exactly one rank, so the
@@ -72,12 +77,19 @@ class TorchBatches:
         options: dict[str, Any] = {"num_workers": loader_workers, "pin_memory": on_gpu}
         if loader_workers > 0:
             options["persistent_workers"] = True
-        augment = layout.resolve_augment(cfg.augment)
+        if loader_workers > 0 and on_gpu:
+            options["prefetch_factor"] = 4  # batches each loader process keeps ready: a GPU step is short
+        self.augment = layout.resolve_augment(cfg.augment)
+        self.layout, self.device, self.decode_on_device = layout, device, decode_on_device
+        train_collate = EncodedCollate() if decode_on_device else AugmentingCollate(self.augment)
+        val_collate = EncodedCollate() if decode_on_device else AugmentingCollate("none")
+        # Ray Train moves every tensor of a batch to the device; nvJPEG reads the files from the CPU.
         self.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
             train_set, batch_size=per_worker_batch, sampler=self.train_sampler, drop_last=False,
-            collate_fn=AugmentingCollate(augment), **options))
+            collate_fn=train_collate, **options), move_to_device=not decode_on_device)
         self.val_loader = ray.train.torch.prepare_data_loader(DataLoader(
-            val_set, batch_size=per_worker_batch, sampler=val_sampler, collate_fn=AugmentingCollate("none"), **options))
+            val_set, batch_size=per_worker_batch, sampler=val_sampler, collate_fn=val_collate, **options),
+            move_to_device=not decode_on_device)
         self.steps_per_epoch = len(self.train_loader)
         self.world_size = world_size
         self.skipped_per_epoch = self.train_sampler.left_out * world_size
@@ -87,11 +99,22 @@ class TorchBatches:
         """This rank's shuffled training batches of epoch index ``epoch``."""
         if self.world_size > 1:
             self.train_loader.sampler.set_epoch(epoch)
+        if self.decode_on_device:
+            return self._decoded(self.train_loader, self.augment)
         return iter(self.train_loader)
 
     def val_batches(self) -> Iterator:
         """This rank's share of the validation split, every row on exactly one rank."""
+        if self.decode_on_device:
+            return self._decoded(self.val_loader, "none")
         return iter(self.val_loader)
+
+    def _decoded(self, loader, augment: str) -> Iterator:
+        from workloads.vision.images import augment_batch, decode_jpegs_on
+
+        for encoded, labels in loader:
+            images = augment_batch(decode_jpegs_on(self.device, encoded, self.layout), augment)
+            yield images, labels.to(self.device, non_blocking=True)
 
 
 class RayDataBatches:
@@ -103,7 +126,7 @@ class RayDataBatches:
 
         from workloads.vision.reading.torch_dataset import trained_rows
 
-        self.per_worker_batch = max(1, cfg.batch_size // world_size)
+        self.per_worker_batch = max(1, cfg.global_batch // world_size)
         self.prefetch = cfg.prefetch_batches
         self.device = device
         self.train_shard = ray.train.get_dataset_shard("train")

@@ -63,18 +63,31 @@ class AugmentingCollate:
         return augment_batch(images, self.augment), labels
 
 
+class EncodedCollate:
+    """``collate_fn`` for decoding on the device: the batch's JPEG files as 1-D uint8 tensors, and the labels.
+
+    The files are a tenth of the pixels' bytes; they stay on the CPU, where nvJPEG reads them from.
+    """
+
+    def __call__(self, samples: list[tuple[bytes, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in samples]
+        return encoded, torch.tensor([label for _, label in samples], dtype=torch.int64)
+
+
 class ParquetImageDataset(Dataset):
     """Map-style dataset over Parquet files with ``image`` and ``label`` columns.
 
-    Items are ``(uint8 tensor C×H×W, label)``; augmentation and normalization are
+    Items are ``(uint8 tensor C×H×W, label)``, or ``(stored bytes, label)`` with ``encoded``; augmentation and normalization are
     batch operations done later (see :mod:`workloads.vision.images`). Only metadata
     is read up front; rows are read one row group at a time when an index in that
     group is first asked for, and the ``cache_groups`` most recently used groups are kept.
     """
 
-    def __init__(self, files: Sequence[StoragePath | str], layout: ImageLayout, cache_groups: int = 8):
+    def __init__(self, files: Sequence[StoragePath | str], layout: ImageLayout, cache_groups: int = 8,
+                 encoded: bool = False):
         self.files = [storage.storage_path(f) for f in files]
         self.layout = layout
+        self.encoded = encoded  # items are the stored bytes, for a collate that leaves decoding to the device
         self.cache_groups = max(1, cache_groups)
         # (file index, row group index) of every group, and the global index of its first row.
         self.groups: list[tuple[int, int]] = []
@@ -141,8 +154,10 @@ class ParquetImageDataset(Dataset):
         offset = index - self.group_starts[group]
         return images[offset], int(labels[offset])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | bytes, int]:
         data, label = self.raw(index)
+        if self.encoded:
+            return data, label
         return torch.from_numpy(decode_one(data, self.layout)).permute(2, 0, 1), label
 
     def labels(self) -> list[int]:

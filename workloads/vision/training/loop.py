@@ -147,12 +147,15 @@ def setup_worker(config: dict) -> Worker:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     torch.manual_seed(cfg.seed + rank)
     device = ray.train.torch.get_device()
-    on_gpu = device.type == "cuda"
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     if cfg.ingest == "ray_data":
         batches = RayDataBatches(config["train_rows"], cfg, world_size, device)
     else:
-        batches = TorchBatches(storage.storage_path(config["dataset_root"]), cfg, layout, rank, world_size, on_gpu)
+        decode_on_device = cfg.decodes_on_device(device.type, layout.encoding)
+        batches = TorchBatches(storage.storage_path(config["dataset_root"]), cfg, layout, rank, world_size, device,
+                               decode_on_device)
+        if rank == 0 and decode_on_device:
+            say(f"decode: JPEGs decoded and augmented on {device.type}, the loader only reads them")
 
     pretrained = ray.get(config["pretrained"]) if config.get("pretrained") is not None else None
     model = build_model(cfg, len(config["classes"]), layout, pretrained)
@@ -163,7 +166,7 @@ def setup_worker(config: dict) -> Worker:
 
         model = synchronise_batch_norm(model, device.type)
         if rank == 0:
-            say(f"batch norm: the moments of the global batch of {cfg.batch_size} ({world_size} workers' shares)")
+            say(f"batch norm: the moments of the global batch of {cfg.global_batch} ({world_size} workers' shares)")
     # Gradients that live in DDP's communication buckets skip one copy of every gradient per step.
     model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
     if world_size > 1 and cfg.gradient_allreduce == "bf16":
@@ -174,6 +177,7 @@ def setup_worker(config: dict) -> Worker:
     precision = agreed_precision(training_precision(cfg, layout.height, layout.width, device.type), world_size)
     if rank == 0:
         say(precision.line())
+    precision.keep_batch_norm_in_fp32(model, device.type)
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))
     return Worker(
@@ -336,6 +340,7 @@ def epoch_metrics(worker: Worker, epoch: int, training: EpochTraining, evaluatio
         "compute_s": compute / worker.world_size,
         "lr": training.lr,
         "precision": worker.precision.name,  # text: in the report and run.json, never in metrics.csv
+        "decode": "device" if getattr(worker.batches, "decode_on_device", False) else "loader",  # text, likewise
     }
 
 

@@ -162,7 +162,7 @@ def divergence_report(diverged: Diverged, epoch: int, steps_per_epoch: int, cfg:
     """Where training diverged, as the workers return it to the driver (``epoch`` 0-based)."""
     step, loss = diverged.args  # step: index within the epoch
     return {"epoch": epoch + 1, "step": step + 1, "steps_per_epoch": steps_per_epoch, "loss": loss,
-            "lr": cfg.peak_lr(), "batch_size": cfg.batch_size}
+            "lr": cfg.peak_lr(), "batch_size": cfg.global_batch}
 
 
 def divergence_message(run_name: str, where: dict) -> str:

@@ -89,7 +89,7 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
 
     from workloads.vision.reading.torch_dataset import split_files
 
-    cfg = resolved_layout(params.train, data_reserve_cpus(params.train))
+    cfg = resolved_layout(params.train, data_reserve_cpus(params.train)).with_resolved_batch()
     params = params.model_copy(update={"train": cfg})
     dataset_root = storage.resolved(info.root)
     classes, layout = info.classes, info.layout
@@ -194,7 +194,8 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
     from workloads.vision.training.selection import carve_selection_split
 
     # Resolved once, before the trials: each trial then asks Tune for the same workers.
-    params = params.model_copy(update={"train": resolved_layout(params.train, data_reserve_cpus(params.train))})
+    params = params.model_copy(update={"train": resolved_layout(params.train, data_reserve_cpus(params.train))
+                                       .with_resolved_batch()})
     document = params.model_dump(mode="json")
     check_definition(sweep, params.run_dir)  # before the carve, which a changed holdout would redo
     selection = carve_selection_split(info, params.run_dir, sweep.holdout, params.data.seed)
