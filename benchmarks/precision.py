@@ -52,7 +52,9 @@ def bare_worker(size: int, batch: int, steps: int, autocast: bool, scratch: Path
     # Epochs far beyond the benchmark: the schedule must not reach its end (lr 0) while it runs.
     cfg = TrainConfig(batch_size=batch, epochs=10_000, num_workers=1, amp=autocast)
     layout = ImageLayout.photos(size)
-    model = build_model(cfg, 10, layout).to(memory_format=torch.channels_last)
+    precision = Precision(autocast, "benchmark")
+    # As the loop's setup_worker does: under bf16 on the CPU, batch norm takes fp32 input.
+    model = precision.keep_batch_norm_in_fp32(build_model(cfg, 10, layout).to(memory_format=torch.channels_last), "cpu")
     generator = torch.Generator().manual_seed(0)
     batches = [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
                 torch.randint(0, 10, (batch,), generator=generator)) for _ in range(steps)]
@@ -60,7 +62,7 @@ def bare_worker(size: int, batch: int, steps: int, autocast: bool, scratch: Path
     cpu = torch.device("cpu")
     return Worker(cfg=cfg, classes=[f"class{i}" for i in range(10)], layout=layout,
                   run_dir=storage.storage_path(str(scratch)), rank=0, world_size=1, device=cpu,
-                  precision=Precision(autocast, "benchmark"), memory_format=torch.channels_last,
+                  precision=precision, memory_format=torch.channels_last,
                   batches=InMemoryBatches(batches), model=model, optimizer=optimizer,
                   scheduler=make_scheduler(optimizer, cfg, steps), loss_fn=torch.nn.CrossEntropyLoss(),
                   guard=DivergenceGuard(cpu, check_every=1))
@@ -70,7 +72,6 @@ def bare_sides(size: int, batch: int, steps: int, scratch: Path) -> tuple[dict, 
     """Callables of one epoch each, per precision: the training step's images/s, and inference's."""
     import torch
 
-    from workloads.training.precision import Precision
     from workloads.vision.inference.classify import LoadedModel, classify_tensors
     from workloads.vision.training.loop import train_one_epoch
     from workloads.vision.training.model import build_model
@@ -82,7 +83,9 @@ def bare_sides(size: int, batch: int, steps: int, scratch: Path) -> tuple[dict, 
         training[label] = lambda worker=worker, epochs=epochs: (
             batch * steps / train_one_epoch(worker, next(epochs)).seconds)
         model = build_model(worker.cfg, 10, worker.layout).eval().to(memory_format=torch.channels_last)
-        loaded = LoadedModel(model, worker.classes, worker.layout, worker.device, Precision(autocast, "benchmark"))
+        # As load_checkpoint_model does.
+        model = worker.precision.keep_batch_norm_in_fp32(model, "cpu")
+        loaded = LoadedModel(model, worker.classes, worker.layout, worker.device, worker.precision)
 
         def classify(loaded=loaded, batches=worker.batches.batches) -> float:
             started = time.perf_counter()

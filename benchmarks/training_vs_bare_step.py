@@ -87,9 +87,11 @@ def bare_step_unit(config: dict, steps: int):
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     torch.manual_seed(0)
     model = build_model(cfg, len(config["classes"]), layout).to(memory_format=memory_format).train()
+    # The same arithmetic as the workload's step: under bf16 on a CPU, batch norm takes fp32 input.
+    model = precision.keep_batch_norm_in_fp32(model, "cpu")
     optimizer = make_optimizer(model, cfg)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    batch = cfg.batch_size
+    batch = cfg.global_batch
     generator = torch.Generator().manual_seed(0)
     pixels = torch.randint(0, 256, (batch, layout.channels, layout.height, layout.width), dtype=torch.uint8,
                            generator=generator)
