@@ -34,7 +34,7 @@ _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re.DO
 def masked_notify_url(url: str) -> str:
     """``url`` safe to print: the scheme, and the host and port only where they name a server; never a token.
 
-    ``json://user:pass@host:8080/hook`` → ``json://****@host:8080/****``; ``slack://T1/B2/C3`` → ``slack://****``.
+    ``json://user:pass@host:8080/hook`` → ``json://***@host:8080/***``; ``slack://T1/B2/C3`` → ``slack://***``.
     The job masks the URLs it names in its log by the same rule: one function serves both sides.
     """
     return masked_url(url)

@@ -39,12 +39,22 @@ def queue_needs(loaded: LoadedSpec) -> dict[str, float]:
     return {name: amount for name, amount in widest.items() if amount > 0}
 
 
+def queue_grows(loaded: LoadedSpec) -> list[str]:
+    """The resources the job takes more of than its needs say, when more are free: an ``auto`` layout takes the
+    CPUs free when it starts. The queue lets it in with all it may take (its grant), counts that as its own, and
+    the workload's layout keeps within it. A spec that names its ``needs`` takes what it names."""
+    if loaded.spec.needs is not None:
+        return []
+    grows = {name for demand in workload_needs(loaded.workload).demands for name in demand.grows}
+    return sorted(grows)
+
+
 def queue_config(loaded: LoadedSpec) -> dict[str, Any] | None:
     """What the job's wrapper needs to wait its turn (None for a job in no queue)."""
     spec = loaded.spec
     if spec.queue is None:
         return None
-    return {"name": spec.queue, "priority": spec.priority, "needs": queue_needs(loaded)}
+    return {"name": spec.queue, "priority": spec.priority, "needs": queue_needs(loaded), "grows": queue_grows(loaded)}
 
 
 def queue_metadata(loaded: LoadedSpec) -> dict[str, str]:

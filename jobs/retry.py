@@ -12,14 +12,21 @@ from pydantic import Field, model_validator
 
 from jobs.strict import StrictModel
 from rayjobs_agent.causes import PERMANENT_CAUSES, RETRYABLE_CAUSES  # noqa: F401 - the causes retry_on may name
-from rayjobs_agent.retries import RetryPolicy
+from rayjobs_agent.retries import MAX_BACKOFF_S, RetryPolicy
 
 
 class RetryBackoff(StrictModel):
-    """How long to wait before each retry: ``initial_s``, doubled at each retry, at most ``max_s``."""
+    """How long to wait before each retry: ``initial_s``, doubled at each retry, at most ``max_s``.
 
-    initial_s: float = Field(10.0, ge=0, description="Seconds before the first retry; 0 retries at once.")
-    max_s: float = Field(300.0, ge=0, description="The longest wait between two attempts.")
+    Both are at most a day (``MAX_BACKOFF_S``): the job keeps its resources, and its queue slot, while it waits.
+    """
+
+    initial_s: float = Field(10.0, ge=0, le=MAX_BACKOFF_S, allow_inf_nan=False,
+                             description=f"Seconds before the first retry; 0 retries at once; at most "
+                             f"{MAX_BACKOFF_S:g} (a day).")
+    max_s: float = Field(300.0, ge=0, le=MAX_BACKOFF_S, allow_inf_nan=False,
+                         description=f"The longest wait between two attempts, in seconds; at most {MAX_BACKOFF_S:g} "
+                         "(a day).")
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryBackoff:

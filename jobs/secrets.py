@@ -1,9 +1,10 @@
 """Keeping secrets out of what rayjobs prints and writes.
 
-A secret env var's value is replaced by ``****`` in any copy of a submission, a job's info or a spec,
+A secret env var's value is replaced by ``***`` in any copy of a submission, a job's info or a spec,
 and that value is then masked wherever else it turns up (the entrypoint, another field, the job's
 log), as is the password of any URL. The masking itself lives in ``rayjobs_agent/masking.py``
-(standard library only), which the job runs on the cluster too: both sides mask by one rule.
+(standard library only), which the job runs on the cluster too: both sides mask by one rule, with one
+mask and one reading of the spec's ``secret_env_vars``.
 """
 
 from __future__ import annotations
@@ -11,16 +12,13 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterable
 
-from rayjobs_agent.wire import METADATA_SECRETS
-from rayjobs_agent.masking import SecretMask, looks_secret, mask_url_userinfo, secret_names
-
-# What a secret env var's value becomes in a copy; `rayjobs rerun` takes such a value from its own environment.
-MASK = "****"
+from rayjobs_agent.masking import (MASK, SecretMask, is_masked, looks_secret, mask_url_userinfo, marked_names,
+                                   secret_names)
 
 
 def marked_secrets(job: dict[str, Any]) -> list[str]:
     """The spec's own ``secret_env_vars`` of a submission or job info: they travel in the job's metadata."""
-    return [name for name in ((job.get("metadata") or {}).get(METADATA_SECRETS) or "").split(",") if name]
+    return marked_names(job.get("metadata") or {})
 
 
 def job_mask(job: dict[str, Any], marked: Iterable[str] | None = None) -> SecretMask:
@@ -46,7 +44,8 @@ def masked_runtime_env(document: dict[str, Any], marked: list[str]) -> dict[str,
     """A copy of ``document`` (anything with a ``runtime_env``) with its secrets masked.
 
     The values of secret env vars (those named in ``marked`` and those whose names look secret) become
-    ``****``; wherever else one of those values appears, and in every URL's password, ``***``.
+    ``***`` (:data:`MASK`; `rayjobs rerun` takes such a value from its own environment), as does every other
+    place one of those values appears, and every URL's password.
     """
     mask = job_mask(document, marked)
     result = copy.deepcopy(document)
@@ -67,5 +66,5 @@ def masked_strings(document: Any, mask: SecretMask) -> Any:
     return document
 
 
-__all__ = ["MASK", "SecretMask", "job_mask", "looks_secret", "marked_secrets", "mask_url_userinfo", "masked",
-           "masked_runtime_env", "masked_strings", "secret_names"]
+__all__ = ["MASK", "SecretMask", "is_masked", "job_mask", "looks_secret", "marked_secrets", "mask_url_userinfo",
+           "masked", "masked_runtime_env", "masked_strings", "secret_names"]

@@ -24,6 +24,17 @@ class Demand:
     gpus: int = 0  # per worker
     resources: dict[str, float] = field(default_factory=dict)  # custom resources per worker
     resources_parameter: str | None = None  # where the workload's parameters set them, for messages
+    # ``cpus`` is the least an auto count gives a worker (jobs.worker_layout.AUTO_LEAST_CPUS): it may give more.
+    auto_cpus: bool = False
+    # ``count`` is the least an auto number of workers runs on: it takes one a node (a GPU) of what is free.
+    auto_count: bool = False
+
+    @property
+    def grows(self) -> tuple[str, ...]:
+        """The resources this phase takes more of than it asks, when more are free (an ``auto`` layout's)."""
+        if not (self.auto_cpus or self.auto_count):
+            return ()
+        return ("CPU", "GPU") if self.gpus and self.auto_count else ("CPU",)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ entrypoint under ``python -m rayjobs_agent.record``. From there the agent:
   (``retries.py``), and names waits for resources and stalls (``judge.py``, ``watch.py``), each said once as
   an event and a ``rayjobs:`` line in the job's log;
 - keeps the run record (``recorder.py``), sends the spec's notifications (``notify.py``), and gives a queued
-  job's slot back the moment it ends (``queueing.py``; the queue's keeper is ``queue_keeper.py``);
+  job's slot back the moment it ends (``queueing.py``; the queue service is ``queue/``);
 - installs the Ray Train callback (``train_callback.py``) on a Ray it is tested on (``train_setup.py``), so that
   every ``ray.train.report`` of the user's script becomes a progress event without a line of the script
   changing. Whatever goes wrong in a hook turns it off with one line in the log (``guard.py``); it never fails

@@ -132,6 +132,17 @@ CAUSES: tuple[Cause, ...] = (
           "The cluster cannot place the job's workers: {detail}",
           "Ask for what one node has (num_workers × resources per worker, plus the entrypoint's own), or "
           "add nodes that have it; `rayjobs cluster status` lists each node's CPUs"),
+    Cause("workers_not_placed",
+          # A built-in workload's words once Ray Train's tries at placing its workers are used up
+          # (workloads/training/restarts.py), and Ray Train's own for a try that timed out (a script's own run).
+          re.compile(r"((WorkerGroupStartupTimeoutError|WorkersNotPlaced): .*(could not be placed|held fewer than)|"
+                     r"worker group startup timed out after [\d.]+ seconds waiting for \d+ workers)"),
+          "The training workers could not be placed on the nodes up ({detail})",
+          "A fixed layout (num_workers as a number) needs as many nodes as it was planned on: after a node is lost, "
+          "bring one back, or leave num_workers: auto (or set train.min_workers), and training goes on with the "
+          "nodes left. Ray Train tries for a bounded time, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S a try: raise it in "
+          "runtime_env.env_vars for an autoscaler slower than that. retry_on: [workers_not_placed] runs the "
+          "entrypoint again in the same job, from the run's latest checkpoint"),
     Cause("collective_timeout",
           re.compile(r"(Watchdog caught collective operation timeout|collective operation timeout|"
                      r"gloo.*Timed out waiting|Timed out waiting \d+ms for recv operation|"

@@ -23,6 +23,7 @@ from .events import emit
 from .masking import environment_mask
 from .pinning import ADDRESS_VARIABLE
 from .ray_lines import ANSI_ESCAPE
+from .record_parts import READ_BYTES, LineBuffer
 from .record_store import reason
 from .recorder import say
 from .vocabulary import EventKind
@@ -54,6 +55,7 @@ class Judge:
         self.address = environ.get(ADDRESS_VARIABLE)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._between_attempts = threading.Event()
         # Why the watch stopped taking lines (None: it takes them); the cause table reads on without it.
         self._watch_broken: str | None = None
         self._quiet_asked_at = time.monotonic()
@@ -98,12 +100,18 @@ class Judge:
         emit(EventKind.CAUSE, attempt=attempt, exit_code=code, **fields)
         return fields
 
+    def between_attempts(self) -> None:
+        """The retry's wait has begun: the job is silent by design, so no wait or stall is said until the next
+        attempt starts."""
+        self._between_attempts.set()
+
     def next_attempt(self) -> None:
         """The entrypoint runs again: what the last attempt printed says nothing of the next one."""
         with self._lock:
             self.reader.forget_attempt()
             self.watch.event({"event": EventKind.ATTEMPT}, time.monotonic())
         self.said = None
+        self._between_attempts.clear()
 
     def read(self) -> None:
         """Take in what the log has grown by: every line to the cause table and the watch."""
@@ -125,7 +133,7 @@ class Judge:
         while not self._stopped.wait(_WATCH_EVERY_S):
             try:
                 self.read()
-                if self._watch_broken is None:
+                if self._watch_broken is None and not self._between_attempts.is_set():
                     self._ask_the_cluster_when_quiet()
                     with self._lock:
                         decision = self.watch.decide(time.monotonic())
@@ -185,11 +193,15 @@ def stall_after(environ: Mapping[str, str]) -> float | None:
 
 
 class OwnLog:
-    """This process's stdout (the job's driver log, a file Ray points it at), read by lines as it grows."""
+    """This process's stdout (the job's driver log, a file Ray points it at), read by lines as it grows.
+
+    The line still being written is kept bounded (``record_parts.LineBuffer``): a progress bar redrawn with carriage
+    returns for hours is kept as its last drawing, which is what a cause or a wait is read from.
+    """
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
-        self._partial = b""
+        self._lines = LineBuffer()
 
     @classmethod
     def open(cls) -> OwnLog | None:
@@ -204,13 +216,11 @@ class OwnLog:
     @property
     def partial(self) -> bool:
         """Whether the log ends inside a line (the last read found no line end after its last bytes)."""
-        return bool(self._partial)
+        return bool(self._lines.unfinished)
 
     def read(self) -> list[str]:
-        """The complete lines written since the last read."""
-        data = self._partial
-        while chunk := self.handle.read(1 << 20):
-            data += chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
+        """The complete lines written since the last read (a redrawn line as it was last drawn, after a ``\\r``)."""
+        lines: list[bytes] = []
+        while chunk := self.handle.read(READ_BYTES):
+            lines += self._lines.feed(chunk)
         return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]

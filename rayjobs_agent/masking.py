@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, AnyStr, Iterable, Iterator, Mapping
 from urllib.parse import quote, urlsplit
 
 from .wire import METADATA_SECRETS, NOTIFY_ENV_VAR, RAY_JOB_CONFIG_ENV_VAR
 
+# What a secret becomes wherever it is shown: its value in a log or an argument, the value of a secret
+# variable in a copy of a spec or a job's info, the password of a URL, the token of a notification URL.
 MASK = "***"
+_MASK_BYTES = MASK.encode()
+# What records written by earlier versions hold in place of a secret variable's value and of a notification URL's
+# token: read as a mask still (`rayjobs rerun` of such a record takes the value from the environment).
+_EARLIER_MASKS = frozenset({"****"})
 # Shorter values are not masked: a secret of one to three characters is no secret, and masking every
 # "1", "on" or "dev" a job prints would make its output unreadable while protecting nothing.
 MIN_SECRET_CHARS = 4
@@ -60,6 +66,7 @@ _URL_UNFINISHED_BYTES = re.compile(_URL_UNFINISHED.pattern.encode())
 # The end of streamed text that may be the scheme of a URL whose "://" comes in the next piece. It is shown
 # at once (a scheme is no secret) and kept to read the next piece with.
 _SCHEME_SO_FAR = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]*(?::/{0,2})?\Z")
+_SCHEME_SO_FAR_BYTES = re.compile(_SCHEME_SO_FAR.pattern.encode())
 _MAX_SCHEME_CHARS = 256
 # An unfinished URL is held back at most this long; past it, the text is released as it is.
 _MAX_HELD_URL_CHARS = 4096
@@ -77,13 +84,23 @@ def secret_names(variables: Iterable[str], marked: Iterable[str]) -> list[str]:
     return [name for name in variables if name in marked or looks_secret(name)]
 
 
+def is_masked(value: Any) -> bool:
+    """Whether ``value`` is what masking left in place of a secret (this version's mask, or an earlier one's)."""
+    return isinstance(value, str) and (value == MASK or value in _EARLIER_MASKS)
+
+
+def marked_names(metadata: Mapping[str, Any]) -> list[str]:
+    """The spec's ``secret_env_vars`` as a job's metadata carries them (one comma-separated value)."""
+    return [name.strip() for name in str(metadata.get(METADATA_SECRETS) or "").split(",") if name.strip()]
+
+
 def marked_in_job_config(environ: Mapping[str, str]) -> list[str]:
     """The spec's ``secret_env_vars``, from the job config Ray hands every process of the job (its metadata)."""
     try:
         metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
+        return marked_names(metadata)
     except (ValueError, AttributeError):
         return []
-    return [name.strip() for name in str(metadata.get(METADATA_SECRETS) or "").split(",") if name.strip()]
 
 
 def environment_mask(environ: Mapping[str, str]) -> SecretMask:
@@ -129,7 +146,7 @@ def _mask_userinfo(match: re.Match) -> str:
 
 def _mask_userinfo_bytes(match: re.Match) -> bytes:
     user, colon, _password = match[2].partition(b":")
-    return match[1] + (user + b":" if colon else b"") + MASK.encode() + b"@"
+    return match[1] + (user + b":" if colon else b"") + _MASK_BYTES + b"@"
 
 
 def mask_url_userinfo(text: str) -> str:
@@ -150,8 +167,9 @@ def mask_url_userinfo_bytes(data: bytes) -> bytes:
 def _written_forms(value: str) -> Iterator[str]:
     """The value, each of its lines, and the forms it takes inside JSON text and inside a URL."""
     yield value
-    # A multi-line secret (a private key) is printed line by line as often as whole.
-    yield from (line.strip("\r") for line in value.split("\n"))
+    # A multi-line secret (a private key) is printed line by line as often as whole; a line redrawn after a carriage
+    # return is read (by the judge) as it was last drawn.
+    yield from re.split(r"[\r\n]+", value)
     yield json.dumps(value)[1:-1]
     yield quote(value, safe="")
 
@@ -193,26 +211,27 @@ class SecretMask:
     def mask_bytes(self, data: bytes) -> bytes:
         """:meth:`mask_text` for bytes, matched as UTF-8 (bytes that are not valid UTF-8 are kept as they are)."""
         if self._pattern_bytes is not None:
-            data = self._pattern_bytes.sub(MASK.encode(), data)
+            data = self._pattern_bytes.sub(_MASK_BYTES, data)
         return mask_url_userinfo_bytes(data)
 
-    def stream(self) -> MaskingStream:
-        """A masker for text that arrives in pieces split anywhere (a log followed as it is written)."""
-        return MaskingStream(self)
+    def stream(self, kind: type = str) -> MaskingStream:
+        """A masker for a log that arrives in pieces split anywhere: text (``kind`` str, what the client prints)
+        or bytes (``kind`` bytes, what the job's record keeps)."""
+        return MaskingStream(self, kind)
 
-    def _hold_from(self, text: str) -> int:
-        """Where the end of ``text`` may be the start of a secret or of a URL's password: kept back until
-        the next piece shows whether it is."""
-        return _hold_point(text, self.values, _URL_UNFINISHED, self._pattern)
-
-    def hold_from_bytes(self, data: bytes) -> int:
-        """:meth:`_hold_from` for bytes: where a piece of a log may be cut without cutting a secret in two."""
+    def hold_from(self, data: AnyStr) -> int:
+        """Where the end of ``data`` (text or bytes) may be the start of a secret or of a URL's password, or falls
+        inside a whole secret: the earliest such place, else ``len(data)``. What lies from there on waits for the
+        next piece to show whether it is one; everything before it can be masked and released now."""
+        if isinstance(data, str):
+            return _hold_point(data, self.values, _URL_UNFINISHED, self._pattern)
         return _hold_point(data, self._values_bytes, _URL_UNFINISHED_BYTES, self._pattern_bytes)
+
+    def _masked(self, data: AnyStr) -> AnyStr:
+        return self.mask_text(data) if isinstance(data, str) else self.mask_bytes(data)
 
 
 def _hold_point(text: Any, values: tuple[Any, ...], unfinished_url: re.Pattern, whole: re.Pattern | None) -> int:
-    """Where the end of ``text`` (str or bytes, ``values`` of the same kind) may be the start of a secret or of a URL's
-    password, or falls inside a whole secret: the earliest such place, else its length."""
     hold = len(text)
     for value in values:
         tail = text[-(len(value) - 1):] if len(value) > 1 else text[:0]
@@ -238,35 +257,47 @@ def _hold_point(text: Any, values: tuple[Any, ...], unfinished_url: re.Pattern, 
 
 
 class MaskingStream:
-    """Masks text that arrives in pieces: a secret split between two pieces is still masked whole.
+    """Masks a log that arrives in pieces split anywhere, text or bytes: what it releases, joined, is the whole
+    log masked at once, byte for byte; a secret split between two pieces is still masked whole.
 
-    The end of a piece that could be the start of a secret, or a URL whose password may still be
-    coming, is held back until the next piece (or :meth:`finish`) shows what it is.
+    The one masker of both sides: the client prints through it, and the job's run record keeps the driver log
+    through it. The end of a piece that could be the start of a secret, or a URL whose password may still be
+    coming, is held back (:meth:`SecretMask.hold_from`) until the next piece (or :meth:`finish`) shows what it
+    is. A URL's scheme is released at once (it is no secret) but remembered, so that a password whose ``://``
+    comes in the next piece is still known to be one.
     """
 
-    def __init__(self, mask: SecretMask) -> None:
+    def __init__(self, mask: SecretMask, kind: type = str) -> None:
         self.mask = mask
-        self._held = ""
-        self._shown_scheme = ""  # the end of what was shown, when it may be a URL's scheme
+        self._held: Any = kind()
+        self._shown_scheme: Any = kind()  # the end of what was released, when it may be a URL's scheme
+        self._scheme_so_far = _SCHEME_SO_FAR if kind is str else _SCHEME_SO_FAR_BYTES
 
-    def feed(self, text: str) -> str:
-        """The masked text that can be shown now, of everything fed so far."""
+    @property
+    def held(self) -> int:
+        """How much (characters or bytes) waits for the next piece."""
+        return len(self._held)
+
+    def feed(self, data: AnyStr) -> AnyStr:
+        """The masked part of everything fed so far that can be released now."""
         before = self._shown_scheme
-        pending = self._held + text
-        hold = max(0, self.mask._hold_from(before + pending) - len(before))
+        pending = self._held + data
+        hold = max(0, self.mask.hold_from(before + pending) - len(before))
         self._held = pending[hold:]
         shown = self._masked_after(before, pending[:hold])
         if shown:
-            self._shown_scheme = _SCHEME_SO_FAR.search((before + shown)[-_MAX_SCHEME_CHARS:])[0]
+            self._shown_scheme = self._scheme_so_far.search((before + shown)[-_MAX_SCHEME_CHARS:])[0]
         return shown
 
-    def finish(self) -> str:
-        """The text still held back, masked: the stream is over."""
-        held, self._held = self._held, ""
+    def finish(self) -> Any:
+        """What is still held back, masked: the log is over."""
+        held, self._held = self._held, self._held[:0]
         return self._masked_after(self._shown_scheme, held)
 
-    def _masked_after(self, shown: str, text: str) -> str:
-        """``text`` masked as it reads after ``shown``, the scheme a URL in it may have started with."""
-        masked = self.mask.mask_text(shown + text)
+    def _masked_after(self, shown: AnyStr, data: AnyStr) -> AnyStr:
+        """``data`` masked as it reads after ``shown``, the scheme a URL in it may have started with."""
+        if not data:
+            return data
+        masked = self.mask._masked(shown + data)
         # Masking only ever starts after a scheme's "://", so what was shown already comes back unchanged.
-        return masked[len(shown):] if masked.startswith(shown) else self.mask.mask_text(text)
+        return masked[len(shown):] if masked.startswith(shown) else self.mask._masked(data)

@@ -22,13 +22,13 @@ import time
 from typing import Any, Mapping
 
 from .causes import UNKNOWN, Diagnosis
+from .masking import MASK
 from .wording import format_duration, format_metrics
 from .wire import OWN_LINE_PREFIX, NOTIFY_ENV_VAR
 
 SEND_BOUND_S = 5.0
 # The job's end, as the record names it, and the event a target's `on` names for it.
 END_EVENTS = {"SUCCEEDED": "succeeded", "FAILED": "failed", "STOPPED": "stopped"}
-_MASK = "****"
 # Schemes whose host is a server's name, not a token: shown with their host and port.
 # (An ntfy topic is its password on a public server: not among them.)
 _HOST_SCHEMES = frozenset({"json", "jsons", "xml", "xmls", "form", "forms", "mailto", "mailtos"})
@@ -40,15 +40,15 @@ def masked_url(url: str) -> str:
     (the client's ``jobs/notify.py`` uses this too)."""
     match = _URL.match(url.strip())
     if match is None:
-        return _MASK
+        return MASK
     scheme = match["scheme"].lower()
     if scheme not in _HOST_SCHEMES:
-        return f"{scheme}://{_MASK}"
+        return f"{scheme}://{MASK}"
     authority, slash, path = match["rest"].partition("/")
     authority = authority.split("?", 1)[0]
     _user, at, host = authority.rpartition("@")
-    shown = f"{scheme}://{_MASK + '@' if at else ''}{host}"
-    return shown + (f"/{_MASK}" if (slash and path) or "?" in match["rest"] else "")
+    shown = f"{scheme}://{MASK + '@' if at else ''}{host}"
+    return shown + (f"/{MASK}" if (slash and path) or "?" in match["rest"] else "")
 
 
 def notify_config(environ: Mapping[str, str]) -> dict[str, Any] | None:
@@ -315,7 +315,7 @@ def _mask_passwords(text: str) -> str:
     try:
         from .masking import mask_url_userinfo
     except ImportError:
-        return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@]+@", r"\1" + _MASK + "@", text)
+        return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@]+@", r"\1" + MASK + "@", text)
     return mask_url_userinfo(text)
 
 

@@ -39,14 +39,15 @@ from .judge import Judge
 from .events import emit
 from .notify import JobNotifier
 from .pinning import ADDRESS_VARIABLE, pinned_to_this_cluster
-from .queueing import Admission, GcsKeyValue, release, submission_id_from
+from .queue.store import GcsKeyValue, note_attempt, release
+from .queueing import Admission, submission_id_from
 from .record_layout import RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
 from .record_store import reason
 from .resources import ResourceSampler, local_addresses
 from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, Recorder, open_own_log, say
-from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry
+from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry, retries_whole_jobs
 from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
-from .vocabulary import EventKind
+from .vocabulary import RETRY_STARTED, RETRY_WAITING, EventKind
 from .wire import RECORD_COMMAND
 
 __all__ = ["ATTEMPT_KEY", "JOB_CONFIG_ENV_VAR", "PARENT_KEY", "RECORD_COMMAND", "RECORD_DIR", "RECORD_ENV_VAR",
@@ -115,6 +116,8 @@ def main(argv: list[str]) -> int:
     attempt = first_attempt(os.environ)
     while True:
         code = run_entrypoint(args[0], child_env, stop_signal)
+        if sampler is not None:
+            sampler.sample_now()  # what the attempt used up to its end, before its record is kept
         if code == 0 or stop_signal:
             break
         diagnosis = judge.decide(attempt, code)
@@ -125,17 +128,34 @@ def main(argv: list[str]) -> int:
             say(decision.note)
         if not decision.retry:
             break
-        emit(EventKind.RETRY, attempt=attempt + 1, attempts=policy.max_retries + 1, delay_s=decision.delay_s,
-             cause=decision.matched)
+        # The decision is said at once; the next attempt exists only once it starts: a stop during the wait
+        # ends the run with the failed attempt last, and no attempt that never ran.
+        attempts = policy.max_retries + 1
+        emit(EventKind.RETRY, attempt=attempt + 1, attempts=attempts, delay_s=decision.delay_s,
+             cause=decision.matched, state=RETRY_WAITING)
         if recorder is not None:
             with keeping.lock:
-                recorder.next_attempt(code)
+                recorder.attempt_failed(code)
+        judge.between_attempts()
+        if not _wait_unless_stopped(decision.delay_s, stop_signal):
+            stopped = f"stopped during the wait before attempt {attempt + 1}, which never started"
+            say(stopped)
+            if recorder is not None:
+                with keeping.lock:
+                    recorder.note(stopped)
+            break
         attempt += 1
+        if retries_whole_jobs(policy):
+            note_attempt_started(attempt)
+        if recorder is not None:
+            with keeping.lock:
+                recorder.next_attempt()
         judge.next_attempt()
+        emit(EventKind.RETRY, attempt=attempt, attempts=attempts, state=RETRY_STARTED)
+        if decision.delay_s > 0:
+            say(f"attempt {attempt} of {attempts} starts")
         if notifier is not None:
             notifier.started()  # "retry": this attempt follows a failed one
-        if not _wait_unless_stopped(decision.delay_s, stop_signal):
-            break
     judge.stop()
     if sampler is not None:
         sampler.stop()
@@ -170,6 +190,17 @@ def run_entrypoint(command: str, env: dict[str, str], stop_signal: list[int]) ->
     return child.returncode
 
 
+def note_attempt_started(attempt: int) -> None:
+    """Tell the cluster's queue keeper which attempt runs now: if the job is lost whole, it counts its attempts from
+    here. A store that cannot be reached is said once; the keeper then counts this submission's attempts only."""
+    if not os.environ.get(ADDRESS_VARIABLE):
+        return  # run outside a Ray job: no cluster, no keeper
+    try:
+        note_attempt(GcsKeyValue(os.environ[ADDRESS_VARIABLE]), submission_id_from(os.environ), attempt)
+    except Exception as exc:  # noqa: BLE001 - the attempt runs either way
+        say(f"could not tell the cluster's queue keeper that attempt {attempt} started ({reason(exc)})")
+
+
 def resource_sampler(environ: Mapping[str, str], judge: Judge, keeping: RecordKeeping) -> ResourceSampler | None:
     """The job's resource sampler, started (None when sampling is off, or said once when it cannot start)."""
     here: set[str] = set()
@@ -183,8 +214,9 @@ def resource_sampler(environ: Mapping[str, str], judge: Judge, keeping: RecordKe
         return len(placed - here)
 
     try:
-        sampler = ResourceSampler.for_job(environ, other_hosts,
-                                          keeping.add_event if keeping.recorder is not None else None)
+        recorder = keeping.recorder
+        sampler = ResourceSampler.for_job(environ, other_hosts, keeping.add_event if recorder is not None else None,
+                                          recorder.note if recorder is not None else None)
         if sampler is not None:
             sampler.start()
         return sampler
@@ -373,7 +405,7 @@ def end_without_running(admission: Admission, recorder: Recorder | None, stop_si
     # Ray's stop, not an exit of its own, makes the job read STOPPED: asked for now that its record and
     # notification are out (Ray kills a stopped job's processes a few seconds after the stop).
     try:
-        from .queue_keeper import DashboardJobs
+        from .queue.ray_jobs import DashboardJobs
 
         DashboardJobs(GcsKeyValue(os.environ[ADDRESS_VARIABLE])).stop(submission_id_from(os.environ))
     except Exception as exc:  # noqa: BLE001 - it then ends as FAILED, its record saying why

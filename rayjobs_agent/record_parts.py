@@ -1,4 +1,4 @@
-"""The run record's append-only layout: a growing file kept as numbered parts, and its lines masked.
+"""The run record's append-only layout: a growing file kept as numbered parts; the log masked as it is read.
 
 The driver log and the progress events both grow for as long as the job runs, and both are copied
 to storage every few seconds. Object storage has no append: S3 replaces an object whole, so a file
@@ -10,18 +10,23 @@ proportional to the bytes kept, each upload costs at most one part, and a reader
 by reading the parts in name order. The same layout suits a local folder, where each part is
 replaced whole and so is never seen half-written.
 
-Secrets are masked before anything is kept: whole lines at a time, so that a secret that reaches
-the log in two reads is still found (a line is held back until its end arrives).
+Secrets are masked before anything is kept, as the log is read, by the masker the client prints through
+too (``masking.MaskingStream``): a secret that reaches the log in two reads is still found, because the
+end of a read that may begin one waits for the next read, and nothing else waits. The lines the log is
+read by (for the events in it, for the judge's causes) are kept bounded however long a line grows.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
-# A line with no end yet is held back for masking up to this much, then kept as it is (a progress bar
-# redrawn with carriage returns, or binary output, must not grow in memory).
-MAX_HELD_LINE_BYTES = 64 * 1024
-_LINE_ENDS = (b"\n", b"\r")
+from .masking import SecretMask
+
+# How much of the log one read takes: what the keeper holds of it at a time.
+READ_BYTES = 1 << 20
+# The line being written is kept up to its latest this much until it ends (an event line is far shorter);
+# a progress bar redrawn with carriage returns for hours, or binary output, must not grow in memory.
+MAX_UNFINISHED_LINE_BYTES = 1 << 20
 
 
 class PartedFile:
@@ -77,58 +82,71 @@ class PartedFile:
 
 
 class DriverLog:
-    """The job's driver log as this process reads it while it grows (its own stdout, a file Ray points at the log):
-    masked as it is read, and each complete line handed to the ``listeners`` (the agent's judge of the job)."""
+    """The job's driver log as this process reads it while it grows (its own stdout, a file Ray points at the log),
+    masked as it is read."""
 
-    def __init__(self, file: Any, mask: Any) -> None:
+    def __init__(self, file: Any, mask: SecretMask) -> None:
         self.file = file
-        self.masker = LineMasker(mask)
-        self.listeners: list[Any] = []
-        self._partial = b""
+        self.masking = mask.stream(bytes)
 
-    def read(self, ended: bool = False) -> bytes:
-        """What was written since the last read, masked (``ended``: the log is over, so a line held back goes too)."""
-        masked = b""
-        while chunk := self.file.read(1 << 20):
-            masked += self.masker.feed(chunk)
-        if ended:
-            masked += self.masker.flush()
-        if masked and self.listeners:
-            lines = (self._partial + masked).split(b"\n")
-            self._partial = b"" if ended else lines.pop()
-            for line in lines:
-                text = line.decode("utf-8", "replace").rstrip("\r")
-                for listener in self.listeners:
-                    listener(text)
-        return masked
+    def read(self, ended: bool = False) -> Iterator[bytes]:
+        """What was written since the last read, masked, a piece at a time (``ended``: the log is over, so what
+        waits to show whether it begins a secret goes too)."""
+        while chunk := self.file.read(READ_BYTES):
+            if masked := self.masking.feed(chunk):
+                yield masked
+        if ended and (rest := self.masking.finish()):
+            yield rest
 
 
-class LineMasker:
-    """Masks secrets in a stream a line at a time, holding back a line until its end has arrived."""
+class LineBuffer:
+    """The complete lines of a stream read in pieces of any size, with the line still being written kept bounded.
 
-    def __init__(self, mask: Any) -> None:
-        self.mask = mask
-        self.held = b""
+    A carriage return that more text follows redraws the line (a progress bar): what came before it is dropped,
+    and the line keeps that carriage return, so that its reader still sees a redrawn line. A line longer than
+    ``max_bytes`` keeps its latest bytes, at least ``max_bytes`` and at most twice that (what a reader looking for
+    recent text needs). Taking in a piece costs about its own length, however long the line has grown.
+    """
 
-    def feed(self, chunk: bytes) -> bytes:
-        """The complete lines that ``chunk`` ends (with what was held back before it), masked.
+    def __init__(self, max_bytes: int = MAX_UNFINISHED_LINE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.unfinished = bytearray()
 
-        A line longer than :data:`MAX_HELD_LINE_BYTES` is released before its end, up to where a secret (or
-        a URL's password) may begin: a secret that straddles the cut is held back whole with the rest.
-        """
-        data = self.held + chunk
-        end = max(data.rfind(line_end) for line_end in _LINE_ENDS) + 1
-        if end == 0 and len(data) > MAX_HELD_LINE_BYTES:
-            end = self.mask.hold_from_bytes(data) if self.mask is not None else len(data)
-        self.held = data[end:]
-        return self._masked(data[:end])
+    def feed(self, data: bytes) -> list[bytes]:
+        """The lines that ``data`` completes (without their ``\\n``), each as it was last drawn."""
+        first_end = data.find(b"\n")
+        if first_end < 0:
+            self._take(data)
+            return []
+        self._take(data[:first_end])
+        lines = [bytes(self.unfinished)]
+        last_end = data.rfind(b"\n")
+        if last_end > first_end:
+            lines += [_last_drawing(line) if b"\r" in line else line
+                      for line in data[first_end + 1:last_end].split(b"\n")]
+        self.unfinished = bytearray()
+        self._take(data[last_end + 1:])
+        return lines
 
-    def flush(self) -> bytes:
-        """What is held back, masked: the stream has ended."""
-        rest, self.held = self.held, b""
-        return self._masked(rest)
+    def _take(self, data: bytes) -> None:
+        if not data:
+            return
+        redraw = _last_redraw(data)
+        if redraw >= 0:
+            self.unfinished[:] = data[redraw:]
+        elif self.unfinished.endswith(b"\r") and not data.startswith(b"\r"):
+            self.unfinished[:] = b"\r" + data
+        else:
+            self.unfinished += data
+        if len(self.unfinished) > 2 * self.max_bytes:  # trimmed once per max_bytes taken in, not at every piece
+            del self.unfinished[:-self.max_bytes]
 
-    def _masked(self, data: bytes) -> bytes:
-        if not data or self.mask is None:
-            return data
-        return self.mask.mask_bytes(data)
+
+def _last_redraw(data: bytes) -> int:
+    """Where the last carriage return that more of the line follows is (those that end it may be a CRLF's), or -1."""
+    return data.rfind(b"\r", 0, len(data.rstrip(b"\r")))
+
+
+def _last_drawing(line: bytes) -> bytes:
+    """``line`` from its last redraw on."""
+    return line[max(0, _last_redraw(line)):]

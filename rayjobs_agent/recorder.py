@@ -24,7 +24,7 @@ from typing import Any
 from .record_layout import (ATTEMPTS_FIELD, EVENT_PART_SUFFIX, FORMAT_FIELD, FORMAT_VERSION, LOG_PART_SUFFIX,
                             RECORD_DIR, RECORD_ENV_VAR, RUN_FILE, SCHEMA_VERSION, SCHEMA_VERSION_FIELD, event_folder,
                             log_folder, run_of_this_submission)
-from .record_parts import DriverLog, PartedFile
+from .record_parts import DriverLog, LineBuffer, PartedFile
 from .record_store import Store, Uploader, reason
 from .resources import ResourceUsage
 from .vocabulary import EVENT_MARKER, EventKind, kind_of
@@ -72,7 +72,7 @@ class Recorder:
                 self.note(problem)
             log = DriverLog(log, mask) if problem is None else None
         self.log: DriverLog | None = log
-        self.partial_line = b""
+        self.event_lines = LineBuffer()  # the log's lines, read for the events among them
         self.event_summary = EventSummary()
         self.previous: list[dict[str, Any]] = []
         # Fields of the earlier run.json that this version does not write (a newer minor's, `reruns`): kept.
@@ -85,6 +85,7 @@ class Recorder:
         # The attempts this submission ran before the current one (the agent ran the entrypoint again in place),
         # and why the current one failed, once the agent has decided.
         self.done_here: list[dict[str, Any]] = []
+        self.between_attempts = False  # the last attempt failed, and the retry's wait runs
         self.cause: dict[str, Any] | None = None
         self._said_failure = False
         self._said_unread = False
@@ -126,9 +127,16 @@ class Recorder:
         """Keep why the current attempt failed (the agent's decision)."""
         self.cause = cause
 
-    def next_attempt(self, exit_code: int) -> None:
-        """The current attempt failed and the entrypoint runs again in this job: it is kept, and a new one begins."""
+    def attempt_failed(self, exit_code: int) -> None:
+        """The current attempt failed and the entrypoint runs again in this job after the retry's wait: the attempt
+        is kept as it ended, and none is current until :meth:`next_attempt` (a stop during the wait starts none)."""
+        self.read_log()  # the attempt's last lines and events (its last resource sample) are its own
         self.done_here.append(self.run_document("FAILED", exit_code)[ATTEMPTS_FIELD][-1])
+        self.between_attempts = True
+
+    def next_attempt(self) -> None:
+        """The next attempt starts, now that the retry's wait is over."""
+        self.between_attempts = False
         self.attempt_number += 1
         self.started = time.time()
         self.cause = None
@@ -194,7 +202,12 @@ class Recorder:
             "event_parts": self.event_file.parts, "cause": self.cause,
             "resources": self.event_summary.usage.as_dict(),
         }
-        attempts = self.previous + self.done_here + [attempt]
+        if self.between_attempts:
+            # The failed attempt is the last until the next starts; its "updated" says the job is still alive
+            # through a long wait (a record not updated for a while reads as LOST).
+            attempts = self.previous + self.done_here[:-1] + [{**self.done_here[-1], "updated": now}]
+        else:
+            attempts = self.previous + self.done_here + [attempt]
         report = self.event_summary.last_report or {}
         document = {
             SCHEMA_VERSION_FIELD: SCHEMA_VERSION,
@@ -249,7 +262,8 @@ class Recorder:
     def read_log(self, ended: bool = False) -> None:
         """Take in what the driver log holds that is new (an upload does, and the agent between uploads)."""
         if self.log is not None:
-            self._keep(self.log.read(ended))
+            for masked in self.log.read(ended):
+                self._keep(masked)
 
     def add_event(self, event: dict[str, Any]) -> None:
         """Keep an event of the agent's own that is not in the log (a resource sample the log could not take)."""
@@ -257,13 +271,9 @@ class Recorder:
         self.event_file.append(json.dumps(event, separators=(",", ":"), default=str).encode() + b"\n")
 
     def _keep(self, masked: bytes) -> None:
-        if not masked:
-            return
         self.log_file.append(masked)
-        lines = (self.partial_line + masked).split(b"\n")
-        self.partial_line = lines.pop()
         marker = EVENT_MARKER.encode() + b" "
-        for line in lines:
+        for line in self.event_lines.feed(masked):
             at = line.find(marker)
             if at < 0:
                 continue

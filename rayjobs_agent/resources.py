@@ -1,27 +1,19 @@
 """What a job uses while it runs, sampled beside it: CPU, memory and GPUs of the job's own processes.
 
 Every ``every_s`` seconds (``RAYJOBS_RESOURCES_EVERY_S``, default 10; 0 turns sampling off) the agent
-writes a ``resources`` event: CPU cores in use, resident memory, and where the job's processes hold GPUs,
-each GPU's utilisation and the memory the job holds on it. The event lands in the log and so in the
-record, append-only like every event, and the live view shows the last one.
+writes a ``resources`` event: the CPU·s the job's processes used since the sample before and the seconds that
+sample covers, their memory, and where they hold GPUs, each GPU's utilisation and the memory the job holds on
+it. One more sample is taken the moment each attempt's entrypoint ends, before its record is kept. The events
+land in the log and so in the record, append-only like every event, and the live view shows the last one.
 
-*Which processes.* The job's own, not the machine's: the entrypoint's process tree (the driver and what it
-starts), and every Ray worker process Ray started for this job, which Ray marks with the job's id in its
-environment (``RAY_JOB_ID``; the job's id is read off its driver, whose open core-worker log is named after
-it, so no sample asks the cluster anything). Whole-machine figures would count other jobs on a shared cluster and Ray's
-own daemons, and say nothing about this run. They are read from ``/proc`` on the agent's node: cheap (a
-few milliseconds per sample), with no process of its own and no cluster call per sample. Every node of a
-local cluster shares that ``/proc``; on a cluster whose nodes are other machines, the processes there are
-not seen, which one line says once Ray Train places workers there. GPUs are read through NVML (the binding Ray ships): per
-device utilisation and, per process, the memory it holds.
-
-Ray's dashboard agent also samples worker processes, but it lists only the raylet's direct children as it
-last saw them (seconds stale, and in this Ray often only its own agents), not the driver: it was tried
-and measured less of the job than ``/proc`` does.
-
-What a process used after the last sample before it ended is gone with it from ``/proc`` (its parent, often
-Ray's raylet, is charged with it), so CPU totals are a lower bound: short by up to one interval per process
-that ends.
+Which processes are the job's, and how their CPU time is added up exactly, is job_processes.py: between
+samples their counters are read every :data:`TICK_S`. Whole-machine figures would count other jobs on a shared
+cluster and Ray's own daemons, and say nothing about this run. Every node of a local cluster shares the agent's
+view; on a cluster whose nodes are other machines, the processes there are not seen, which one line says once
+Ray Train places workers there. GPUs are read through NVML (the binding Ray ships): per device utilisation
+and, per process, the memory it holds. Ray's dashboard agent also samples worker processes, but it lists only
+the raylet's direct children as it last saw them (seconds stale, and in this Ray often only its own agents),
+not the driver: it was tried and measured less of the job than the sampler does.
 
 Sampling is a courtesy: whatever fails is said once and sampling stops; the job never notices.
 The totals (:class:`ResourceUsage`) are one rule for the record keeper, ``rayjobs show`` and ``rayjobs ui``.
@@ -31,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import socket
 import stat
 import threading
@@ -41,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import emit
+from .job_processes import JobProcesses, open_files
 from .vocabulary import EventKind, kind_of
 from .wire import OWN_LINE_PREFIX
 
@@ -48,10 +40,19 @@ EVERY_S_ENV_VAR = "RAYJOBS_RESOURCES_EVERY_S"
 DEFAULT_EVERY_S = 10.0
 # The first sample comes sooner, so that a short job and the live view have one early.
 FIRST_SAMPLE_S = 3.0
+# How often the CPU counters of the job's processes are read, and new processes looked for, between samples: a
+# process whose time no process of the job takes on when it ends is counted up to its last reading.
+TICK_S = 1.0
+# PSS walks a process's whole memory map (most of a sample's cost): read at every PSS_EVERY-th sample, at a
+# process's first, at an attempt's last and where RSS moved much (job_processes.py); RSS, a counter, in between.
+PSS_EVERY = 5
+# How long the sample at an attempt's end waits for one the sampler's thread is taking.
+LAST_SAMPLE_WAIT_S = 2.0
 # Prices for ``rayjobs show``'s cost (per CPU core·hour and per GPU·hour, in the user's currency).
 CPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_CPU_HOUR"
 GPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_GPU_HOUR"
-_JOB_ID_VARIABLE = b"RAY_JOB_ID="
+# NVIDIA's device files: a process with a GPU context holds them open.
+GPU_DEVICE_FILES = "/dev/nvidia"
 _GIB = 1024 ** 3
 
 
@@ -67,203 +68,36 @@ def sampling_every_s(environ: Mapping[str, str]) -> float | None:
     return every_s if every_s > 0 else None
 
 
-# --------------------------------------------------------------------------- reading /proc
-
-
-@dataclass
-class _Process:
-    started: int  # ticks after boot: a pid reused by another process is another process
-    cpu_ticks: int
-
-
-class ProcessTable:
-    """The processes of this machine as ``/proc`` shows them: parents, CPU ticks, memory, Ray job ids."""
-
-    def __init__(self, proc: str = "/proc") -> None:
-        self.proc = proc
-        self.page_bytes = os.sysconf("SC_PAGE_SIZE")
-        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
-        self._job_of: dict[tuple[int, int], str | None] = {}  # (pid, started) -> RAY_JOB_ID, read once per process
-
-    def read(self) -> tuple[dict[int, int], dict[int, _Process]]:
-        """Every process's parent, and its start and CPU ticks."""
-        parents: dict[int, int] = {}
-        processes: dict[int, _Process] = {}
-        for name in os.listdir(self.proc):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            try:
-                with open(f"{self.proc}/{pid}/stat", "rb") as handle:
-                    stat = handle.read()
-            except OSError:
-                continue  # it ended while the table was read
-            # The command name may hold spaces and parentheses: the fields start after its last ")".
-            fields = stat[stat.rfind(b")") + 2:].split()
-            try:
-                parents[pid] = int(fields[1])
-                processes[pid] = _Process(int(fields[19]), int(fields[11]) + int(fields[12]))
-            except (IndexError, ValueError):
-                continue
-        return parents, processes
-
-    def memory_bytes(self, pid: int) -> int:
-        """The resident memory of ``pid`` with each page it shares counted in part (Linux's PSS): summed over a job's
-        processes, the pages they share (Ray's object store, mapped into every worker; the libraries they all
-        load) count once, where RSS would count them in every process. RSS where PSS cannot be read; 0 once gone."""
-        try:
-            with open(f"{self.proc}/{pid}/smaps_rollup", "rb") as handle:
-                for line in handle:
-                    if line.startswith(b"Pss:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        try:
-            with open(f"{self.proc}/{pid}/statm", "rb") as handle:
-                return int(handle.read().split()[1]) * self.page_bytes
-        except (OSError, ValueError, IndexError):
-            return 0
-
-    def job_of(self, pid: int, started: int) -> str | None:
-        """The Ray job a worker process was started for (its ``RAY_JOB_ID``), or None for any other process."""
-        key = (pid, started)
-        if key not in self._job_of:
-            try:
-                with open(f"{self.proc}/{pid}/environ", "rb") as handle:
-                    environ = handle.read()
-            except OSError:
-                return None  # gone, or not ours to read: asked again next time
-            job = None
-            for entry in environ.split(b"\0"):
-                if entry.startswith(_JOB_ID_VARIABLE):
-                    job = entry[len(_JOB_ID_VARIABLE):].decode(errors="replace")
-                    break
-            self._job_of[key] = job
-        return self._job_of[key]
-
-    def forget_except(self, alive: Iterable[tuple[int, int]]) -> None:
-        """Drop what is known of processes that have ended."""
-        keep = set(alive)
-        for key in [key for key in self._job_of if key not in keep]:
-            del self._job_of[key]
-
-
-def descendants(parents: Mapping[int, int], root: int) -> set[int]:
-    """Every process below ``root`` (not ``root`` itself)."""
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    found: set[int] = set()
-    waiting = list(children.get(root, []))
-    while waiting:
-        pid = waiting.pop()
-        if pid not in found:
-            found.add(pid)
-            waiting.extend(children.get(pid, []))
-    return found
-
-
-class JobProcesses:
-    """The CPU and memory of one job's processes on this machine, sample after sample."""
-
-    def __init__(self, root: int, job_id: Callable[[], str | None] | None = None, table: ProcessTable | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.root = root
-        # The job's Ray id: given, or read off its driver once the driver has connected to Ray.
-        self.job_id = job_id or self._driver_job_id
-        self._found_job_id: str | None = None
-        self._tree: set[int] = set()
-        self.table = table or ProcessTable()
-        self.clock = clock
-        self._last: dict[int, _Process] = {}
-        self._last_at: float | None = None
-        self._boot_ticks_now: Callable[[], float] = _ticks_since_boot(self.table.ticks_per_s)
-
-    def sample(self) -> dict[str, Any]:
-        """``cpu`` (cores in use since the last sample), ``rss_bytes`` and ``processes`` of the job, and ``pids``."""
-        now = self.clock()
-        ticks_now = self._boot_ticks_now()
-        parents, processes = self.table.read()
-        mine = self._tree = descendants(parents, self.root)
-        job = self.job_id()
-        if job:
-            mine |= {pid for pid, process in processes.items()
-                     if pid not in mine and self.table.job_of(pid, process.started) == job}
-        used_ticks = 0
-        for pid in mine:
-            process = processes[pid]
-            before = self._last.get(pid)
-            if before is not None and before.started == process.started:
-                used_ticks += process.cpu_ticks - before.cpu_ticks
-            elif self._last_at is not None and ticks_now - process.started <= (now - self._last_at) * \
-                    self.table.ticks_per_s:
-                used_ticks += process.cpu_ticks  # it started since the last sample: all its time is new
-        interval = None if self._last_at is None else now - self._last_at
-        self._last = {pid: processes[pid] for pid in mine}
-        self._last_at = now
-        self.table.forget_except((pid, process.started) for pid, process in processes.items())
-        cpu = used_ticks / self.table.ticks_per_s / interval if interval else None
-        return {"cpu": cpu, "rss_bytes": sum(self.table.memory_bytes(pid) for pid in mine), "processes": len(mine),
-                "pids": mine}
-
-
-    def _driver_job_id(self) -> str | None:
-        if self._found_job_id is None:
-            for pid in self._tree:
-                self._found_job_id = job_id_of_driver(pid)
-                if self._found_job_id:
-                    break
-        return self._found_job_id
-
-
-# A Ray driver keeps its core worker's log open under its worker id, which begins with its job's id (4 bytes). Read
-# from /proc, so that the agent never imports Ray for it (that alone is a CPU-second and 150 MiB in every job).
-_DRIVER_LOG = re.compile(r"python-core-driver-([0-9a-f]{8})[0-9a-f]*_\d+\.log$")
-
-
-def job_id_of_driver(pid: int) -> str | None:
-    """The Ray job id (hex, as Ray's workers carry it in ``RAY_JOB_ID``) of the driver process ``pid``, read off the
-    log it keeps open; None for a process that is no connected Ray driver."""
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return None
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        found = _DRIVER_LOG.search(target)
-        if found:
-            return found[1]
-    return None
-
-
-def _ticks_since_boot(ticks_per_s: int) -> Callable[[], float]:
-    def now() -> float:
-        with open("/proc/uptime", "rb") as handle:
-            return float(handle.read().split()[0]) * ticks_per_s
-    return now
-
-
 # --------------------------------------------------------------------------- GPUs
 
 
 class Gpus:
-    """Each GPU's utilisation and the memory the job's processes hold on it, through NVML."""
+    """Each GPU's utilisation and the memory the job's processes hold on it, through NVML.
 
-    def __init__(self) -> None:
-        self.nvml = nvml_binding()
+    NVML names a GPU's processes by their ids in the machine's first process namespace. Where the agent runs in
+    one of its own (a container: a KubeRay pod), its ``/proc`` knows other ids, and none of NVML's matches (the
+    ``NSpid`` line of ``/proc/PID/status`` lists a process's ids only from the namespace that mounted that
+    ``/proc`` inward, so no file in the container holds the host's). That is told apart from a job that uses no
+    GPU: none of the ids NVML gives is a process here that holds a GPU's device file open (:attr:`unattributed`).
+    """
+
+    def __init__(self, nvml: Any = None, devices: str = GPU_DEVICE_FILES) -> None:
+        self.nvml = nvml if nvml is not None else nvml_binding()
+        self.devices = devices
         self.nvml.nvmlInit()
         self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(index)
                         for index in range(self.nvml.nvmlDeviceGetCount())]
+        # Whether, at the last sample, GPUs ran processes that this machine's /proc does not show.
+        self.unattributed = False
 
     def sample(self, pids: set[int]) -> dict[str, Any]:
         """The GPUs any of ``pids`` holds memory on: their count, mean utilisation (%), the job's memory on them
         and their total memory; empty when the job holds none."""
         used = utilisation = held = total = 0
+        reported: set[int] = set()
         for handle in self.handles:
             running = list(self.nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            reported.update(int(process.pid) for process in running)
             mine = [process for process in running if process.pid in pids]
             if not mine:
                 continue
@@ -271,10 +105,20 @@ class Gpus:
             utilisation += self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
             held += sum(int(process.usedGpuMemory or 0) for process in mine)
             total += int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        self.unattributed = not used and bool(reported) and self._foreign(reported)
         if not used:
             return {}
         return {"gpus": used, "gpu_util": round(utilisation / used, 1), "gpu_mem_bytes": held,
                 "gpu_mem_total_bytes": total}
+
+    def _foreign(self, reported: set[int]) -> bool:
+        """Whether none of the process ids NVML gives is a process here holding a GPU (gone, or another process
+        under the same number); False where one cannot be looked into (another user's)."""
+        for pid in reported:
+            files = open_files(pid)
+            if files is None or any(target.startswith(self.devices) for target in files):
+                return False
+        return True
 
 
 def nvml_binding() -> Any:
@@ -290,38 +134,57 @@ def nvml_binding() -> Any:
     return pynvml
 
 
+UNATTRIBUTED_GPUS = ("GPU use is not counted: NVML names the GPUs' processes by the host's process ids, and none of "
+                     "them is a process this machine's /proc shows holding a GPU (a container with a process "
+                     "namespace of its own; hostPID lets it see them)")
+
+
 # --------------------------------------------------------------------------- the sampler
 
 
 class ResourceSampler:
-    """Writes a ``resources`` event every ``every_s`` seconds while the entrypoint runs, in a thread of its own."""
+    """Writes a ``resources`` event every ``every_s`` seconds while the entrypoint runs, in a thread of its own,
+    reading the job's CPU counters every :data:`TICK_S` between; and one at the end of each attempt."""
 
     def __init__(self, every_s: float, job_id: Callable[[], str | None] | None = None, root: int | None = None,
                  cpus: float | None = None, other_hosts: Callable[[], int] | None = None,
-                 unsaid: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 unsaid: Callable[[dict[str, Any]], None] | None = None,
+                 note: Callable[[str], None] | None = None, gpus: Callable[[], Gpus] | None = None) -> None:
         self.every_s = every_s
+        self.tick_s = min(TICK_S, every_s)
         # Where a sample goes that cannot be said in the log now (the job's last line is unfinished): the record.
         self.unsaid = unsaid
+        # Where what the record should say of its samples goes (GPUs whose use cannot be counted here).
+        self.note = note
         self.log = LogEnd()
         self.processes = JobProcesses(os.getpid() if root is None else root, job_id)
         self.cpus = cpus if cpus is not None else float(len(os.sched_getaffinity(0)))
         self.other_hosts = other_hosts
+        self.open_gpus = gpus or Gpus
         self.gpus: Gpus | None = None
+        self._samples = 0
+        self._next_sample_at = self.processes.clock() + min(FIRST_SAMPLE_S, every_s)
+        self._lock = threading.Lock()  # one sample or tick at a time: the thread's, or the one at an attempt's end
+        self._off = False
+        self._said_unattributed = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rayjobs-resources", daemon=True)
 
     @classmethod
     def for_job(cls, environ: Mapping[str, str], other_hosts: Callable[[], int] | None = None,
-                unsaid: Callable[[dict[str, Any]], None] | None = None) -> ResourceSampler | None:
+                unsaid: Callable[[dict[str, Any]], None] | None = None,
+                note: Callable[[str], None] | None = None) -> ResourceSampler | None:
         """The sampler this job's environment asks for (None when sampling is off); ``other_hosts`` says how many
-        other machines run its training workers, ``unsaid`` takes the samples the log cannot."""
+        other machines run its training workers, ``unsaid`` takes the samples the log cannot, ``note`` what the
+        record should say of them. Raises ImportError without psutil (nor Ray's copy of it)."""
         every_s = sampling_every_s(environ)
         if every_s is None:
             return None
-        return cls(every_s, other_hosts=other_hosts, unsaid=unsaid)
+        return cls(every_s, other_hosts=other_hosts, unsaid=unsaid, note=note)
 
     def start(self) -> None:
-        """Begin sampling (the first sample after :data:`FIRST_SAMPLE_S`, or sooner when samples are more often)."""
+        """Begin sampling (the first sample after :data:`FIRST_SAMPLE_S`, or sooner when samples are more often);
+        what the job uses counts from when the sampler was made."""
         self._thread.start()
 
     def stop(self) -> None:
@@ -330,39 +193,69 @@ class ResourceSampler:
         if self._thread.is_alive():
             self._thread.join(1.0)
 
-    def sample(self) -> dict[str, Any] | None:
-        """One sample as a ``resources`` event's fields; None for the first call (it only sets the baseline)."""
-        taken = self.processes.sample()
-        if taken["cpu"] is None:
-            return None
-        fields: dict[str, Any] = {"cpu": round(taken["cpu"], 3), "cpus": self.cpus, "rss_bytes": taken["rss_bytes"],
-                                  "processes": taken["processes"], "every_s": self.every_s}
+    def sample(self, pss: bool | None = None) -> dict[str, Any]:
+        """One sample as a ``resources`` event's fields: what the job used since the sample before (or since the
+        sampler was made). PSS is read at every :data:`PSS_EVERY`-th, and where ``pss`` asks."""
+        taken = self.processes.sample(self._samples % PSS_EVERY == 0 if pss is None else pss)
+        self._samples += 1
+        fields: dict[str, Any] = {"cpu": round(taken["cpu"], 3), "cpu_s": round(taken["cpu_s"], 3),
+                                  "interval_s": round(taken["interval_s"], 3), "cpus": self.cpus,
+                                  "rss_bytes": taken["rss_bytes"], "processes": taken["processes"],
+                                  "every_s": self.every_s}
         if self.gpus is not None:
             fields.update(self.gpus.sample(taken["pids"]))
+            if self.gpus.unattributed and not self._said_unattributed:
+                self._said_unattributed = True
+                _say(UNATTRIBUTED_GPUS)
+                if self.note is not None:
+                    self.note(UNATTRIBUTED_GPUS)
         return fields
+
+    def sample_now(self) -> None:
+        """An attempt's entrypoint has ended: what the job used since the last sample, said now (PSS read), before
+        the attempt's record is kept. Waits at most :data:`LAST_SAMPLE_WAIT_S` for a sample under way."""
+        if self._off or not self._lock.acquire(timeout=LAST_SAMPLE_WAIT_S):
+            return
+        try:
+            if not self._off:
+                self._say_sample(self.sample(pss=True))
+                self._next_sample_at = self.processes.clock() + self.every_s
+        except Exception as exc:  # noqa: BLE001 - the job must never notice its sampler
+            self._turn_off(exc)
+        finally:
+            self._lock.release()
 
     def _run(self) -> None:
         try:
-            self.processes.sample()
             try:
-                self.gpus = Gpus()
+                self.gpus = self.open_gpus()
             except Exception:  # noqa: BLE001 - no NVML, no driver, no GPU: nothing to sample there
                 self.gpus = None
-            wait_s = min(FIRST_SAMPLE_S, self.every_s)
             said_other_hosts = self.other_hosts is None
-            while not self._stopped.wait(wait_s):
-                wait_s = self.every_s
-                fields = self.sample()
-                if fields is not None:
-                    self._say_sample(fields)
+            while not self._stopped.wait(self._wait_s()):
+                with self._lock:
+                    if self._off:
+                        return
+                    if self.processes.clock() >= self._next_sample_at:
+                        self._say_sample(self.sample())
+                        self._next_sample_at = self.processes.clock() + self.every_s
+                    else:
+                        self.processes.refresh()
                 others = self.other_hosts() if not said_other_hosts else 0  # type: ignore[misc]
                 if others:
                     said_other_hosts = True
                     _say(f"resource use is sampled on this machine only: the job's processes on {others} other "
                          f"machine{'s' if others != 1 else ''} of the cluster are not counted")
         except Exception as exc:  # noqa: BLE001 - the job must never notice its sampler
-            _say(f"resource sampling stopped ({type(exc).__name__}: {exc}); the job goes on")
+            self._turn_off(exc)
 
+    def _wait_s(self) -> float:
+        return max(0.0, min(self.tick_s, self._next_sample_at - self.processes.clock()))
+
+    def _turn_off(self, exc: BaseException) -> None:
+        if not self._off:
+            self._off = True
+            _say(f"resource sampling stopped ({type(exc).__name__}: {exc}); the job goes on")
 
     def _say_sample(self, fields: dict[str, Any]) -> None:
         # A sample written into an unfinished line of the job's (a progress bar, a line being printed) would break
@@ -443,15 +336,18 @@ class ResourceUsage:
             return
         if kind != EventKind.RESOURCES or not _number(event.get("cpu")):
             return
-        every_s = float(event["every_s"]) if _number(event.get("every_s")) else DEFAULT_EVERY_S
+        # The seconds this sample covers and the CPU·s used in them; an older sample, which said neither, is taken
+        # to cover its interval at the mean it gives.
+        seconds = event.get("interval_s") if _number(event.get("interval_s")) else \
+            event.get("every_s") if _number(event.get("every_s")) else DEFAULT_EVERY_S
         self.samples += 1
-        self.seconds += every_s
+        self.seconds += float(seconds)
         self.cpu_sum += float(event["cpu"])
-        self.cpu_core_s += float(event["cpu"]) * every_s
+        self.cpu_core_s += float(event["cpu_s"]) if _number(event.get("cpu_s")) else float(event["cpu"]) * seconds
         if _number(event.get("rss_bytes")):
             self.peak_rss_bytes = max(self.peak_rss_bytes, int(event["rss_bytes"]))
         if _number(event.get("gpus")) and event["gpus"] > 0:
-            self.gpu_s += float(event["gpus"]) * every_s
+            self.gpu_s += float(event["gpus"]) * seconds
             self.gpu_samples += 1
             self.gpu_util_sum += float(event.get("gpu_util") or 0.0)
             self.peak_gpu_mem_bytes = max(self.peak_gpu_mem_bytes, int(event.get("gpu_mem_bytes") or 0))
@@ -459,8 +355,8 @@ class ResourceUsage:
 
     def as_dict(self) -> dict[str, Any]:
         """What ``run.json`` keeps of an attempt's resource use (``resources``)."""
-        return {"samples": self.samples, "seconds": round(self.seconds, 1),
-                "cpu_core_s": round(self.cpu_core_s, 1), "gpu_s": round(self.gpu_s, 1),
+        return {"samples": self.samples, "seconds": round(self.seconds, 3),
+                "cpu_core_s": round(self.cpu_core_s, 3), "gpu_s": round(self.gpu_s, 3),
                 "peak_rss_bytes": self.peak_rss_bytes, "peak_gpu_mem_bytes": self.peak_gpu_mem_bytes,
                 "cpu_sum": round(self.cpu_sum, 3), "gpu_util_sum": round(self.gpu_util_sum, 1),
                 "gpu_samples": self.gpu_samples, "data_wait_s": round(self.data_wait_s, 3),
@@ -500,7 +396,7 @@ class ResourceUsage:
             cost = cpu_hours * cpu_price + gpu_hours * (gpu_price or 0.0)
         return {"samples": self.samples, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours,
                 "peak_rss_bytes": self.peak_rss_bytes, "peak_gpu_mem_bytes": self.peak_gpu_mem_bytes,
-                "mean_cpu": self.cpu_sum / self.samples if self.samples else None,
+                "mean_cpu": self.cpu_core_s / self.seconds if self.seconds else None,
                 "mean_gpu_util": self.gpu_util_sum / self.gpu_samples if self.gpu_samples else None,
                 "data_wait_share": self.data_wait_s / self.epoch_s if self.epoch_s else None, "cost": cost}
 
@@ -540,10 +436,13 @@ def totals_lines(totals: Mapping[str, Any]) -> list[str]:
     """``rayjobs show``'s lines for the totals (none when the run has no samples)."""
     if not totals.get("samples"):
         return []
-    lines = [f"CPU {totals['cpu_hours']:.3f} core·h (mean {totals['mean_cpu']:.2f} cores) · peak RSS "
-             f"{totals['peak_rss_bytes'] / _GIB:.2f} GiB"]
+    # A run whose samples covered no time to speak of (it ended within a tick of starting) has no mean.
+    mean = "" if totals.get("mean_cpu") is None else f" (mean {totals['mean_cpu']:.2f} cores)"
+    lines = [f"CPU {totals['cpu_hours']:.3f} core·h{mean} · peak RSS {totals['peak_rss_bytes'] / _GIB:.2f} GiB"]
     if totals.get("gpu_hours"):
-        lines.append(f"GPU {totals['gpu_hours']:.3f} GPU·h (mean utilisation {totals['mean_gpu_util']:.0f} %) · "
+        # A record's totals may hold GPU seconds without the samples they came from (written by hand).
+        mean = "" if totals.get("mean_gpu_util") is None else f" (mean utilisation {totals['mean_gpu_util']:.0f} %)"
+        lines.append(f"GPU {totals['gpu_hours']:.3f} GPU·h{mean} · "
                      f"peak GPU memory {totals['peak_gpu_mem_bytes'] / _GIB:.2f} GiB")
     if totals.get("data_wait_share") is not None:
         lines.append(f"waiting for data: {totals['data_wait_share']:.0%} of training time")
@@ -556,6 +455,5 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-__all__ = ["CPU_PRICE_ENV_VAR", "EVERY_S_ENV_VAR", "GPU_PRICE_ENV_VAR", "JobProcesses", "ProcessTable",
-           "ResourceSampler", "ResourceUsage", "descendants", "prices_from", "resource_totals", "sampling_every_s",
-           "totals_lines", "usage_line"]
+__all__ = ["CPU_PRICE_ENV_VAR", "EVERY_S_ENV_VAR", "GPU_PRICE_ENV_VAR", "UNATTRIBUTED_GPUS", "Gpus", "ResourceSampler",
+           "ResourceUsage", "prices_from", "resource_totals", "sampling_every_s", "totals_lines", "usage_line"]

@@ -16,6 +16,7 @@ Standard library only: it runs in the job's wrapper, and the client imports it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -24,6 +25,8 @@ from .wire import RETRY_ENV_VAR, ray_env_json
 
 # Ray's error type of a job whose entrypoint ran and exited with a code other than 0.
 ENTRYPOINT_FAILED = "JOB_ENTRYPOINT_COMMAND_ERROR"
+# The longest wait before a retry (a day): the job holds its cluster's resources, and its queue slot, while it waits.
+MAX_BACKOFF_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,13 @@ class RetryPolicy:
     retry_on: tuple[str, ...] = ()
     initial_s: float = 10.0
     max_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("initial_s", "max_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= MAX_BACKOFF_S):
+                raise ValueError(f"retry_backoff.{name} must be a number of seconds from 0 to {MAX_BACKOFF_S:g}, "
+                                 f"not {value!r}")
 
     def delay_s(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the second attempt)."""
@@ -102,4 +112,12 @@ def decide_retry(policy: RetryPolicy, failure: Failure, attempts_made: int, *, a
                                f"{attempts_made + 1} of {policy.max_retries + 1}{wait}", delay_s, matched)
 
 
-__all__ = ["ENTRYPOINT_FAILED", "Failure", "RetryDecision", "RetryPolicy", "decide_retry", "matches"]
+def retries_whole_jobs(policy: RetryPolicy) -> bool:
+    """Whether ``policy`` may submit a job again that was lost whole (by one of Ray's error types other than a
+    failed entrypoint, which the agent beside the job retries in place)."""
+    return policy.max_retries > 0 and any(item.startswith("JOB_") and item != ENTRYPOINT_FAILED
+                                          for item in policy.retry_on)
+
+
+__all__ = ["ENTRYPOINT_FAILED", "MAX_BACKOFF_S", "Failure", "RetryDecision", "RetryPolicy", "decide_retry", "matches",
+           "retries_whole_jobs"]

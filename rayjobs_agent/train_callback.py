@@ -69,8 +69,9 @@ class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
         use_gpu = bool(getattr(scaling, "use_gpu", False))
         # Ray Train's own default when a run names none: one CPU per worker, or one GPU with use_gpu.
         per_worker = getattr(scaling, "resources_per_worker", None) or ({"GPU": 1} if use_gpu else {"CPU": 1})
+        # An elastic run's num_workers is a (min, max) range: the most it asks for is what it plans.
         emit(EventKind.TRAIN_START, run=self.run_name, epochs=epochs,
-             workers=getattr(scaling, "num_workers", None), use_gpu=use_gpu,
+             workers=getattr(scaling, "max_workers", None) or getattr(scaling, "num_workers", None), use_gpu=use_gpu,
              resources_per_worker={str(name): float(amount) for name, amount in dict(per_worker).items()},
              max_failures=getattr(failure_config, "max_failures", None))
 
@@ -101,7 +102,8 @@ class ProgressCallback(*_INTERFACES):  # type: ignore[misc]
         """A restart (with its reason), or the run's end."""
         state = type(current_state).__name__.removesuffix("State").upper()
         error = getattr(current_state, "training_failed_error", None)
-        if state in ("RESTARTING", "RESCHEDULING"):
+        # A state entered again is Ray Train deciding again (an elastic run waiting for nodes): no new restart.
+        if state in ("RESTARTING", "RESCHEDULING") and current_state is not previous_state:
             emit(EventKind.RESTART, run=self.run_name, attempt=self.attempt, reason=_reason(error))
         elif state in ("ERRORED", "FINISHED", "ABORTED"):
             emit(EventKind.TRAIN_END, run=self.run_name, state=state, attempts=self.attempt, iterations=self.iteration,

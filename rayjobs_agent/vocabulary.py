@@ -163,13 +163,21 @@ class CauseEvent(TypedDict, total=False):
     retryable: bool
 
 
+# A retry in place is said twice: when it is decided, and when its attempt starts after the wait (a stop during
+# the wait starts none). An event without a ``state`` (an earlier version's) says both at once.
+RETRY_WAITING = "waiting"
+RETRY_STARTED = "started"
+
+
 class RetryEvent(TypedDict, total=False):
-    """``retry``: attempt ``attempt`` (of at most ``attempts``) starts in ``delay_s``, after ``cause``."""
+    """``retry``: attempt ``attempt`` (of at most ``attempts``) starts in ``delay_s``, after ``cause`` (``state``
+    ``waiting``); then it has started (``state`` ``started``)."""
 
     attempt: int
     attempts: int
     delay_s: float
     cause: str
+    state: str
 
 
 class StallEvent(TypedDict, total=False):
@@ -188,11 +196,14 @@ class WaitEvent(TypedDict, total=False):
 
 
 class ResourcesEvent(TypedDict, total=False):
-    """``resources``: CPU cores the job's processes used since the last sample (``cpu``) of the machine's ``cpus``,
-    their resident memory (``rss_bytes``: a page they share counted once, as Linux's PSS does), how many there are, the seconds between samples; with GPUs, how many the job holds
-    memory on, their mean utilisation (%), the job's memory on them and their total memory."""
+    """``resources``: the CPU·s the job's processes used (``cpu_s``) in the seconds since the sample before
+    (``interval_s``), as cores (``cpu``) of the machine's ``cpus``, their resident memory (``rss_bytes``: a page
+    they share counted once, as Linux's PSS does), how many there are, the seconds between samples; with GPUs, how
+    many the job holds memory on, their mean utilisation (%), the job's memory on them and their total memory."""
 
     cpu: float
+    cpu_s: float
+    interval_s: float
     cpus: float
     rss_bytes: int
     processes: int
@@ -246,5 +257,5 @@ def decode(line: str) -> dict[str, Any] | None:
     return event if isinstance(event, dict) and kind_of(event) is not None else None
 
 
-__all__ = ["AGENT_KINDS", "EVENT_FIELDS", "EVENT_KINDS", "EVENT_MARKER", "KIND_FIELD", "TIME_FIELD", "EventKind",
-           "decode", "encode", "kind_of"]
+__all__ = ["AGENT_KINDS", "EVENT_FIELDS", "EVENT_KINDS", "EVENT_MARKER", "KIND_FIELD", "RETRY_STARTED",
+           "RETRY_WAITING", "TIME_FIELD", "EventKind", "decode", "encode", "kind_of"]

@@ -51,6 +51,7 @@ METADATA_QUEUE = "rayjobs.queue"  # the cluster queue a job went through
 METADATA_PRIORITY = "rayjobs.priority"
 METADATA_ENQUEUES = "rayjobs.enqueues"  # on a queue's helper job: the queue it enters a job into
 METADATA_QUEUED_ID = "rayjobs.queued_id"  # and that job's id
+METADATA_AGENT_VERSION = "rayjobs.agent_version"  # on an order job: the code of the client's agent package
 
 def ray_env_json(document: Any) -> str:
     """``document`` as JSON for a variable that Ray sets: Ray expands ``$NAME`` in every variable's value on the
@@ -58,7 +59,7 @@ def ray_env_json(document: Any) -> str:
     return json.dumps(document, sort_keys=True, default=str).replace("$", "\\u0024")
 
 
-__all__ = ["METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "ray_env_json"]
+__all__ = ["METADATA_AGENT_VERSION", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "ray_env_json"]
 
 # How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
 # (which the follower shows among its own, apart from the job's output).

@@ -108,6 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _LONGEST_FIRST = ("test_sweep", "test_multinode_cluster", "test_vision_e2e_cluster", "test_vision_ingest",
                   "test_vision_train", "test_learning_real_photos_cluster", "test_diagnosis_cluster",
                   "test_cli_cluster", "test_training_last_batch", "test_local_clusters_cluster",
+                  "test_queue_history_cluster", "test_queue_faults_cluster", "test_node_lost_cluster",
                   "test_progress_cluster", "test_code_upload_cluster", "test_hf_vit", "test_queue_cluster",
                   "test_run_policy_cluster")
 

@@ -87,15 +87,16 @@ def test_submit_json_output_is_one_document_and_logs_go_to_stderr(client, tmp_pa
     assert "job output" in result.stderr and "SUCCEEDED in" not in result.stderr
 
 
-def test_submit_resubmits_a_job_lost_whole_and_reports_every_attempt(client, tmp_path):
+def test_submit_follows_the_attempt_the_cluster_submits_after_a_job_lost_whole(client, tmp_path):
     lost = Script(["RUNNING", "FAILED"], error_type="JOB_SUPERVISOR_ACTOR_DIED", message="Job supervisor actor died")
     client.scripts = [lost, Script(["RUNNING", "SUCCEEDED"])]
     result = rayjobs("submit", spec(tmp_path, "max_retries: 2\n"), *ADDRESS,
                      "--output", "json")
     assert result.exit_code == 0, result.stderr
-    assert "submitting attempt 2 of 3" in result.stderr
+    assert "the cluster submits attempt 2 of 3" in result.stderr
     summary = json.loads(result.stdout)
-    assert (summary["submission_id"], summary["attempts"]) == ("raysubmit_fake2", ["raysubmit_fake1", "raysubmit_fake2"])
+    assert (summary["submission_id"], summary["attempts"]) == \
+        ("raysubmit_fake1-attempt2", ["raysubmit_fake1", "raysubmit_fake1-attempt2"])
     assert client.submitted[1]["metadata"]["rayjobs.parent"] == "raysubmit_fake1"
     assert client.submitted[1]["metadata"]["rayjobs.attempt"] == "2"
 
@@ -105,7 +106,7 @@ def test_submit_gives_up_after_max_retries(client, tmp_path):
     client.scripts = [failing, Script(["RUNNING", "FAILED"], error_type="JOB_SUPERVISOR_ACTOR_DIED")]
     result = rayjobs("submit", spec(tmp_path, "max_retries: 1\n"), *ADDRESS)
     assert result.exit_code == 1
-    assert "submitting attempt 2 of 2" in result.stderr and "attempt 3" not in result.stderr
+    assert "the cluster submits attempt 2 of 2" in result.stderr and "attempt 3" not in result.stderr
     assert len(client.submitted) == 2
 
 

@@ -51,7 +51,7 @@ def test_dry_run_masks_secrets_and_contacts_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     submission = json.loads(result.stdout)
     env_vars = submission["runtime_env"]["env_vars"]
-    assert {name: env_vars[name] for name in ("API_TOKEN", "PLAIN")} == {"API_TOKEN": "****", "PLAIN": "visible"}
+    assert {name: env_vars[name] for name in ("API_TOKEN", "PLAIN")} == {"API_TOKEN": "***", "PLAIN": "visible"}
     # The job uploads code (write_spec gives it a working_dir), so the progress channel rides along: the
     # run record's keeper names its Ray Train callback on the cluster, once it knows the cluster's Ray.
     assert json.loads(env_vars["RAYJOBS_RECORD"])["progress"] is True and "RAY_TRAIN_CALLBACKS" not in env_vars

@@ -30,6 +30,10 @@ RECORDED = {
     # `with` block ended (the tutorial's pattern, run on a local cluster).
     "checkpoint_deleted_before_report": "(RayTrainWorker pid=4682) FileNotFoundError: [Errno 2] Failed to open local "
                                         "file '/tmp/tmp7l518t0q'. Detail: [errno 2] No such file or directory",
+    # Ray 2.60, the quickstart with 3 fixed workers on a 3-node local cluster, a worker node's raylet SIGKILLed
+    # mid-training and RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=10 (tests/test_node_lost_cluster.py).
+    "workers_not_placed": "error: training run 'fixed' failed: WorkerGroupStartupTimeoutError: 3 workers could not "
+                          "be placed in 10 tries of 10 s each: the nodes up cannot hold them",
 }
 
 

@@ -266,3 +266,63 @@ def test_a_failed_start_has_one_exit_code_through_cluster_up_and_submit_local(ra
         assert expected in result.stderr
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "home" / "clusters" / "default" / "cluster.json").exists()
+
+
+def _recording_ray(tmp_path: Path) -> tuple[Path, Path]:
+    """A ``ray`` that writes its command line and its GCS store settings to a file, then fails as Ray would."""
+    said = tmp_path / "said"
+    fake_ray = tmp_path / "fake-ray"
+    fake_ray.write_text(f"#!/bin/sh\necho \"$* redis=$RAY_REDIS_ADDRESS namespace=$RAY_external_storage_namespace\" "
+                        f">> {said}\necho 'ModuleNotFoundError: pretend'\nexit 3\n")
+    fake_ray.chmod(0o755)
+    return fake_ray, said
+
+
+def test_a_head_that_keeps_its_gcs_in_redis_is_started_with_its_store_and_a_namespace_of_its_own(monkeypatch,
+                                                                                                  tmp_path):
+    fake_ray, said = _recording_ray(tmp_path)
+    monkeypatch.setenv("RAY_REDIS_ADDRESS", "10.0.0.9:6379")  # the caller's: never a local cluster's
+    with pytest.raises(ClusterError):
+        local.start(name="plain", ray_executable=str(fake_ray), timeout_s=30)
+    with pytest.raises(ClusterError):
+        local.start(name="kept", ray_executable=str(fake_ray), timeout_s=30, gcs_store="redis://127.0.0.1:6380")
+    plain, kept = said.read_text().splitlines()
+    assert plain.endswith("redis= namespace=")
+    assert "redis=127.0.0.1:6380 namespace=rayjobs-kept-" in kept
+
+
+@pytest.mark.parametrize("store", ["127.0.0.1:6379", "redis://", "redis://host:0", "redis://host:port", "rediss://h:1"])
+def test_a_gcs_store_other_than_a_redis_address_is_refused_before_anything_starts(store, tmp_path):
+    with pytest.raises(local.InvalidClusterRequest, match="redis://HOST:PORT"):
+        local.start(name="bad-store", ray_executable=str(tmp_path / "never-run"), gcs_store=store)
+
+
+def test_a_cluster_whose_head_kept_its_gcs_in_redis_is_started_again_as_it_was_after_its_head_died(tmp_path):
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    temp_dir = tempfile.mkdtemp(prefix="rj-", dir="/tmp")
+    ports = free_ports(["gcs", "dashboard", "ray_client_server", "dashboard_agent_http", "dashboard_agent_grpc",
+                        "metrics_export", "runtime_env_agent", "node_manager", "object_manager"])
+    cluster_dir("kept").mkdir(parents=True)
+    token = cluster_dir("kept") / "auth_token"
+    token.write_text("the-same-token")
+    died = LocalCluster(name="kept", dashboard_url=f"http://127.0.0.1:{ports['dashboard']}",
+                        gcs_address=f"127.0.0.1:{ports['gcs']}", pid=finished.pid, temp_dir=temp_dir,
+                        token_file=str(token), log_file="", started_at=time.time() - 60, num_cpus=2, ports=ports,
+                        gcs_store="redis://127.0.0.1:6380", storage_namespace="rayjobs-kept-0123")
+    _state_file("kept").write_text(died.to_json())
+    try:
+        assert local.status("kept") is None  # not running; its record stays, for the next start
+        assert _state_file("kept").exists() and Path(temp_dir).is_dir()
+        fake_ray, said = _recording_ray(tmp_path)
+        with pytest.raises(ClusterError):
+            local.start(name="kept", ray_executable=str(fake_ray), timeout_s=30)
+        (command,) = said.read_text().splitlines()
+        assert f"--port={ports['gcs']}" in command and f"--dashboard-port={ports['dashboard']}" in command
+        assert f"--temp-dir={temp_dir}" in command
+        assert command.endswith("redis=127.0.0.1:6380 namespace=rayjobs-kept-0123")
+        assert token.read_text() == "the-same-token"
+        assert _state_file("kept").exists() and Path(temp_dir).is_dir()  # a failed start leaves it for another try
+    finally:
+        assert local.stop("kept") is False  # forgotten for good
+    assert not _state_file("kept").exists() and not Path(temp_dir).exists()

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -18,10 +16,10 @@ import pytest
 from tests.support.waiting import wait_for_condition
 from runner.errors import ExitCode
 from runner.local import LocalCluster, cluster_processes
-from runner.local.nodes import dashboard_json
-from runner.local.state import WorkerNode
 from runner.local.processes import psutil_module
 from tests.support.cli import cli_env, read_metrics_csv, run_rayjobs
+from tests.support.node_faults import (cluster_of, cluster_status, job_ended, lose_a_training_workers_node,
+                                       started_cluster, submitted_job_id)
 from tests.support.train_faults import HOLD_AT_EPOCH_ENV_VAR, HOLD_MARKER, SETUP_HOOK
 
 CLUSTER_NAME = "multi"
@@ -94,30 +92,17 @@ def test_a_worker_node_that_fails_to_start_stops_the_whole_cluster(tmp_path):
 @pytest.fixture(scope="module")
 def multi_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """RAYJOBS_HOME of a 3-node, 1-CPU-per-node cluster started through the CLI; stopped afterwards."""
-    home = tmp_path_factory.mktemp("multinode-home")
-    # The GCS declares a silent node dead after health checks fail (by default about 15 s); checked every
-    # second and given up after three misses, the node-death test waits seconds instead. Nothing else changes.
-    quick_health_checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-                           "RAY_health_check_failure_threshold": "3"}
-    up = run_rayjobs("cluster", "up", "--name", CLUSTER_NAME, "--nodes", str(NODES), "--num-cpus", "1",
-                     home=home, timeout=400, env=cli_env(home, **quick_health_checks))
-    try:
-        assert up.returncode == 0, up.stderr
-        assert f"with {NODES} nodes" in up.stderr
+    with started_cluster(tmp_path_factory.mktemp("multinode-home"), CLUSTER_NAME, NODES) as home:
         yield home
-    finally:
-        run_rayjobs("cluster", "down", "--name", CLUSTER_NAME, home=home, timeout=120)
 
 
 @pytest.fixture
 def multi_cluster(multi_home: Path) -> LocalCluster:
-    return LocalCluster.from_json((multi_home / "clusters" / CLUSTER_NAME / "cluster.json").read_text())
+    return cluster_of(multi_home, CLUSTER_NAME)
 
 
 def _status(home: Path) -> dict:
-    result = run_rayjobs("cluster", "status", "--name", CLUSTER_NAME, "--output", "json", home=home, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return cluster_status(home, CLUSTER_NAME)
 
 
 @pytest.mark.cluster  # its own cluster, started through the CLI
@@ -180,22 +165,26 @@ def test_submit_notes_local_storage_on_several_nodes(multi_home, tmp_path):
     assert "shared mount or object storage" in notes[0]
 
 
+@pytest.mark.cluster  # its own cluster, started through the CLI
+def test_a_sweep_whose_trial_the_nodes_hold_in_all_but_not_worker_by_worker_is_refused_before_submission(
+        multi_home, tmp_path):
+    """Four workers of 0.6 CPU: the three nodes have 3 CPUs in all, but each holds one such worker."""
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(Path("specs/quickstart.yaml").read_text().replace("working_dir: ..", f"working_dir: {Path.cwd()}")
+                    + "sweep:\n  metric: val_accuracy\n  mode: max\n  parameters:\n"
+                    "    workload.train.lr: {choice: [0.002, 0.0005]}\n")
+    listed = run_rayjobs("list", "--cluster", CLUSTER_NAME, "--output", "json", home=multi_home, timeout=60)
+    result = run_rayjobs("submit", str(spec), "--cluster", CLUSTER_NAME, "--set", "workload.train.num_workers=4",
+                         "--set", "workload.train.cpus_per_worker=0.6", home=multi_home, timeout=120)
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
+    assert ("a trial's 4 workers ask for CPU 0.6 each, and a worker runs whole on one node: the cluster's 3 node(s) "
+            "(CPU 1; CPU 1; CPU 1) hold 3 such workers at once") in result.stderr
+    assert "submitted" not in result.stderr
+    after = run_rayjobs("list", "--cluster", CLUSTER_NAME, "--output", "json", home=multi_home, timeout=60)
+    assert json.loads(after.stdout) == json.loads(listed.stdout), "nothing was submitted"
+
+
 # ----------------------------------------------------------------- node death, then the end of the cluster
-
-
-def _training_worker_nodes(cluster: LocalCluster) -> set[str]:
-    """Node ids of the live Ray Train worker actors, from the dashboard's state API."""
-    document = dashboard_json(cluster, "/api/v0/actors?limit=1000", timeout_s=10)
-    return {row["node_id"] for row in document["data"]["result"]["result"]
-            if "RayTrainWorker" in row.get("class_name", "") and row.get("state") == "ALIVE"}
-
-
-def _raylet_of(cluster: LocalCluster, node: WorkerNode):
-    """The raylet of a worker node rayjobs started: the one in that node's process session."""
-    raylets = [proc for proc in cluster_processes(cluster)
-               if proc.name() == "raylet" and os.getsid(proc.pid) == node.pid]
-    assert len(raylets) == 1, raylets
-    return raylets[0]
 
 
 @pytest.mark.cluster  # its own cluster, started through the CLI
@@ -224,23 +213,13 @@ def test_a_lost_worker_node_fails_the_attempt_which_the_agent_retries_in_place_w
                             *[arg for override in overrides for arg in ("--set", override)], home=multi_home,
                             timeout=300)
     assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"as (raysubmit_\w+)", submitted.stderr)[1]
+    job_id = submitted_job_id(submitted.stderr)
     wait_for_condition((run_dir / HOLD_MARKER).exists, timeout_s=300, interval_s=0.5)
-    roles = {node["node_id"]: node["role"] for node in _status(multi_home)["nodes"]}
-    victims = sorted(roles[node_id] for node_id in _training_worker_nodes(multi_cluster) if roles[node_id] != "head")
-    assert victims, "both training workers ran on the head node"
-    victim = next(node for node in multi_cluster.worker_nodes if node.name == victims[0])
-    _raylet_of(multi_cluster, victim).send_signal(signal.SIGKILL)
+    victim = lose_a_training_workers_node(multi_home, CLUSTER_NAME)
     epochs_before = [int(row["epoch"]) for row in read_metrics_csv(run_dir)]
     assert epochs_before[-1] < EPOCHS, "training ended before the node died"
 
-    def ended() -> dict | None:
-        status = run_rayjobs("status", job_id, "--cluster", CLUSTER_NAME, "--output", "json", home=multi_home,
-                             timeout=60)
-        document = json.loads(status.stdout) if status.returncode in (0, 1) and status.stdout else {}
-        return document if document.get("status") in ("SUCCEEDED", "FAILED", "STOPPED") else None
-
-    final = wait_for_condition(ended, timeout_s=480, interval_s=2)
+    final = wait_for_condition(lambda: job_ended(multi_home, CLUSTER_NAME, job_id), timeout_s=480, interval_s=2)
     log = run_rayjobs("logs", job_id, "--cluster", CLUSTER_NAME, home=multi_home, timeout=60).stdout
     assert final["status"] == "SUCCEEDED", log[-4000:]
     # How many nodes encoded is not pinned: a few small images take one worker moments, often less than a

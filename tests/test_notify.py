@@ -37,7 +37,7 @@ def test_a_failed_job_tells_a_json_webhook_what_happened():
             {"name": "nightly", "submission_id": "raysubmit_1", "metrics": {"loss": 0.123456, "epoch": 3},
              "iteration": 3, "cause": f"ValueError: bad token {SECRET}", "record": "s3://runs/nightly-raysubmit_1"},
             environ=ENVIRON)
-    assert results == [{"url": f"json://127.0.0.1:{hook.port}/****", "event": "failed", "sent": True}]
+    assert results == [{"url": f"json://127.0.0.1:{hook.port}/***", "event": "failed", "sent": True}]
     [(path, body)] = hook.received
     assert path == "/hook" and body["title"] == "rayjobs: nightly FAILED"
     assert body["message"].splitlines() == [
@@ -60,7 +60,7 @@ def test_an_email_reaches_an_smtp_server():
     with smtp_receiver() as (port, messages):
         url = f"mailto://127.0.0.1:{port}?from=jobs@example.com&to=team@example.com&mode=insecure"
         results = notify.notify_end(_config(url, "stopped"), "STOPPED", -15, 42.0, {"name": "nightly"})
-    assert results == [{"url": f"mailto://127.0.0.1:{port}/****", "event": "stopped", "sent": True}]
+    assert results == [{"url": f"mailto://127.0.0.1:{port}/***", "event": "stopped", "sent": True}]
     [envelope] = messages
     assert envelope.rcpt_tos == ["team@example.com"]
     message = email.message_from_bytes(envelope.content)
@@ -74,10 +74,10 @@ def test_a_closed_port_costs_one_line_and_no_url_token(capsys):
     port = free_port()
     url = f"json://user:{SECRET}@127.0.0.1:{port}/hook"
     results = notify.notify_end(_config(url, "failed"), "FAILED", 1, 1.0, {"name": "nightly"}, environ=ENVIRON)
-    assert [(result["url"], result["sent"]) for result in results] == [(f"json://****@127.0.0.1:{port}/****", False)]
+    assert [(result["url"], result["sent"]) for result in results] == [(f"json://***@127.0.0.1:{port}/***", False)]
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith(f"rayjobs: notification to json://****@127.0.0.1:{port}/**** failed: ")
+    assert lines[0].startswith(f"rayjobs: notification to json://***@127.0.0.1:{port}/*** failed: ")
     assert lines[0].endswith("; the job's result is unchanged")
     assert SECRET not in lines[0] and "Connection error" in lines[0]
 
@@ -160,12 +160,12 @@ def test_a_message_names_the_cause_the_agent_decided_or_else_the_last_exception_
 
 
 @pytest.mark.parametrize("url, shown", [
-    ("json://user:pass@host:8080/hook?x=1", "json://****@host:8080/****"),
+    ("json://user:pass@host:8080/hook?x=1", "json://***@host:8080/***"),
     ("jsons://host", "jsons://host"),
-    ("mailto://me:pw@gmail.com?to=a@b.c", "mailto://****@gmail.com/****"),
-    ("slack://TokenA/TokenB/TokenC/#ops", "slack://****"),
-    ("ntfy://my-secret-topic", "ntfy://****"),
-    ("not a url", "****"),
+    ("mailto://me:pw@gmail.com?to=a@b.c", "mailto://***@gmail.com/***"),
+    ("slack://TokenA/TokenB/TokenC/#ops", "slack://***"),
+    ("ntfy://my-secret-topic", "ntfy://***"),
+    ("not a url", "***"),
 ])
 def test_a_notify_url_is_shown_masked_alike_on_both_sides(url, shown):
     assert client_side.masked_notify_url(url) == notify.masked_url(url) == shown
@@ -189,14 +189,14 @@ def test_the_spec_keeps_notify_urls_out_of_every_output(tmp_path):
     assert "TA/TB/TC" not in shown and "pw@" not in shown
     record = json.loads(submission["runtime_env"]["env_vars"][RECORD_ENV_VAR])
     assert record["spec"]["notify"] == record["notify"] == [
-        {"url": "slack://****", "on": ["failed", "retry"]},
-        {"url": "json://****@hooks.example.com/****", "on": ["failed", "stopped"]}]
+        {"url": "slack://***", "on": ["failed", "retry"]},
+        {"url": "json://***@hooks.example.com/***", "on": ["failed", "stopped"]}]
 
 
 @pytest.mark.parametrize("body, message", [
     ("notify: [{url: 'slak://T/B/C'}]", "notify[0].url: slak:// is not a scheme Apprise sends to (did you mean "
                                         "'slack'?)"),
-    ("notify: [{url: 'slack://****'}]", "notify[0].url: holds a masked value (****)"),
+    ("notify: [{url: 'slack://***'}]", "notify[0].url: holds a masked value (***)"),
     ("notify: [{url: 'json://h/p', on: [done]}]", "notify[0].on[0]"),
     ("record: false\nnotify: [{url: 'json://h/p'}]", "notify needs the run record"),
 ])

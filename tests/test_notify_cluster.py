@@ -32,7 +32,7 @@ def test_a_job_nobody_follows_tells_a_webhook_it_succeeded(rayjobs_cli, tmp_path
     wait_for_condition(lambda: run_file.exists() and json.loads(run_file.read_text())["status"] == "SUCCEEDED",
                        timeout_s=HANG_GUARD_S)
     record = run_file.read_text()
-    assert json.loads(record)["spec"]["notify"] == [{"url": f"json://****@127.0.0.1:{hook.port}/****",
+    assert json.loads(record)["spec"]["notify"] == [{"url": f"json://***@127.0.0.1:{hook.port}/***",
                                                       "on": ["succeeded"]}]
     shown = rayjobs_cli("status", job_id, "--output", "json").stdout + submitted.stdout + submitted.stderr
     assert TOKEN not in record and TOKEN not in shown

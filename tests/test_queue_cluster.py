@@ -26,6 +26,7 @@ from runner.local import loopback_env
 from tests.support.cli import direct_api, popen_rayjobs
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 from rayjobs_agent import queueing as q
+from rayjobs_agent.queue import store as qs
 
 QUEUE = "suite-q"
 TIMES = """
@@ -172,24 +173,24 @@ def _claimer(address: str, environ: dict[str, str], name: str, seed: int, rounds
     import os
 
     os.environ.update(environ)  # the cluster's token, before Ray is imported
-    store = q.GcsKeyValue(address)
+    store = qs.GcsKeyValue(address)
     rng = random.Random(seed)
     pause = lambda: time.sleep(rng.uniform(0, 0.004))  # noqa: E731 - between each read and write
     for turn in range(rounds):
         barrier.wait()
         job = f"{name}-{turn}"
-        slot_map = q.slots(store, "race-q", time.time())
-        slot = q.free_slot(slot_map, 1)
+        slot_map = qs.slots(store, "race-q", time.time())
+        slot = qs.free_slot(slot_map, 1)
         pause()
         if slot is None:
             continue
-        generation = q.claim(store, "race-q", slot, {"id": job, "since": time.time()}, pause=pause)
+        generation = qs.claim(store, "race-q", slot, {"id": job, "since": time.time()}, pause=pause)
         if generation is None:
             continue
         held_from = time.monotonic()
         time.sleep(rng.uniform(0, 0.01))
         intervals.append((held_from, time.monotonic(), job))
-        q.release(store, "race-q", slot.index, generation)
+        qs.release(store, "race-q", slot.index, generation)
 
 
 def _put(address: str, environ: dict[str, str], key: str, value: str) -> None:
@@ -197,7 +198,7 @@ def _put(address: str, environ: dict[str, str], key: str, value: str) -> None:
     import os
 
     os.environ.update(environ)
-    q.GcsKeyValue(address).put(key, value.encode())
+    qs.GcsKeyValue(address).put(key, value.encode())
 
 
 def test_claimers_racing_for_the_last_slot_through_the_clusters_store_never_both_hold_it(ray_cluster):
@@ -225,7 +226,7 @@ def test_a_slot_held_by_a_job_ray_no_longer_knows_frees_itself(rayjobs_cli, ray_
     (tmp_path / "code" / "times.py").write_text(TIMES)
     assert rayjobs_cli("queue", "set", "orphan-q", "--max-running", "1").returncode == 0
     # A holder whose job was deleted from Ray's table after its wrapper was SIGKILLed: no done marker, no job info.
-    holder = {"id": "raysubmit_deleted", "since": time.time() - q.UNKNOWN_HOLDER_GRACE_S - 1, "needs": {}}
+    holder = {"id": "raysubmit_deleted", "since": time.time() - qs.UNKNOWN_HOLDER_GRACE_S - 1, "needs": {}}
     writer = multiprocessing.get_context("spawn").Process(
         target=_put, args=(ray_cluster.gcs_address, loopback_env(ray_cluster), "slot/orphan-q/0/0", json.dumps(holder)))
     writer.start()
@@ -253,3 +254,50 @@ def test_a_queued_job_the_whole_cluster_cannot_hold_is_refused_at_submit(rayjobs
     assert refused.returncode == 2, refused.stderr
     assert "needs CPU 64" in refused.stderr and "have CPU 2 in all" in refused.stderr, refused.stderr
     assert f"wait in queue {QUEUE} forever" in refused.stderr
+
+
+LATE_PLACER = """
+import os, pathlib, time
+import ray
+print(f"queued-job started {time.time():.3f}", flush=True)
+time.sleep(float(os.environ.get("PLACE_AFTER_S", "0")))  # a long environment set-up, imports, data download
+ray.init()
+group = ray.util.placement_group([{"CPU": float(os.environ["PLACE_CPUS"])}])
+ray.get(group.ready())
+print(f"placed {time.time():.3f}", flush=True)
+flag = os.environ.get("RELEASE_FLAG")
+while flag and not pathlib.Path(flag).exists():
+    time.sleep(0.05)
+print(f"queued-job ended {time.time():.3f}", flush=True)
+"""
+
+
+def test_what_a_job_let_in_declared_stays_its_own_however_late_it_places_it(rayjobs_cli, ray_cluster, tmp_path):
+    """The session cluster has 2 CPUs. A job that declares both and places them 15 s after it starts (longer than
+    any grace) keeps the job behind it waiting the whole time, before and after it placed them; the next starts
+    once it has ended."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "times.py").write_text(LATE_PLACER)
+    flag = tmp_path / "release"
+    queue = "late-q"
+    assert rayjobs_cli("queue", "set", queue, "--max-running", "2").returncode == 0
+
+    def spec(name: str, cpus: int, place_after_s: int) -> str:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nentrypoint: python times.py\nqueue: {queue}\nneeds: {{CPU: {cpus}}}\n"
+                        f"record: false\nruntime_env:\n  working_dir: {tmp_path / 'code'}\n  env_vars:\n"
+                        f"    RELEASE_FLAG: '{flag}'\n    PLACE_CPUS: '{cpus}'\n    PLACE_AFTER_S: '{place_after_s}'\n")
+        return str(path)
+
+    first = _submitted_id(rayjobs_cli("submit", spec("late-placer", 2, 15), "--no-wait"))
+    second = _submitted_id(rayjobs_cli("submit", spec("behind-it", 1, 0), "--no-wait"))
+    api = direct_api(ray_cluster)
+    wait_for_condition(lambda: "placed" in api.job_log(first, 50), timeout_s=HANG_GUARD_S, interval_s=1)
+    time.sleep(3)  # a few of the keeper's steps with the 2 CPUs placed: the second job still waits
+    assert not _ray_has(api, second)
+    assert "needs 1 CPU, 0 free" in (ClusterQueue(api).place_of(second) or {}).get("reason", "")
+    flag.touch()
+    wait_for_condition(lambda: _ray_has(api, second) and api.get_job(second)["status"] == "SUCCEEDED",
+                       timeout_s=HANG_GUARD_S, interval_s=1)
+    first_ended = float(re.search(r"queued-job ended ([\d.]+)", api.job_log(first)).group(1))
+    assert _admitted_at(api.job_log(second)) >= first_ended - 1.0  # the head's clock and the job's, one machine

@@ -53,7 +53,7 @@ def python_command(code: str) -> str:
 def config_for(run_dir: Path | str, **extra: object) -> dict:
     return {"name": "rec", "run_dir": str(run_dir), "every_s": 1, "spec_hash": "abc123",
             "spec": {"name": "rec", "entrypoint": "python train.py",
-                     "runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "****"}}},
+                     "runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "***"}}},
             "code": {"working_dir": "/src", "git": {"commit": "f" * 40, "dirty": False, "changes_hash": None}},
             **extra}
 
@@ -86,8 +86,11 @@ def test_the_record_holds_the_log_byte_for_byte_the_events_and_the_outcome(tmp_p
     assert attempt["log_bytes"] == log.stat().st_size
     events = attempt_events(folder, "raysubmit_one")
     assert [event["iteration"] for event in events if event["event"] == "report"] == [1, 2, 3]
-    # The agent's decision on why it failed is an event of the record too (a plain exit: no known cause).
-    assert [(event["event"], event["cause"], event["exit_code"]) for event in events[3:]] == [("cause", "unknown", 3)]
+    # The agent's decision on why it failed is an event of the record too (a plain exit: no known cause), and so are
+    # its resource samples, the last taken as the entrypoint ended, before the decision.
+    decided = [event for event in events if event["event"] != "resources"][3:]
+    assert [(event["event"], event["cause"], event["exit_code"]) for event in decided] == [("cause", "unknown", 3)]
+    assert [event["event"] for event in events][-2:] == ["resources", "cause"]
     assert attempt["cause"]["cause"] == "unknown"
     assert document["metrics"] == {"epoch": 3, "val_loss": pytest.approx(1 / 3), "val_accuracy": pytest.approx(0.9)}
     assert (document["iterations"], document["epochs"]) == (3, 3)
@@ -129,7 +132,7 @@ def test_the_record_holds_the_spec_as_the_client_masked_it(tmp_path):
     run_json = (tmp_path / "run" / RUN_FILE).read_text()
     assert token not in run_json and password not in run_json
     shown = read_run(Folder(str(tmp_path / "run")))["spec"]
-    assert shown["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "****"
+    assert shown["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "***"
     assert shown["entrypoint"] == "python train.py --token *** --db https://me:***@db.invalid/x"
     assert shown["tracking"]["mlflow"]["tracking_uri"] == "https://me:***@mlflow.invalid"
 
@@ -205,7 +208,8 @@ def test_the_record_goes_to_s3(tmp_path, aws_env, s3_endpoint):
     ((folder, document),) = list_runs(Folder("s3://records/team"))
     assert folder.location == "s3://records/team/run-1" and document["status"] == "FAILED"
     assert attempt_log(folder, "raysubmit_one") == log.read_bytes()
-    assert [event["event"] for event in attempt_events(folder, "raysubmit_one")] == ["report"] * 3 + ["cause"]
+    assert [event["event"] for event in attempt_events(folder, "raysubmit_one")
+            if event["event"] != "resources"] == ["report"] * 3 + ["cause"]
 
 
 def test_a_killed_entrypoint_leaves_a_failed_record_with_what_it_printed(tmp_path):

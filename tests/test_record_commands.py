@@ -117,7 +117,7 @@ def test_submit_wraps_the_entrypoint_and_masks_secrets_in_the_recorded_spec(tmp_
     assert submission["entrypoint"].startswith(RECORD_COMMAND + " ")
     assert user_entrypoint(submission["entrypoint"]) == "python train.py --note 'it''s'"
     config = json.loads(submission["runtime_env"]["env_vars"][RECORD_ENV_VAR])
-    assert config["spec"]["runtime_env"]["env_vars"] == {"PLAIN": "****", "HF_TOKEN": "****", "VISIBLE": "shown"}
+    assert config["spec"]["runtime_env"]["env_vars"] == {"PLAIN": "***", "HF_TOKEN": "***", "VISIBLE": "shown"}
     assert config["base"] == "~/rayjobs-results" and config["every_s"] == 30
     assert config["code"] == {"working_dir": str(tmp_path / "code"), "git": None}
     assert "hf_abc" not in json.dumps(config) and "hidden" not in json.dumps(config)

@@ -53,7 +53,7 @@ def test_a_job_without_code_is_told_once_after_it_is_submitted_even_when_retried
     notes = [line for line in lines if line.startswith(NOTE_START)]
     assert notes == [lines[1]]
     assert "add `record_path: ~/rayjobs-results` (or s3://BUCKET/PREFIX)" in notes[0]
-    assert "submitting attempt 2 of 2" in result.stderr
+    assert "the cluster submits attempt 2 of 2" in result.stderr
 
 
 def _note_for(tmp_path: Path, body: str) -> str | None:

@@ -79,7 +79,7 @@ def test_a_job_that_fails_shows_its_last_log_lines(tmp_path):
                                message="Job entrypoint command failed with exit code 3", driver_exit_code=3))
     run = Run(tmp_path, client, "max_retries: 2\n")  # exit codes are not retried by default
     assert (run.result.exit_code, run.result.outcome) == (ExitCode.FAILED, RunOutcome.FAILED)
-    assert len(client.called("submit")) == 1
+    assert len(client.submitted) == 1
     assert ("rayjobs: job raysubmit_fake1 FAILED in 1.5s: JOB_ENTRYPOINT_COMMAND_ERROR Job entrypoint command "
             "failed with exit code 3") in run.note_lines
     tail = run.note_lines[run.note_lines.index("rayjobs: last lines of its log:") + 1:]
@@ -107,35 +107,44 @@ def _lost() -> Script:
     return Script(["RUNNING", "FAILED"], error_type="JOB_SUPERVISOR_ACTOR_DIED", message="Job supervisor actor died")
 
 
-def test_retry_links_attempts_through_metadata(tmp_path):
+def test_a_job_lost_whole_is_submitted_again_by_the_clusters_keeper_and_followed_here(tmp_path):
     client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
     run = Run(tmp_path, client, "max_retries: 2\n")
-    assert (run.result.exit_code, run.result.attempts) == (ExitCode.SUCCEEDED, ["raysubmit_fake1", "raysubmit_fake2"])
+    assert (run.result.exit_code, run.result.attempts) == \
+        (ExitCode.SUCCEEDED, ["raysubmit_fake1", "raysubmit_fake1-attempt2"])
     first, second = client.submitted
     assert first["metadata"][METADATA_ATTEMPT] == "1" and METADATA_PARENT not in first["metadata"]
     assert second["metadata"][METADATA_ATTEMPT] == "2"
     assert second["metadata"][METADATA_PARENT] == "raysubmit_fake1"
     assert second["metadata"][METADATA_SPEC_HASH] == first["metadata"][METADATA_SPEC_HASH]
-    assert ("rayjobs: attempt 1 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); submitting attempt 2 of 3 "
-            "in 10s (retry_backoff)" in run.note_lines)
-    # A retry skips the pre-flight: the first attempt already passed it.
-    assert [call[0] for call in client.calls if call[0] in ("submit", "node_resources")] == ["submit", "submit"]
+    assert ("rayjobs: attempt 1 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); the cluster submits attempt 2 "
+            "of 3 in 10s (retry_backoff)" in run.note_lines)
+    # The cluster must have a keeper for a job it may submit again: one order makes sure, without waiting.
+    assert [order["verb"] for order in client.orders] == ["ensure"]
+    # The client submits the first attempt alone (after its pre-flight); the keeper submits the second.
+    assert [call[1] for call in client.called("submit") if not (call[1] or "").startswith("rayjobs-order-")] == [None]
 
 
-def test_retry_of_a_fixed_submission_id_gets_an_attempt_suffix(tmp_path):
+def test_the_next_attempt_of_a_fixed_submission_id_gets_an_attempt_suffix(tmp_path):
     client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
     run = Run(tmp_path, client, "submission_id: nightly-1\nmax_retries: 1\n")
     assert run.result.attempts == ["nightly-1", "nightly-1-attempt2"]
-    assert client.called("submit") == [("submit", "nightly-1"), ("submit", "nightly-1-attempt2")]
+    assert [request["submission_id"] for request in client.submitted] == ["nightly-1", "nightly-1-attempt2"]
 
 
 def test_retries_give_up_after_max_retries(tmp_path):
     client = FakeClient(_lost(), _lost(), _lost())
     run = Run(tmp_path, client, "max_retries: 1\n")
     assert (run.result.exit_code, run.result.outcome) == (ExitCode.FAILED, RunOutcome.FAILED)
-    assert run.result.attempts == ["raysubmit_fake1", "raysubmit_fake2"]
+    assert run.result.attempts == ["raysubmit_fake1", "raysubmit_fake1-attempt2"]
     assert len(client.submitted) == 2
-    assert sum("submitting attempt" in line for line in run.note_lines) == 1
+    assert sum("the cluster submits attempt" in line for line in run.note_lines) == 1
+
+
+def test_a_job_without_retries_asks_nothing_of_the_clusters_keeper(tmp_path):
+    client = FakeClient(_lost())
+    run = Run(tmp_path, client)
+    assert run.result.exit_code == ExitCode.FAILED and client.orders == []
 
 
 def test_a_failure_outside_retry_on_is_not_retried(tmp_path):
@@ -151,7 +160,7 @@ def test_a_failed_entrypoint_is_never_submitted_again_by_the_client(tmp_path, re
     client = FakeClient(_failing_with(COLLECTIVE_TIMEOUT_LOG, exit_code=3), Script(["RUNNING", "SUCCEEDED"]))
     run = Run(tmp_path, client, f"max_retries: 2\nretry_on: {retry_on}\n")
     assert (run.result.exit_code, run.result.attempts) == (ExitCode.FAILED, ["raysubmit_fake1"])
-    assert not any("submitting attempt" in line for line in run.note_lines)
+    assert not any("submits attempt" in line for line in run.note_lines)
 
 
 def test_same_spec_under_a_fixed_id_attaches(tmp_path):
@@ -299,14 +308,14 @@ def test_follow_job_on_its_own(tmp_path):
     assert "last lines" not in notes.getvalue()
 
 
-def test_backoff_doubles_each_retry_up_to_its_cap(tmp_path, clock):
+def test_backoff_doubles_each_retry_up_to_its_cap(tmp_path):
     client = FakeClient(*[_lost() for _ in range(5)])
     run = Run(tmp_path, client, "max_retries: 4\nretry_backoff: {initial_s: 2, max_s: 5}\n")
     assert run.result.exit_code == ExitCode.FAILED and len(run.result.attempts) == 5
-    assert clock.waits == [2, 4, 5, 5]
-    assert clock.now == 16
-    assert "rayjobs: attempt 3 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); submitting attempt 4 of 5 " \
-        "in 5s (retry_backoff)" in run.note_lines
+    decided = [client.decisions[job_id] for job_id in run.result.attempts[:4]]
+    assert [round(decision["due"] - decision["at"]) for decision in decided] == [2, 4, 5, 5]
+    assert "rayjobs: attempt 3 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); the cluster submits attempt 4 of " \
+        "5 in 5s (retry_backoff)" in run.note_lines
 
 
 def test_backoff_schedule_and_its_defaults():
@@ -322,24 +331,39 @@ def test_backoff_schedule_and_its_defaults():
         RetryBackoff(initial_s=2, max_s=1)
 
 
-def test_no_backoff_retries_at_once(tmp_path, clock):
+def test_no_backoff_retries_at_once(tmp_path):
     client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
     run = Run(tmp_path, client, "max_retries: 1\nretry_backoff: {initial_s: 0}\n")
-    assert run.result.exit_code == ExitCode.SUCCEEDED and clock.waits == []
-    assert "rayjobs: attempt 1 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); submitting attempt 2 of 2" \
+    assert run.result.exit_code == ExitCode.SUCCEEDED
+    assert "rayjobs: attempt 1 failed with JOB_SUPERVISOR_ACTOR_DIED (in retry_on); the cluster submits attempt 2 of 2" \
         in run.note_lines
 
 
-def test_ctrl_c_during_the_backoff_submits_nothing_more(tmp_path, monkeypatch):
+def test_ctrl_c_while_waiting_for_the_next_attempt_detaches_and_the_cluster_goes_on(tmp_path, monkeypatch):
     def interrupted(_seconds: float) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(retry_policy, "sleep", interrupted)
     client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    client.decisions_hidden_for_looks = 1  # the keeper has not published its decision yet
     run = Run(tmp_path, client, "max_retries: 1\n")
     assert (run.result.exit_code, run.result.attempts) == (ExitCode.INTERRUPTED, ["raysubmit_fake1"])
-    assert len(client.submitted) == 1
-    assert run.note_lines[-1] == "rayjobs: interrupted while waiting to retry: no attempt 2 was submitted"
+    assert "rayjobs: interrupted: detached from job raysubmit_fake1, which keeps running on the cluster" \
+        in run.note_lines
+
+
+def test_ctrl_c_with_stop_on_interrupt_while_waiting_for_the_next_attempt_submits_none(tmp_path, monkeypatch):
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retry_policy, "sleep", interrupted)
+    client = FakeClient(_lost(), Script(["RUNNING", "SUCCEEDED"]))
+    client.decisions_hidden_for_looks = 1
+    client.in_backoff = True  # the keeper submits the next attempt after its backoff, not at once
+    run = Run(tmp_path, client, "max_retries: 1\n", stop_on_interrupt=True)
+    assert run.result.exit_code == ExitCode.INTERRUPTED
+    assert [order["verb"] for order in client.orders] == ["ensure", "stop"]
+    assert client.decisions["raysubmit_fake1"]["retry"] is False and len(client.submitted) == 1
 
 
 def _failing_with(log: bytes, exit_code: int = 1) -> Script:
@@ -401,3 +425,29 @@ def test_every_cause_the_diagnosis_names_is_classified_for_retries():
     classified = set(RETRYABLE_CAUSES) | set(PERMANENT_CAUSES)
     assert not set(RETRYABLE_CAUSES) & set(PERMANENT_CAUSES)
     assert diagnosed == classified, "classify each cause in jobs/spec.py: RETRYABLE_CAUSES or PERMANENT_CAUSES"
+
+
+def test_a_follower_waiting_for_its_turn_keeps_waiting_through_an_outage_shorter_than_its_give_up(monkeypatch):
+    """A head restarting while a followed job waits in its queue: the follower keeps the job's place and goes on
+    once the cluster answers again, as it does for a running job."""
+    from runner.errors import ClusterUnreachable
+    from runner.follow import queued
+
+    answers = iter([ClusterUnreachable("cannot reach the Ray dashboard"), ClusterUnreachable("still not"), "back"])
+
+    class Api:
+        address = FAKE_ADDRESS
+
+        def get_job(self, job_id):
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return {"status": "RUNNING"}
+
+    said: list[str] = []
+    queued.wait_for_turn(Api(), "job-1", said.append, sleep=lambda _s: None, give_up_after_s=60)
+    assert len(said) == 1  # said once, however long the outage lasts
+    assert said[0].startswith(f"lost contact with the cluster at {FAKE_ADDRESS}; job job-1 keeps its place")
+    with pytest.raises(ClusterUnreachable):
+        answers = iter([ClusterUnreachable("down")] * 3)
+        queued.wait_for_turn(Api(), "job-1", said.append, sleep=lambda _s: None, give_up_after_s=None)

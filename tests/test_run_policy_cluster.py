@@ -107,7 +107,7 @@ def test_secrets_masked_in_status_and_list(fixed_job, rayjobs_cli):
                    rayjobs_cli("list", "--output", "json").stdout):
         assert "hunter2" not in output and "swordfish" not in output
     env = json.loads(rayjobs_cli("status", job_id, "--output", "json").stdout)["runtime_env"]["env_vars"]
-    assert env == {"DB_PASSWORD": "****", "PLAIN_BUT_PRIVATE": "****", "VISIBLE": "shown"}
+    assert env == {"DB_PASSWORD": "***", "PLAIN_BUT_PRIVATE": "***", "VISIBLE": "shown"}
     assert "hunter2" not in result.stdout + result.stderr
 
 

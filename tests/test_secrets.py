@@ -105,6 +105,45 @@ def test_a_stream_holds_back_only_what_may_be_a_secret():
     assert stream.feed(TOKEN[6:] + "\n") == "***\n"
 
 
+def test_one_mask_and_one_reading_of_the_secret_list_serve_every_side():
+    from jobs import secrets
+    from jobs.notify import masked_notify_url
+    from rayjobs_agent.notify import masked_url
+
+    assert secrets.MASK is masking.MASK == "***"
+    url = "slack://TokenA/TokenB/TokenC"
+    assert masked_notify_url(url) == masked_url(url) == "slack://***"
+    listed = " BESPOKE, ,OTHER ,"
+    job_config = json.dumps({"metadata": {METADATA_SECRETS: listed}})
+    assert secrets.marked_secrets({"metadata": {METADATA_SECRETS: listed}}) == ["BESPOKE", "OTHER"]
+    assert masking.marked_in_job_config({"RAY_JOB_CONFIG_JSON_ENV_VAR": job_config}) == ["BESPOKE", "OTHER"]
+
+
+@pytest.mark.parametrize("recorded", ["***", "****"])
+def test_rerun_takes_a_masked_secret_from_the_environment_whichever_mask_its_record_holds(tmp_path, monkeypatch,
+                                                                                         recorded):
+    """Records written before one mask served everything hold ``****`` in place of a secret variable's value."""
+    from rayjobs_agent.wire import RECORD_ENV_VAR
+    from runner.records.rerun import prepare_rerun
+
+    (tmp_path / "code").mkdir()
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: demo\nentrypoint: python x.py\nruntime_env:\n  working_dir: code\n  env_vars:\n"
+                    f"    API_TOKEN: {TOKEN}\n")
+    config = json.loads(build_submission(load_spec(path))["runtime_env"]["env_vars"][RECORD_ENV_VAR])
+    assert config["spec"]["runtime_env"]["env_vars"] == {"API_TOKEN": MASK}
+    config["spec"]["runtime_env"]["env_vars"]["API_TOKEN"] = recorded
+    run_dir = tmp_path / "runs" / "demo-raysubmit_1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"status": "SUCCEEDED", "run_dir": str(run_dir), "attempts": [],
+                                                  "spec": config["spec"], "code": config["code"]}))
+    with pytest.raises(BadInput, match="set API_TOKEN in this shell's environment"):
+        prepare_rerun(str(run_dir), [], continue_run=True)
+    monkeypatch.setenv("API_TOKEN", TOKEN)
+    plan = prepare_rerun(str(run_dir), [], continue_run=True)
+    assert plan.loaded.spec.runtime_env.env_vars["API_TOKEN"] == TOKEN
+
+
 def test_the_client_and_the_job_share_one_rule_for_secret_names():
     assert looks_secret is masking.looks_secret
     assert looks_secret("API_TOKEN") and looks_secret("db_password") and not looks_secret("EPOCHS")
@@ -143,16 +182,16 @@ def test_a_notification_urls_token_printed_alone_is_masked_on_both_sides():
 
 
 @pytest.mark.parametrize("offset", range(-24, 3))
-def test_a_line_longer_than_the_hold_is_never_cut_inside_a_secret(offset):
-    """A secret placed around the point where a line with no end is released, cut by every read boundary across it."""
-    from rayjobs_agent.record_parts import MAX_HELD_LINE_BYTES, LineMasker
-
+def test_a_line_longer_than_64_kib_is_never_cut_inside_a_secret(offset):
+    """A secret placed around 64 KiB into a line with no end yet (where such a line was once cut), cut by every read
+    boundary across it, as the record's keeper reads the log; every kind of secret at every cut, on both sides, is
+    tests/test_secret_splits.py."""
     secret = b"hunter2-token-value"
     mask = SecretMask([secret.decode(), f"https://me:{PASSWORD}@db"])
-    line = b"a" * (MAX_HELD_LINE_BYTES + offset) + secret + b" b " + f"https://me:{PASSWORD}@db".encode() + b"c" * 40
-    for cut in range(MAX_HELD_LINE_BYTES + offset - 2, MAX_HELD_LINE_BYTES + offset + len(secret) + 2):
-        masker = LineMasker(mask)
-        kept = masker.feed(line[:cut]) + masker.feed(line[cut:]) + masker.feed(b"\n") + masker.flush()
+    line = b"a" * (64 * 1024 + offset) + secret + b" b " + f"https://me:{PASSWORD}@db".encode() + b"c" * 40
+    for cut in range(64 * 1024 + offset - 2, 64 * 1024 + offset + len(secret) + 2):
+        stream = mask.stream(bytes)
+        kept = stream.feed(line[:cut]) + stream.feed(line[cut:]) + stream.feed(b"\n") + stream.finish()
         assert secret not in kept and PASSWORD.encode() not in kept, cut
         assert kept == mask.mask_bytes(line + b"\n"), cut
 

@@ -170,12 +170,18 @@ def test_off_loopback_the_server_asks_for_its_token_and_takes_it_in_the_url_a_co
         assert get(base + "/api/runs", {"Authorization": "Bearer nope"})[0] == 401
 
 
-def test_pages_load_nothing_from_elsewhere(records):
+def test_pages_load_nothing_from_elsewhere_and_run_no_inline_script_or_style(records):
     with served(str(records)) as server:
         status, headers, body = get(server.url + "run/study-1")
-    assert status == 200 and "default-src 'self'" in headers["Content-Security-Policy"]
-    assert b"http://" not in body.replace(b'xmlns="http://www.w3.org/2000/svg"', b"")
-    assert b"https://" not in body
+        assets = [get(server.url + f"static/{name}") for name in ("app.js", "app.css")]
+    policy = headers["Content-Security-Policy"]
+    assert status == 200 and "default-src 'none'" in policy and "unsafe" not in policy
+    assert "script-src 'self'" in policy and "style-src 'self'" in policy
+    assert [asset[0] for asset in assets] == [200, 200]
+    for text in (body, *(asset[2] for asset in assets)):
+        assert b"http://" not in text.replace(b'xmlns="http://www.w3.org/2000/svg"', b"")
+        assert b"https://" not in text
+    assert b"<style" not in body and b" style=" not in body and b"<script>" not in body
 
 
 def test_export_writes_every_page_with_its_data_and_the_logs_as_text_pages(records, tmp_path):
@@ -198,3 +204,30 @@ def test_a_port_in_use_is_a_clear_error(records):
     with served(str(records)) as server:
         taken = rayjobs_in_process("ui", str(records), "--port", str(server.server_address[1]))
     assert taken.returncode == ExitCode.BAD_INPUT and "cannot serve on 127.0.0.1" in taken.stderr
+
+
+def test_a_wheel_of_rayjobs_ships_the_pages_templates_script_and_style(tmp_path):
+    """An editable install reads them from the source tree; an installed wheel has only what setuptools packed."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    from runner.ui import pages
+    from tests.support.cli import REPO_ROOT
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    for package in ("rayjobs_agent", "jobs", "runner", "workloads"):
+        shutil.copytree(REPO_ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                            "--wheel-dir", str(tmp_path / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("rayjobs-*.whl")
+    packed = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {f"runner/ui/{pages.STATIC_FOLDER}/{name}" for name in pages.static_files()}
+    wanted |= {f"runner/ui/templates/{name}.html" for name in ("page", "runs", "run", "compare")}
+    assert wanted - packed == set(), "add them to [tool.setuptools.package-data] in pyproject.toml"

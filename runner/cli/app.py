@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_QUEUE
 from jobs.infra.ray_env import prepare_ray_env
 from jobs.infra.status import JobStatus, is_terminal
 from runner.cli.cluster import ensure_local_cluster
@@ -371,13 +371,18 @@ def delete(
 ) -> None:
     """Delete a finished job and its record from the cluster."""
     from runner.client import jobs_api
+    from runner.follow.queued import job_or_place
 
     client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
-    info = client.get_job(job_id)
+    info = job_or_place(client, job_id)  # a job waiting in its queue is no Ray job, and not finished either
     if not is_terminal(info.get("status")):
         raise BadInput(f"job {job_id} is {info.get('status')}; only finished jobs can be deleted "
                        f"(stop it first: rayjobs stop --wait {job_id})")
     client.delete_finished_job(job_id, info.get("end_time"))
+    if (info.get("metadata") or {}).get(METADATA_QUEUE):
+        from runner.client.queue import ClusterQueue
+
+        ClusterQueue(client).forget_entry(job_id)  # its id is free for a new submission at once
     _say(f"deleted job {job_id}")
 
 

@@ -27,6 +27,10 @@ def cluster_up(
                      "worker nodes, each its own raylet and object store.")] = 1,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Start without token authentication (anyone who can "
                        "reach 127.0.0.1 can then run code on it).")] = False,
+    gcs_store: Annotated[Optional[str], typer.Option("--gcs-store", metavar="redis://HOST:PORT", help="Keep the "
+                         "head's GCS in this Redis, so that the cluster survives a restart of its head: after a crash, "
+                         "`rayjobs cluster up` starts it again on its ports and it finds its jobs and queue.",
+                         show_default=False)] = None,
     name: ClusterNameOption = "default",
 ) -> None:
     """Start a Ray cluster bound to 127.0.0.1 on free ports (exit code 4 when it fails to start)."""
@@ -39,10 +43,19 @@ def cluster_up(
             _say(f"it has {running.node_count} node(s), not {nodes}; stop it first to start it with --nodes {nodes}")
         return
     with_nodes = f" with {nodes} nodes" if nodes > 1 else ""
-    _say(f"starting local cluster '{name}'{with_nodes} on 127.0.0.1 ...")
-    started = local.start(name=name, num_cpus=num_cpus, auth=not no_auth, nodes=nodes)
+    stale = local.state.peek_state(name)  # kept after its head died only when its GCS is in Redis
+    if stale is not None and stale.gcs_store and gcs_store in (None, stale.gcs_store):
+        _say(f"local cluster '{name}' keeps its GCS in {stale.gcs_store}: starting its head again on its ports, "
+             "with its jobs and queue")
+    else:
+        _say(f"starting local cluster '{name}'{with_nodes} on 127.0.0.1 ...")
+    started = local.start(name=name, num_cpus=num_cpus, auth=not no_auth, nodes=nodes, gcs_store=gcs_store)
     auth = f"token auth on (token file {started.token_file})" if started.token_file else "no authentication"
     _say(f"local cluster '{name}' is up at {started.dashboard_url}{with_nodes}; {auth}")
+    if started.gcs_store:
+        _say(f"its GCS is kept in {started.gcs_store} (namespace {started.storage_namespace}): if its head dies, "
+             f"`rayjobs cluster up{'' if name == local.DEFAULT_CLUSTER_NAME else ' --name ' + name}` starts it again "
+             "as it was")
     if name == local.DEFAULT_CLUSTER_NAME:
         _say("rayjobs commands use it when no address is given; stop it with `rayjobs cluster down`")
     else:

@@ -146,6 +146,15 @@ def package_directory(directory: Path, excludes: list[str], include_parent_dir: 
 
 # A package is read and sent in pieces of this size (it may be larger than memory allows at once).
 UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
+# S3's documented limits: one CopyObject copies at most 5 GiB; a multipart upload has at most 10,000 parts, each
+# at least 5 MiB but the last.
+S3_SINGLE_COPY_LIMIT_BYTES = 5 * 1024**3
+S3_MIN_PART_BYTES = 5 * 1024**2
+S3_MAX_PARTS = 10_000
+# Parts of a copy above the limit: a 6 GiB package is copied in 12.
+COPY_PART_BYTES = 512 * 1024**2
+# How long one part's copy may keep the store silent (S3 copies inside the request).
+_PART_COPY_TIMEOUT_S = 300
 # How often a folder that changes while it is zipped is zipped again before its upload is refused.
 _PACKAGING_TRIES = 3
 
@@ -171,24 +180,32 @@ def check_bucket(filesystem: Any, location: StorageLocation, settings: S3Setting
                                                        "create it, or name another with --upload-to"))
 
 
-def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) -> None:
+def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings, *,
+                single_copy_limit_bytes: int = S3_SINGLE_COPY_LIMIT_BYTES, part_bytes: int = COPY_PART_BYTES) -> None:
     """Copy ``package`` to ``key``, in chunks (a package may be larger than memory allows at once), through a
     temporary key: ``key`` itself appears only once the whole package is stored.
 
     An upload stopped half-way (Ctrl-C, a lost connection) would otherwise leave a truncated object under the
     package's name, which every later submission trusts: pyarrow completes an output stream on close, even
-    one closed by an exception.
+    one closed by an exception. The move from the temporary key is one copy up to ``single_copy_limit_bytes``
+    (S3's limit for one), and a copy in parts of ``part_bytes`` above it (:func:`move_in_parts`).
     """
     partial = f"{key}.partial-{secrets.token_hex(6)}"
+    size = package.stat().st_size
 
-    def copy_it() -> None:
+    def send() -> None:
         with package.open("rb") as source, filesystem.open_output_stream(partial) as target:
             while chunk := source.read(UPLOAD_CHUNK_BYTES):
                 target.write(chunk)
-        filesystem.move(partial, key)  # on S3 a copy of the whole object: the key appears complete or not at all
 
     try:
-        calling_storage(lambda: object_store.call_object_store(copy_it, settings, key))
+        calling_storage(lambda: object_store.call_object_store(send, settings, key))
+        # Either way a copy on S3: the key appears complete or not at all.
+        if size <= single_copy_limit_bytes:
+            calling_storage(lambda: object_store.call_object_store(lambda: filesystem.move(partial, key), settings,
+                                                                   key))
+            return
+        calling_storage(lambda: move_in_parts(settings, partial, key, size, part_bytes))
     except BaseException:
         try:
             filesystem.delete_file(partial)
@@ -197,8 +214,70 @@ def upload_file(filesystem: Any, package: Path, key: str, settings: S3Settings) 
         raise
 
 
+def move_in_parts(settings: S3Settings, source: str, destination: str, size: int,
+                  part_bytes: int = COPY_PART_BYTES) -> None:
+    """Move the object at ``source`` (``bucket/key``, ``size`` bytes) to ``destination``, copied in parts with S3's
+    UploadPartCopy (one CopyObject copies at most 5 GiB), then deleted.
+
+    ``destination`` appears only when the last part is in (S3 publishes a multipart upload whole, on completion),
+    and a copy that fails or is interrupted is aborted, so that S3 keeps none of its parts. Parts are
+    ``part_bytes`` (at least S3's 5 MiB), more where S3's 10,000 parts would not hold the object.
+
+    Raises:
+        ObjectStoreError: of the kind the store's answer amounts to (:mod:`rayjobs_agent.s3_access`).
+    """
+    import botocore.exceptions
+
+    source_bucket, source_key = source.split("/", 1)
+    bucket, key = destination.split("/", 1)
+    part = max(part_bytes, S3_MIN_PART_BYTES, -(-size // S3_MAX_PARTS))
+    try:
+        client = _s3_client(settings)
+        upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, part), start=1):
+                answer = client.upload_part_copy(
+                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
+                    CopySource={"Bucket": source_bucket, "Key": source_key},
+                    CopySourceRange=f"bytes={start}-{min(start + part, size) - 1}")
+                parts.append({"PartNumber": number, "ETag": answer["CopyPartResult"]["ETag"]})
+            client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                             MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+            except Exception:  # noqa: BLE001 - S3 drops an upload never completed by its lifecycle rules, if any
+                pass
+            raise
+        try:
+            client.delete_object(Bucket=source_bucket, Key=source_key)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+            pass  # the package is whole under its name; what is left under a temporary key is never trusted
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise object_store.object_store_error(str(exc), settings, destination) from None
+
+
+def _s3_client(settings: S3Settings) -> Any:
+    """boto3's S3 client for ``settings`` (pyarrow's filesystem has no copy in parts), with the same short timeouts
+    to connect and few retries; a part's copy may take the store a while to answer."""
+    import boto3
+    from botocore.config import Config
+
+    endpoint = settings.endpoint
+    if endpoint and "://" not in endpoint:
+        endpoint = f"https://{endpoint}"
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=settings.region or (object_store.DEFAULT_REGION if endpoint else None),
+        aws_access_key_id=settings.access_key, aws_secret_access_key=settings.secret_key,
+        aws_session_token=settings.session_token,
+        config=Config(connect_timeout=object_store.CONNECT_TIMEOUT_S, read_timeout=_PART_COPY_TIMEOUT_S,
+                      retries={"max_attempts": object_store.MAX_ATTEMPTS, "mode": "standard"}))
+
+
 def whole_zip_stored(filesystem: Any, key: str, settings: S3Settings) -> bool:
-    """Whether a whole zip is stored at ``key``: its central directory, written last, ends it where it says.
+    """Whether a whole zip is stored at ``key``: its central directory, written last, ends it where it says (in the
+    ZIP64 end record of a package of more than 65,535 files or past 4 GiB).
 
     A truncated zip (an upload cut off by an earlier version) has no such end, and is uploaded again.
     """
@@ -218,18 +297,38 @@ def whole_zip_stored(filesystem: Any, key: str, settings: S3Settings) -> bool:
     return ending is not None and _ends_a_whole_zip(ending[:-8], struct.unpack("<Q", ending[-8:])[0])
 
 
-# A zip ends with its end-of-central-directory record (22 bytes and a comment of at most 64 KiB).
-_ZIP_END_SEARCH_BYTES = 22 + 65535
+# A zip ends with its end-of-central-directory record (22 bytes and a comment of at most 64 KiB). One of more than
+# 65,535 files, or past 4 GiB, has its directory's size and place in a ZIP64 end record (56 bytes) instead, which a
+# locator (20 bytes) just before the end record points at.
+_ZIP_END_BYTES = 22
+_ZIP64_LOCATOR_BYTES = 20
+_ZIP64_END_BYTES = 56
+_ZIP_END_SEARCH_BYTES = _ZIP64_END_BYTES + _ZIP64_LOCATOR_BYTES + _ZIP_END_BYTES + 65535
 _ZIP_END_SIGNATURE = b"PK\x05\x06"
+_ZIP64_LOCATOR_SIGNATURE = b"PK\x06\x07"
+_ZIP64_END_SIGNATURE = b"PK\x06\x06"
 
 
 def _ends_a_whole_zip(tail: bytes, size: int) -> bool:
+    """Whether ``tail``, the last bytes of an object of ``size`` bytes, ends a whole zip: its end record ends the
+    object, and the central directory it names (in the ZIP64 end record where there is one) ends where the end
+    records begin."""
     at = tail.rfind(_ZIP_END_SIGNATURE)
-    if at < 0 or len(tail) - at < 22:
+    if at < 0 or len(tail) - at < _ZIP_END_BYTES:
         return False
-    directory_size, directory_offset, comment = struct.unpack("<IIH", tail[at + 12:at + 22])
-    end_at = size - (len(tail) - at)
-    return directory_offset + directory_size == end_at and at + 22 + comment == len(tail)
+    directory_size, directory_offset, comment = struct.unpack("<IIH", tail[at + 12:at + _ZIP_END_BYTES])
+    if at + _ZIP_END_BYTES + comment != len(tail):
+        return False
+    starts_at = size - len(tail)  # where the tail begins in the object
+    locator = at - _ZIP64_LOCATOR_BYTES
+    if locator >= 0 and tail[locator:locator + 4] == _ZIP64_LOCATOR_SIGNATURE:
+        (record_offset,) = struct.unpack("<Q", tail[locator + 8:locator + 16])
+        record = record_offset - starts_at
+        if 0 <= record <= locator - _ZIP64_END_BYTES and tail[record:record + 4] == _ZIP64_END_SIGNATURE:
+            (record_size,) = struct.unpack("<Q", tail[record + 4:record + 12])
+            directory_size, directory_offset = struct.unpack("<QQ", tail[record + 40:record + 56])
+            return record + 12 + record_size == locator and directory_offset + directory_size == record_offset
+    return directory_offset + directory_size == starts_at + at
 
 
 def _size(size_bytes: int) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from rayjobs_agent.causes import Diagnosis, short_reason
 from rayjobs_agent.resources import usage_line
-from rayjobs_agent.vocabulary import AGENT_KINDS, EventKind, kind_of
+from rayjobs_agent.vocabulary import AGENT_KINDS, RETRY_WAITING, EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value
 
 # How many of the last epochs the pace (and so the ETA) is taken over: recent enough to follow a
@@ -61,7 +61,8 @@ class RunProgress:
     trials: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The agent's word on the job's attempts: why each failed (its ``cause`` events) and each retry in place.
     causes: list[dict[str, Any]] = field(default_factory=list)
-    retries: list[dict[str, Any]] = field(default_factory=list)
+    retries: list[dict[str, Any]] = field(default_factory=list)  # the attempts in place that started
+    retry_waiting: dict[str, Any] | None = None  # a retry decided, its attempt not started yet (the backoff)
     # The agent's wait (its words) while the job waits, and the silence of the stall it last said.
     waiting: str | None = None
     stalled_s: float | None = None
@@ -118,7 +119,13 @@ class RunProgress:
         elif kind == EventKind.CAUSE:
             self.causes.append(event)
         elif kind == EventKind.RETRY:
-            self.retries.append(event)
+            # Decided (``waiting``), then started; an earlier version's single event says both. A stop during
+            # the wait leaves the decision only: that attempt never ran.
+            if event.get("state") == RETRY_WAITING:
+                self.retry_waiting = event
+            else:
+                self.retries.append({**(self.retry_waiting or {}), **event})
+                self.retry_waiting = None
         elif kind == EventKind.WAIT:
             self.waiting = str(event.get("text") or "") or None
         elif kind == EventKind.STALL:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rayjobs_agent.wire import METADATA_NAME
 from runner.client.queue import ClusterQueue
-from runner.errors import JobNotFound
+from runner.errors import ClusterUnreachable, JobNotFound
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -58,14 +58,17 @@ def job_or_place(api: JobsApi, job_id: str) -> dict[str, Any]:
 
 
 def wait_for_turn(api: JobsApi, job_id: str, say: Callable[[str], None], *, just_queued: bool = False,
-                  poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep) -> None:
+                  poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep,
+                  give_up_after_s: float | None = None) -> None:
     """Return once Ray has job ``job_id``; while it waits in its queue, say its place each time it changes.
 
     ``just_queued``: the job was entered into its queue a moment ago, so it may not show in what the keeper
-    published yet.
+    published yet. ``give_up_after_s``: how long the cluster may not answer (a head restarting) before this gives
+    up, as a follower does; the job keeps its place either way.
 
     Raises:
         JobNotFound: neither Ray nor any queue knows the job (it was never submitted, or its entry vanished).
+        ClusterUnreachable: the cluster did not answer for ``give_up_after_s``.
         KeyboardInterrupt: Ctrl-C; the job keeps its place.
     """
     queue = ClusterQueue(api)
@@ -73,14 +76,29 @@ def wait_for_turn(api: JobsApi, job_id: str, say: Callable[[str], None], *, just
     misses = 0
     seen = False
     last_at, still_since = None, time.monotonic()
+    answered_at, lost_contact = time.monotonic(), False
     while True:
         try:
-            api.get_job(job_id)
-            return
-        except JobNotFound:
-            pass
-        snapshot = queue.snapshot()
-        place = queue.place_of(job_id, snapshot)
+            try:
+                api.get_job(job_id)
+                return
+            except JobNotFound:
+                pass
+            snapshot = queue.snapshot()
+            place = queue.place_of(job_id, snapshot)
+        except ClusterUnreachable:
+            if give_up_after_s is None or time.monotonic() - answered_at > give_up_after_s:
+                raise
+            if not lost_contact:
+                say(f"lost contact with the cluster at {api.address}; job {job_id} keeps its place in its queue, "
+                    f"and this waits up to {give_up_after_s:g}s for the cluster to answer again")
+                lost_contact = True
+            sleep(poll_s)
+            continue
+        if lost_contact:
+            say("the cluster answers again")
+            lost_contact = False
+        answered_at = time.monotonic()
         if place is None:
             misses += 1
             if misses >= (_MISSES_BEFORE_GONE if seen else _LOOKS_BEFORE_FIRST_SEEN if just_queued else 1):
@@ -97,8 +115,9 @@ def wait_for_turn(api: JobsApi, job_id: str, say: Callable[[str], None], *, just
                 last_at, still_since = at, time.monotonic()
             elif time.monotonic() - still_since > _KEEPER_SILENT_S:
                 say(f"the queue's keeper has published nothing for {time.monotonic() - still_since:.0f}s; "
-                    "the job keeps its place, and nothing in its queue moves until the keeper is back")
-                still_since = float("inf")  # said once
+                    "the job keeps its place, and a keeper is started in its stead")
+                queue.replace_keeper()
+                still_since = float("inf")  # said, and asked for, once
         sleep(poll_s)
 
 

@@ -30,13 +30,21 @@ carry one either.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from jobs.infra.ray_env import RAY_CLIENT_ENV
+from runner.local.errors import InvalidClusterRequest
 from runner.local.ports import LOOPBACK_HOST
 from runner.local.state import LocalCluster
 
 RAY_TRAIN_PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+# GCS fault tolerance: the head's GCS keeps its tables in this Redis, under this namespace (Ray's own variables).
+REDIS_ADDRESS_ENV = "RAY_REDIS_ADDRESS"
+STORAGE_NAMESPACE_ENV = "RAY_external_storage_namespace"
+
+_GCS_STORE = re.compile(r"redis://(?P<host>[A-Za-z0-9.-]+):(?P<port>\d{1,5})/?")
 
 # Variables that would point a process at some other cluster, or make it
 # present some other token.
@@ -47,6 +55,9 @@ _FOREIGN_RAY_ENV = (
     "RAY_AUTH_TOKEN",
     "RAY_AUTH_TOKEN_PATH",
     "RAY_AUTH_MODE",
+    # A Redis named in the caller's shell would make every local cluster keep its GCS there, under one namespace.
+    REDIS_ADDRESS_ENV,
+    STORAGE_NAMESPACE_ENV,
 )
 
 
@@ -83,13 +94,28 @@ def loopback_env(cluster: LocalCluster | None = None) -> dict[str, str]:
     return env
 
 
-def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None) -> dict[str, str]:
+def redis_address(gcs_store: str) -> str:
+    """The ``HOST:PORT`` Ray is given for a GCS store written ``redis://HOST:PORT``.
+
+    Raises:
+        InvalidClusterRequest: any other form.
+    """
+    match = _GCS_STORE.fullmatch(gcs_store.strip()) if isinstance(gcs_store, str) else None
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise InvalidClusterRequest(f"gcs_store must read redis://HOST:PORT, got {gcs_store!r}.")
+    return f"{match['host']}:{int(match['port'])}"
+
+
+def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None, gcs_store: str | None = None,
+                  storage_namespace: str | None = None) -> dict[str, str]:
     """The full environment ``ray start`` runs in; every process of the cluster inherits it.
 
     Args:
         ray_path: the ``ray`` executable; its directory leads ``PATH``.
         gcs_port: the cluster's GCS port on the loopback address.
         token_file: the cluster's token file, or None to run without authentication.
+        gcs_store: the Redis the head's GCS keeps its tables in (``redis://HOST:PORT``), or None: in memory.
+        storage_namespace: the cluster's own keys in that Redis.
 
     Returns:
         This process's environment without anything that points at another cluster or token,
@@ -124,4 +150,7 @@ def ray_start_env(ray_path: str, gcs_port: int, token_file: Path | None) -> dict
         # Explicit, so that a ~/.ray/auth_token lying around does not switch
         # token auth on behind the caller's back.
         env["RAY_AUTH_MODE"] = "disabled"
+    if gcs_store is not None:
+        env[REDIS_ADDRESS_ENV] = redis_address(gcs_store)
+        env[STORAGE_NAMESPACE_ENV] = storage_namespace or ""
     return env

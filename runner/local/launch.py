@@ -124,8 +124,11 @@ def launch(
     timeout_s: float,
     progress: Callable[[str], None] | None = None,
     object_store_memory: int | None = None,
+    gcs_store: str | None = None,
+    storage_namespace: str | None = None,
+    again: LocalCluster | None = None,
 ) -> LocalCluster:
-    """Run ``ray start --head`` on fresh ports and wait until its job API answers.
+    """Run ``ray start --head`` on fresh ports (or those of ``again``) and wait until its job API answers.
 
     On any failure (Ctrl-C included) everything that was started is killed again and its temp
     dir removed; Ray's own logs of the attempt are kept in ``directory/failed-start-logs``.
@@ -139,6 +142,11 @@ def launch(
         timeout_s: how long Ray may take to come up.
         progress: receives short status lines while waiting.
         object_store_memory: bytes of the head's object store, or None for Ray's default.
+        gcs_store: the Redis the head keeps its GCS in (``redis://HOST:PORT``), or None.
+        storage_namespace: the cluster's keys in that Redis.
+        again: the record of this cluster's head that died: it is started again on the same ports and temp
+            dir (whose logs a failed start leaves in place), so that clients and Ray's own records of it
+            find it where they were.
 
     Returns:
         The running cluster's record (not yet written to its state file).
@@ -148,13 +156,13 @@ def launch(
             its node did not register in time.
         ClusterError: Ray exited, or was not ready within ``timeout_s``.
     """
-    ports = free_ports(list(RAY_PORT_OPTIONS.values()))
-    temp_dir = new_temp_dir()
+    ports = dict(again.ports) if again is not None else free_ports(list(RAY_PORT_OPTIONS.values()))
+    temp_dir = again.temp_dir if again is not None else new_temp_dir()
     log_path = directory / LOG_FILE
-    env = ray_start_env(ray_path, ports["gcs"], token_file)
+    env = ray_start_env(ray_path, ports["gcs"], token_file, gcs_store, storage_namespace)
     started_at = time.time()
     deadline = Deadline(timeout_s)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if again is not None else "wb") as log:
         process = subprocess.Popen(
             ray_start_command(ray_path, temp_dir, ports, num_cpus, object_store_memory),
             stdin=subprocess.DEVNULL,
@@ -178,6 +186,8 @@ def launch(
         ports=ports,
         leader_create_time=process_create_time(process.pid),
         object_store_memory=object_store_memory,
+        gcs_store=gcs_store,
+        storage_namespace=storage_namespace,
     )
     try:
         wait_until_ready(cluster, process, deadline, progress)
@@ -187,7 +197,8 @@ def launch(
         stop_cluster_processes(cluster, leader_alive=True, timeout_s=_CLEANUP_TIMEOUT_S)
         reap(process.pid)
         kept_logs = keep_session_logs(temp_dir, directory / FAILED_START_LOGS)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        if again is None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
         if not isinstance(failure, ClusterError):
             raise
         message = str(failure)

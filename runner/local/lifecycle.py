@@ -5,6 +5,12 @@
 machine. With ``nodes=N`` it adds N-1 worker nodes (:mod:`runner.local.workers`). Only the
 processes of those sessions are ever stopped: there is no machine-wide ``ray stop`` here.
 
+A cluster started with ``gcs_store`` (``redis://HOST:PORT``) keeps its GCS in that Redis (Ray's GCS fault
+tolerance), under a namespace of its own. When its head dies, its record stays: the next :func:`start` of that name
+starts the head again on the same ports, temp dir, token and namespace, so that clients, the cluster's own
+processes and its jobs' logs are found where they were, and Ray finds its job table, actors and key-value store
+again (a job that ran on the dead head still reads RUNNING there; the queue's keeper ends it as lost).
+
 Finding a cluster comes in two kinds. :func:`find_running`, :func:`find_serving` and
 :func:`list_running` only read state files and look at processes, so any command may call them,
 whatever cluster it talks to. :func:`status`, :func:`start` and :func:`stop` also clean up after a
@@ -18,9 +24,12 @@ Errors are :class:`ClusterError` (exit code 4) or, for a bad name or option,
 from __future__ import annotations
 
 import contextlib
+import secrets
 import shutil
+from pathlib import Path
 from typing import Callable
 
+from runner.local.environment import redis_address
 from runner.local.errors import ClusterError, InvalidClusterRequest
 from runner.local.launch import TransientStartFailure, find_ray_executable, launch
 from runner.local.processes import leader_is_alive, reap, stop_cluster_processes
@@ -59,10 +68,13 @@ def start(
     ray_executable: str | None = None,
     progress: Callable[[str], None] | None = None,
     nodes: int = 1,
+    gcs_store: str | None = None,
 ) -> LocalCluster:
     """Start a loopback-only Ray cluster and wait until its job API answers and all its nodes are alive.
 
-    A stale record of a cluster of that name (its leader is gone) is cleaned up first.
+    A stale record of a cluster of that name (its leader is gone) is cleaned up first, unless its head kept
+    its GCS in Redis: that cluster is started again as it was (same ports, token, temp dir, store and
+    namespace, as many nodes), whatever the other arguments say, when ``gcs_store`` is None or the same.
 
     Args:
         name: the cluster's name (letters, digits, '.', '_', '-').
@@ -74,12 +86,14 @@ def start(
         nodes: how many nodes, the head included (1 to :data:`MAX_NODES`). With more than one,
             each node's object store is sized to fit ``/dev/shm`` (see
             :func:`runner.local.workers.object_store_bytes`).
+        gcs_store: ``redis://HOST:PORT``: the head keeps its GCS in that Redis (under a namespace of this
+            cluster's), so that it survives a restart of the head; None keeps it in the head's memory.
 
     Returns:
         The running cluster, as recorded in its state file.
 
     Raises:
-        InvalidClusterRequest: a bad name, ``num_cpus``, ``nodes`` or ``timeout_s``.
+        InvalidClusterRequest: a bad name, ``num_cpus``, ``nodes``, ``timeout_s`` or ``gcs_store``.
         ClusterError: ``ray`` was not found, a cluster of that name is already running or being
             started, or Ray did not come up within ``timeout_s`` (everything started is then
             killed again; the message names the node that did not come up).
@@ -91,6 +105,8 @@ def start(
         raise InvalidClusterRequest(f"nodes must be a whole number from 1 to {MAX_NODES}, got {nodes!r}.")
     if timeout_s <= 0:
         raise InvalidClusterRequest(f"timeout_s must be positive, got {timeout_s!r}.")
+    if gcs_store is not None:
+        redis_address(gcs_store)
     ray_path = find_ray_executable(ray_executable)
     directory = cluster_dir(name)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -102,6 +118,12 @@ def start(
                 f"Local cluster '{name}' is already running at {existing.dashboard_url} "
                 f"(pid {existing.pid}); stop it first."
             )
+        stale = peek_state(name)  # kept by status() only for a head whose GCS is in Redis
+        if stale is not None and stale.gcs_store and gcs_store in (None, stale.gcs_store):
+            return _start_again(stale, directory, ray_path, timeout_s, progress)
+        if stale is not None:
+            forget_state(stale)
+        namespace = f"rayjobs-{name}-{secrets.token_hex(8)}" if gcs_store is not None else None
         token_file = write_new_token(directory / TOKEN_FILE) if auth else None
         if not auth:
             with contextlib.suppress(FileNotFoundError):
@@ -110,7 +132,8 @@ def start(
         for attempt in range(1, _START_ATTEMPTS + 1):
             try:
                 cluster = launch(
-                    name, directory, ray_path, num_cpus, token_file, timeout_s, progress, object_store_memory
+                    name, directory, ray_path, num_cpus, token_file, timeout_s, progress, object_store_memory,
+                    gcs_store, namespace,
                 )
                 if nodes > 1:
                     add_worker_nodes(cluster, nodes - 1, ray_path, num_cpus, token_file, timeout_s, progress)
@@ -126,6 +149,31 @@ def start(
             shutil.rmtree(directory / FAILED_START_LOGS, ignore_errors=True)
             return cluster
     raise AssertionError("unreachable")
+
+
+def _start_again(stale: LocalCluster, directory: Path, ray_path: str, timeout_s: float,
+                 progress: Callable[[str], None] | None) -> LocalCluster:
+    """Start again a cluster whose head kept its GCS in Redis and died: on its ports, with its token and namespace.
+
+    What is left of it is killed first (its worker nodes too: they are started again with it). A port taken
+    meanwhile by another program fails the start; the record stays, for another try.
+    """
+    stop_cluster_processes(stale, leader_alive=False, timeout_s=_STALE_CLEANUP_TIMEOUT_S)
+    for worker in stale.worker_nodes:
+        reap(worker.pid)
+    reap(stale.pid)
+    token_file = Path(stale.token_file) if stale.token_file else None
+    if token_file is not None and not token_file.is_file():
+        raise ClusterError(f"Local cluster '{stale.name}' cannot be started again: its token file {token_file} is "
+                           f"gone. Stop it (rayjobs cluster down --name {stale.name}) and start it afresh.")
+    if progress:
+        progress(f"cluster '{stale.name}' keeps its GCS in {stale.gcs_store}: starting its head again on its ports")
+    cluster = launch(stale.name, directory, ray_path, stale.num_cpus, token_file, timeout_s, progress,
+                     stale.object_store_memory, stale.gcs_store, stale.storage_namespace, again=stale)
+    if stale.worker_nodes:
+        add_worker_nodes(cluster, len(stale.worker_nodes), ray_path, stale.num_cpus, token_file, timeout_s, progress)
+    write_state(cluster)
+    return cluster
 
 
 def _first_sentence(failure: Exception) -> str:
@@ -167,7 +215,9 @@ def status(name: str = DEFAULT_CLUSTER_NAME) -> LocalCluster | None:
 
     A state file whose leader process is gone (or whose pid now belongs to some other program)
     is stale: it is removed, and leftover processes of that cluster are killed, so the name can
-    be used again. For a lookup that changes nothing, use :func:`find_running`.
+    be used again. The record of a cluster whose head kept its GCS in Redis is kept (its leftover
+    processes are killed all the same): :func:`start` brings that cluster back, :func:`stop` forgets it.
+    For a lookup that changes nothing, use :func:`find_running`.
 
     Args:
         name: the cluster's name.
@@ -185,7 +235,8 @@ def status(name: str = DEFAULT_CLUSTER_NAME) -> LocalCluster | None:
     if leader_is_alive(cluster):
         return cluster
     stop_cluster_processes(cluster, leader_alive=False, timeout_s=_STALE_CLEANUP_TIMEOUT_S)
-    forget_state(cluster)
+    if not cluster.gcs_store:
+        forget_state(cluster)
     return None
 
 

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from typing import Any
 
 from runner.client.backoff import Deadline
@@ -43,23 +42,9 @@ def reap(pid: int) -> None:
 
 
 def psutil_module() -> Any:
-    """psutil, falling back to the copy that Ray ships inside its package.
+    """psutil (a dependency of rayjobs), imported on first use so that ``import runner.local`` stays cheap."""
+    import psutil
 
-    Raises:
-        ImportError: neither psutil nor Ray is installed.
-    """
-    try:
-        import psutil
-    except ImportError:
-        import importlib.util
-
-        spec = importlib.util.find_spec("ray")
-        if spec is None or not spec.submodule_search_locations:
-            raise
-        vendored = os.path.join(list(spec.submodule_search_locations)[0], "thirdparty_files")
-        if vendored not in sys.path:
-            sys.path.append(vendored)
-        import psutil
     return psutil
 
 

@@ -70,6 +70,11 @@ class LocalCluster:
     leader_create_time: float | None = None
     worker_nodes: list[WorkerNode] = field(default_factory=list)
     object_store_memory: int | None = None
+    # GCS fault tolerance: the head keeps its GCS (Ray's job table, actors, key-value store) in this Redis
+    # (``redis://HOST:PORT``), under ``storage_namespace``, one per cluster started fresh. Its record then outlives
+    # a head that died, so that the next start brings it back on the same ports and the same store.
+    gcs_store: str | None = None
+    storage_namespace: str | None = None
 
     @property
     def node_count(self) -> int:

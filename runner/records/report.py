@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from jobs.secrets import SecretMask, mask_url_userinfo, masked_runtime_env, masked_strings
 from rayjobs_agent.resources import ResourceUsage, totals_lines
+from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table
 from runner.follow.progress import shown_metrics
 from runner.records.store import UNREADABLE, Folder
@@ -67,6 +70,11 @@ def masked_record(document: dict[str, Any]) -> dict[str, Any]:
     return masked_strings(document, SecretMask(()))
 
 
+def masked_values(value: Any) -> Any:
+    """Any part of a record or an event as printed: every URL's password in every string of it masked."""
+    return masked_strings(value, SecretMask(()))
+
+
 def masked_log(text: str) -> str:
     """A saved log as printed: URL passwords masked (the job masked its secrets' values as it saved it)."""
     return mask_url_userinfo(text)
@@ -78,10 +86,48 @@ def runs_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:
     rows = [("RUN", "STATUS", "STARTED", "DURATION", "ATTEMPTS", "METRICS")]
     for folder, document in runs:
         status = run_status(document, now)
-        rows.append((folder.name, status, local_time(document.get("started")),
+        rows.append((folder.name, status, when(document.get("started")),
                      format_duration(run_duration_s(document, now)), str(len(document.get("attempts") or [])),
                      metrics_text(document.get("metrics")) if status != UNREADABLE else document.get("error", "")))
     return plain_table(rows)
+
+
+def when(seconds: Any) -> str:
+    """A recorded time as local time (``-`` for none); a number no calendar holds is shown as the number."""
+    try:
+        return local_time(seconds)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"{seconds} (Unix seconds)"
+
+
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number arithmetic can use: not a bool, not NaN or infinite, within a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def numbers_of(values: Any) -> dict[str, Any]:
+    """The entries of a mapping that are finite numbers (none when it is no mapping): what totals are made of, so
+    that a sample or a record written by hand that holds text, or infinity, where a number goes counts as absent."""
+    if not isinstance(values, Mapping):
+        return {}
+    return {name: value for name, value in values.items() if finite_number(value)}
+
+
+def counted_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The events resource totals count (samples and reports), each with only the numbers it holds."""
+    counted = []
+    for event in events:
+        kind = kind_of(dict(event))
+        if kind == EventKind.RESOURCES:
+            counted.append({**numbers_of(event), "event": kind})
+        elif kind == EventKind.REPORT:
+            counted.append({"event": kind, "metrics": numbers_of(event.get("metrics"))})
+    return counted
 
 
 def run_resource_totals(document: dict[str, Any], prices: dict[str, float | None] | None = None) -> dict[str, Any]:
@@ -89,15 +135,15 @@ def run_resource_totals(document: dict[str, Any], prices: dict[str, float | None
     usage = ResourceUsage()
     for attempt in document.get("attempts") or []:
         if isinstance(attempt, dict):
-            usage = usage.add(ResourceUsage.from_dict(attempt.get("resources")))
+            usage = usage.add(ResourceUsage.from_dict(numbers_of(attempt.get("resources"))))
     return usage.totals(prices)
 
 
 def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float | None] | None = None) -> str:
     """What ``rayjobs show RUN`` prints: what ran, where, with which code, and how it went."""
     code = document.get("code") or {}
-    git = code.get("git") or {}
-    code_text = code.get("working_dir") or "-"
+    git = code.get("git") if isinstance(code.get("git"), dict) else {}
+    code_text = str(code.get("working_dir") or "-")
     if git:
         code_text += f" at commit {str(git.get('commit'))[:12]}"
         code_text += (f", with uncommitted changes (hash {git.get('changes_hash')})" if git.get("dirty")
@@ -120,8 +166,8 @@ def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float 
         ("run", folder.location),
         ("name", f"{document.get('name') or '-'} (spec hash {document.get('spec_hash') or '-'})"),
         ("status", f"{run_status(document)} after {format_duration(run_duration_s(document))}"),
-        ("started", local_time(document.get("started"))),
-        ("ended", local_time(document.get("ended"))),
+        ("started", when(document.get("started"))),
+        ("ended", when(document.get("ended"))),
         ("entrypoint", (document.get("spec") or {}).get("entrypoint") or "-"),
         ("code", code_text),
         ("versions", versions or "-"),
@@ -135,7 +181,7 @@ def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float 
     for attempt in document.get("attempts") or []:
         exit_code = "" if attempt.get("exit_code") is None else f" exit {attempt['exit_code']}"
         lines.append(f"  {attempt.get('attempt', '?')}. {attempt.get('submission_id')}  {attempt.get('status')}"
-                     f"{exit_code}  from {local_time(attempt.get('started'))}  on {attempt.get('host')}"
+                     f"{exit_code}  from {when(attempt.get('started'))}  on {attempt.get('host')}"
                      f"  log {attempt.get('log_bytes', 0)} bytes")
     used = totals_lines(run_resource_totals(document, prices))
     lines.append(f"resources:{' ' * (width - 10)} " + (used[0] if used else "- (not sampled: a record before 1.2, "
@@ -170,14 +216,17 @@ def compare_plot(curves: dict[str, list[dict[str, Any]]], path: Path, limit: int
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Only numbers draw a curve: a report written by hand may hold anything.
+    curves = {label: [{**event, "metrics": numbers_of(event.get("metrics"))} for event in events]
+              for label, events in curves.items()}
     counts: dict[str, int] = {}
     last_seen: dict[str, Any] = {}
     for events in curves.values():
-        seen = {name for event in events for name in (event.get("metrics") or {})}
+        seen = {name for event in events for name in event["metrics"]}
         for name in seen:
             counts[name] = counts.get(name, 0) + 1
         for event in events:
-            last_seen.update(event.get("metrics") or {})
+            last_seen.update(event["metrics"])
     ranked = [name for name, _ in shown_metrics(last_seen, limit=len(last_seen))]
     metrics = sorted(ranked, key=lambda name: -counts.get(name, 0))[:limit]
     if not metrics:
@@ -186,9 +235,8 @@ def compare_plot(curves: dict[str, list[dict[str, Any]]], path: Path, limit: int
     for axis, metric in zip(axes[0], metrics):
         for label, events in curves.items():
             # A resumed run's reports count from 1 again; the epoch it reports (when it does) does not.
-            points = [((event.get("metrics") or {}).get("epoch", event.get("iteration")), event["metrics"][metric])
-                      for event in events
-                      if isinstance((event.get("metrics") or {}).get(metric), (int, float))]
+            points = [(_report_x(event, index), event["metrics"][metric])
+                      for index, event in enumerate(events, start=1) if metric in event["metrics"]]
             if points:
                 axis.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=label)
         axis.set_title(metric)
@@ -200,3 +248,11 @@ def compare_plot(curves: dict[str, list[dict[str, Any]]], path: Path, limit: int
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return metrics
+
+
+def _report_x(event: Mapping[str, Any], index: int) -> float:
+    """Where a report sits on a curve: its epoch, else its iteration, else its place among the reports."""
+    for value in (event["metrics"].get("epoch"), event.get("iteration")):
+        if finite_number(value):
+            return value
+    return index

@@ -30,7 +30,7 @@ from jobs.errors import SpecError
 from rayjobs_agent.record_layout import RUN_FILE
 from rayjobs_agent.storage_location import StorageLocation
 from rayjobs_agent.record_layout import RERUNS_FIELD, unreadable_version
-from jobs.secrets import MASK, masked_runtime_env
+from jobs.secrets import is_masked, masked_runtime_env
 from jobs.submission import (DEFAULT_RECORD_PATH, METADATA_RERUN_OF, AGENT_PACKAGE_DIR, build_submission,
                              local_runtime_paths, resolved_spec)
 from jobs.workload_contract import workload_needs
@@ -77,7 +77,7 @@ def prepare_rerun(run: str, overrides: list[str], *, continue_run: bool) -> Reru
         raise BadInput(f"the record at {folder.location} holds no spec to run again")
     spec = copy.deepcopy(spec)
     env_vars = (spec.get("runtime_env") or {}).get("env_vars") or {}
-    masked_names = sorted(name for name, value in env_vars.items() if value == MASK)
+    masked_names = sorted(name for name, value in env_vars.items() if is_masked(value))
     missing = [name for name in masked_names if name not in os.environ]
     if missing:
         raise BadInput(f"the record keeps no secrets: set {', '.join(missing)} in this shell's environment (their "

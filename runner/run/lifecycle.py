@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jobs.infra.status import JobStatus, is_terminal
-from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT
+from jobs.infra.status import JobStatus
+from rayjobs_agent.wire import METADATA_ATTEMPT
 from rayjobs_agent.vocabulary import decode
 from jobs.queueing import queue_config
 from jobs.submission import build_submission
@@ -35,7 +35,10 @@ from runner.client.jobs_api import wait_until_ended
 from runner.run.interrupts import detach_or_stop, settle_interrupted_submit
 from runner.reporter import Reporter
 from runner.run.preflight import entrypoint_demand
-from runner.run.retry_policy import decide_resubmit, wait_before_retry
+from jobs.retry import retry_policy
+from rayjobs_agent.retries import retries_whole_jobs
+from runner.run import retry_policy as retry_waits
+from runner.run.retry_policy import decide_resubmit
 from runner.run.stall import StallRule
 from runner.run.submit import submit_or_attach, submit_settling_interrupts
 
@@ -44,10 +47,13 @@ if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
 
 # The steps a caller may want on their own, named here so one import reaches the whole run.
-__all__ = ["RunOptions", "RunOutcome", "RunResult", "detach_or_stop", "follow_job", "run_with_retries",
+__all__ = ["RunOptions", "RunOutcome", "RunResult", "detach_or_stop", "follow_job", "next_attempt", "run_with_retries",
            "settle_interrupted_submit", "submit_or_attach", "wait_until_ended"]
 
 LOG_TAIL_LINES = 10
+# How long a follower waits for the keeper's decision about a job lost whole, and how often it looks.
+NEXT_ATTEMPT_WAIT_S = 120.0
+NEXT_ATTEMPT_POLL_S = 1.0
 
 
 class RunOutcome(str, Enum):
@@ -115,12 +121,13 @@ class RunOptions:
 
 def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions | None = None,
                      notes: TextIO | None = None, logs_out: TextIO | None = None) -> RunResult:
-    """Submit (or attach), follow to the end, and submit again when the job was lost whole and the spec says so.
+    """Submit (or attach), follow to the end, and follow the next attempts of a job retried by the spec's policy.
 
     A failed entrypoint is retried by the agent beside it, in the same job (``rayjobs_agent/retries.py``);
-    those attempts are followed here as they run. A job lost whole (its supervisor died, it never started)
-    is submitted again, with metadata ``rayjobs.attempt`` (its number) and ``rayjobs.parent`` (the first
-    attempt's id), and ``<submission_id>-attemptN`` as its id when the spec fixes one.
+    those attempts are followed here as they run. A job lost whole (its supervisor died, it never started,
+    its node went with the head) is submitted again by the cluster's queue keeper, by the same rule and
+    whether anybody follows it or not, with metadata ``rayjobs.attempt`` (its number) and ``rayjobs.parent``
+    (the first attempt's id), as ``<first id>-attemptN``: it is followed here as it comes.
 
     Args:
         client: the cluster client.
@@ -149,9 +156,12 @@ def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions
     queue = queue_config(loaded)
     job_id = submit_settling_interrupts(client, submission, spec.name, preflight=options.preflight,
                                         stop_on_interrupt=options.stop_on_interrupt, notes=notes, attempts=attempts,
-                                        loaded=loaded, queue=queue)
+                                        loaded=loaded, queue=queue, await_place=options.wait)
     if job_id is None:
         return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, attempts)
+    if queue is None and retries_whole_jobs(retry_policy(spec)):
+        # The keeper submits the job again if it is lost whole, followed or not: the cluster must have one.
+        ensure_keeper(client, Reporter(notes).say)
     if not options.wait:
         if spec.timeout_s or spec.start_timeout_s:
             Reporter(notes).say("note: timeout_s and start_timeout_s are applied only while rayjobs follows the job "
@@ -167,44 +177,68 @@ def run_with_retries(client: JobsApi, loaded: LoadedSpec, *, options: RunOptions
         result.attempts = attempts
         tries += 1 + len(result.progress.retries)
         info = result.info or {}
-        if result.exit_code != ExitCode.FAILED:
+        if result.exit_code != ExitCode.FAILED or not decide_resubmit(spec, info, tries).retry:
             return result
-        decision = decide_resubmit(spec, info, tries)
-        if decision.note:
-            Reporter(notes).say(decision.note)
-        if not decision.retry:
-            return result
-        if not wait_before_retry(decision.delay_s):
-            Reporter(notes).say(f"interrupted while waiting to retry: no attempt {tries + 1} was submitted")
-            return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, attempts, progress=result.progress)
-        attempt = tries + 1
-        retry = dict(submission, metadata={**metadata, METADATA_ATTEMPT: str(attempt), METADATA_PARENT: attempts[0]})
-        if spec.submission_id:
-            retry["submission_id"] = attempt_id(client, spec.submission_id, attempt)
-        job_id = submit_settling_interrupts(client, retry, spec.name, preflight=False,
-                                            stop_on_interrupt=options.stop_on_interrupt, notes=notes,
-                                            attempts=attempts, queue=queue)
-        if job_id is None:
-            return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, attempts)
-
-
-def attempt_id(client: JobsApi, first: str, attempt: int) -> str:
-    """The id of retry ``attempt`` of the run whose first attempt is ``first``: ``FIRST-attemptN``.
-
-    An attempt of that id that has already ended belongs to an earlier invocation of the same spec (one that
-    was retried before): attaching to it would run nothing, so the next free ``FIRST-attemptN-K`` is taken. One
-    still running or waiting is this run's own, started by a submitter beside this one, and is attached to.
-    """
-    candidate, again = f"{first}-attempt{attempt}", 1
-    while True:
         try:
-            info = job_or_place(client, candidate)
+            next_id = next_attempt(client, job_id, Reporter(notes).say)
+        except KeyboardInterrupt:
+            detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
+            return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, attempts, progress=result.progress)
+        if next_id is None:
+            return result
+        attempts.append(next_id)
+        job_id = next_id
+
+
+def ensure_keeper(client: JobsApi, say: Any) -> None:
+    """Make sure the cluster has a queue keeper, which submits a job lost whole again; a cluster that cannot take the
+    order is said once, and the job runs on (it is then retried in place only)."""
+    from runner.client.queue import ClusterQueue
+    from runner.errors import RayJobsError
+
+    try:
+        ClusterQueue(client).ensure_keeper()
+    except RayJobsError as exc:
+        say(f"note: the cluster's queue keeper could not be started ({exc}); a job lost whole is not submitted again")
+
+
+def next_attempt(client: JobsApi, job_id: str, say: Any, *, within_s: float = NEXT_ATTEMPT_WAIT_S,
+                 poll_s: float = NEXT_ATTEMPT_POLL_S) -> str | None:
+    """The id of the attempt the cluster's keeper submits after job ``job_id`` was lost whole (said as it is known),
+    once it is in Ray's table or its queue; None when the keeper retries nothing more (said why).
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C; the keeper goes on either way.
+    """
+    from runner.client.queue import ClusterQueue
+
+    queue = ClusterQueue(client)
+    deadline = retry_waits.now() + within_s
+    decided = None
+    while retry_waits.now() < deadline:
+        decided = queue.decision_about(job_id)
+        if decided is not None:
+            break
+        retry_waits.sleep(poll_s)
+    if decided is None:
+        say(f"no attempt followed job {job_id}: the cluster's queue keeper decided nothing within {within_s:g}s "
+            "(`rayjobs queue` shows whether the cluster has one)")
+        return None
+    if decided.get("note"):
+        say(decided["note"])
+    if not decided.get("retry") or not decided.get("next"):
+        return None
+    next_id = str(decided["next"])
+    deadline = max(deadline, retry_waits.now() + float(decided.get("due", 0)) - float(decided.get("at", 0)) + within_s)
+    while retry_waits.now() < deadline:
+        try:
+            job_or_place(client, next_id)
+            return next_id
         except JobNotFound:
-            return candidate
-        if not is_terminal(info.get("status")):
-            return candidate
-        again += 1
-        candidate = f"{first}-attempt{attempt}-{again}"
+            retry_waits.sleep(poll_s)
+    say(f"attempt {decided.get('attempt')} ({next_id}) did not reach the cluster in time; "
+        f"`rayjobs status {next_id}` shows it once it does")
+    return None
 
 
 def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = None, timeout_s: float | None = None,
@@ -238,7 +272,8 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
     options = options or RunOptions()
     if queued:
         try:
-            wait_for_turn(client, job_id, Reporter(notes).say, just_queued=just_queued)
+            wait_for_turn(client, job_id, Reporter(notes).say, just_queued=just_queued,
+                          give_up_after_s=options.give_up_after_s)
         except KeyboardInterrupt:
             detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
             return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id])

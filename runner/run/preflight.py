@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from rayjobs_agent.storage_location import uri_scheme
 from jobs.sweep import SweepDoesNotFit, sweep_concurrency
+from jobs.worker_layout import AUTO_LEAST_CPUS, workers_that_fit
 from jobs.workload_contract import workload_needs
 from runner.errors import BadInput, RayJobsError
 
@@ -90,9 +91,10 @@ def check_sweep_fits(api: Any, loaded: Any, warn: Callable[[str], None]) -> None
     """Refuse a sweep the cluster cannot run as asked: no trial fits, or fewer at once than ``max_concurrent``.
 
     One trial needs the workload's training workers (its Tune trial and Train controller reserve no CPU).
-    The cluster's resources are summed over its alive nodes, as the job counts them, and one worker must
-    fit on one node. A cluster that autoscales gets a warning instead, and one that cannot answer is not
-    a reason to refuse.
+    The cluster's resources are summed over its alive nodes, as the job counts them, and the workers of one
+    trial must also be placeable whole on the nodes (:func:`jobs.worker_layout.workers_that_fit`). An ``auto``
+    CPU count counts as the least it gives. A cluster that autoscales gets a warning instead, and one that
+    cannot answer is not a reason to refuse.
 
     A local cluster's sweep is also checked against the sweep already in its run folder
     (:func:`check_sweep_unchanged`).
@@ -111,19 +113,36 @@ def check_sweep_fits(api: Any, loaded: Any, warn: Callable[[str], None]) -> None
     advice = ("so lower sweep.max_concurrent (or set it to auto), ask less of each trial (workload.train.num_workers, "
               "cpus_per_worker, use_gpu), or use a bigger cluster")
     largest = max(node.get("CPU", 0) for node in nodes)
+    # An auto CPU count is resolved when training starts: here it counts as the least it gives, so that what is
+    # refused could not run whatever the cluster has free then.
+    least = f"; cpus_per_worker auto gives each worker at least {AUTO_LEAST_CPUS} CPU" if training.auto_cpus else ""
     try:
         sweep_concurrency(sweep, training, resources)
     except SweepDoesNotFit as refused:
-        _refuse_unless_autoscaling(api, f"{refused} (its largest node has {largest:g})", advice, warn)
+        _refuse_unless_autoscaling(api, f"{refused} (its largest node has {largest:g}{least})", advice, warn)
         return
     worker = {name: float(amount) for name, amount in
               {"CPU": training.cpus, "GPU": training.gpus, **training.resources}.items() if amount}
-    best = unmet_on_every_node(worker, nodes)
-    if best is not None:
-        wanted = ", ".join(f"{name} {_amount(name, value)}" for name, value in worker.items())
+    placed = workers_that_fit(worker, nodes)
+    if placed >= training.count:
+        return
+    wanted = ", ".join(f"{name} {_amount(name, value)}" for name, value in worker.items())
+    if placed == 0:
+        best = unmet_on_every_node(worker, nodes) or {}
         offered = ", ".join(f"{name} {_amount(name, value)}" for name, value in best.items())
-        _refuse_unless_autoscaling(api, f"one worker of a trial asks for {wanted}, but the largest of the cluster's "
-                                   f"{len(nodes)} node(s) offers {offered}: no trial can start", advice, warn)
+        problem = (f"one worker of a trial asks for {wanted}, but the largest of the cluster's {len(nodes)} node(s) "
+                   f"offers {offered}{least}: no trial can start")
+    else:
+        shown = "; ".join(", ".join(f"{name} {_amount(name, node.get(name, 0))}" for name in worker)
+                          for node in nodes[:_NODES_SHOWN]) + ("; …" if len(nodes) > _NODES_SHOWN else "")
+        problem = (f"a trial's {training.count} workers ask for {wanted} each{least}, and a worker runs whole on one "
+                   f"node: the cluster's {len(nodes)} node(s) ({shown}) hold {placed} such workers at once, although "
+                   "they have enough in all: no trial can start")
+    _refuse_unless_autoscaling(api, problem, advice, warn)
+
+
+# A refusal names each node's resources up to this many.
+_NODES_SHOWN = 8
 
 
 def check_sweep_unchanged(api: Any, loaded: Any) -> None:

@@ -1,9 +1,10 @@
-"""Whether a job lost whole is submitted again, and after how long: the spec's retry_on, max_retries, retry_backoff.
+"""Whether a job lost whole is submitted again: the spec's retry_on and max_retries, as the follower reads them.
 
 A failed entrypoint is retried by the agent beside it, inside the same job (``rayjobs_agent/retries.py``,
-the one rule): the client follows those attempts and decides nothing about them. What the agent
-cannot see is a job that was lost whole (its supervisor died, it could not start): for that, by the
-same rule, the client submits it again.
+the one rule): the client follows those attempts and decides nothing about them. A job that was lost
+whole (its supervisor died, it could not start, its node went) is submitted again by the cluster's
+queue keeper by the same rule; the follower reads the rule here only to know whether to wait for the
+keeper's next attempt.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from rayjobs_agent.retries import ENTRYPOINT_FAILED, Failure, RetryDecision, dec
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
 
-# Waits go through this name, so that a test can run them on a fake clock.
+# Waits go through these names, so that a test can run them on a fake clock.
 sleep: Callable[[float], None] = time.sleep
+now: Callable[[], float] = time.monotonic
 
 
 def decide_resubmit(spec: JobSpec, info: dict[str, Any], attempts_made: int) -> RetryDecision:
@@ -32,15 +34,4 @@ def decide_resubmit(spec: JobSpec, info: dict[str, Any], attempts_made: int) -> 
     error_type = info.get("error_type")
     if error_type == ENTRYPOINT_FAILED or not error_type:
         return RetryDecision(False)  # its entrypoint ran: the agent beside it decided, and retried it if it could
-    return decide_retry(retry_policy(spec), Failure(error_type=error_type), attempts_made, again="submitting")
-
-
-def wait_before_retry(delay_s: float) -> bool:
-    """Wait ``delay_s`` before the next attempt; False when Ctrl-C cut the wait short (nothing more is submitted)."""
-    if delay_s <= 0:
-        return True
-    try:
-        sleep(delay_s)
-    except KeyboardInterrupt:
-        return False
-    return True
+    return decide_retry(retry_policy(spec), Failure(error_type=error_type), attempts_made, again="the cluster submits")

@@ -13,7 +13,7 @@ from jobs.queueing import queue_needs
 from jobs.submission import AGENT_PACKAGE_DIR
 from runner.client.queue import ClusterQueue
 from runner.client.submission import SubmitInterrupted, new_submission_id, working_dir_size
-from runner.errors import BadInput, ClusterRequestFailed, JobNotFound
+from runner.errors import BadInput, ClusterRequestFailed, JobNotFound, RayJobsError
 from runner.run.code_upload import code_destination, upload_code
 from runner.follow.messages import where_from
 from runner.run.interrupts import settle_interrupted_submit
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, preflight: bool = True,
                      notes: TextIO | None = None, loaded: LoadedSpec | None = None,
-                     queue: dict[str, Any] | None = None) -> str:
+                     queue: dict[str, Any] | None = None, await_place: bool = True) -> str:
     """Submit a job; with a fixed ``submission_id`` already taken by the same spec, attach to that job instead.
 
     Args:
@@ -41,6 +41,8 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
         notes: where rayjobs' own lines go (default: stderr).
         queue: the job's place in a cluster queue (``jobs.queueing.queue_config``): its request is then kept by
             the queue, which submits it to Ray when its turn comes.
+        await_place: for a queued job, wait for the queue's answer and say the job's place; without it, return
+            once the queue has taken the order (``--no-wait``).
 
     Returns:
         The submission id of the new or the attached job.
@@ -62,11 +64,14 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
             if loaded.spec.queue is not None:
                 check_queue_fits(client, queue_needs(loaded), loaded.spec.queue,
                                  warn=lambda text: say(f"warning: {text}"))
+    # The agent's own package, as listed before its code may be sent through object storage: the stand-in of a
+    # waiting job that never runs needs the agent, wherever the package went.
+    local_modules = list((submission.get("runtime_env") or {}).get("py_modules") or [])
     destination = code_destination(loaded, submission, working_dir_size) if loaded is not None else None
     if destination is not None:
         submission = upload_code(submission, destination, say)
     if queue is not None:
-        return _enqueue(client, submission, name, queue, say, loaded)
+        return _enqueue(client, submission, name, queue, say, loaded, local_modules, await_place)
     try:
         job_id = client.submit(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
     except (BadInput, ClusterRequestFailed):
@@ -85,7 +90,7 @@ def submit_or_attach(client: JobsApi, submission: dict[str, Any], *, name: str, 
 
 
 def _enqueue(client: JobsApi, submission: dict[str, Any], name: str, queue: dict[str, Any],
-             say: Callable[[str], None], loaded: LoadedSpec | None) -> str:
+             say: Callable[[str], None], loaded: LoadedSpec | None, local_modules: list[str], await_place: bool) -> str:
     """Put the job's request (its code uploaded) into its cluster queue; the job's id."""
     submission = {**submission, "submission_id": submission.get("submission_id") or new_submission_id()}
     job_id = submission["submission_id"]
@@ -93,25 +98,41 @@ def _enqueue(client: JobsApi, submission: dict[str, Any], name: str, queue: dict
         request = client.prepare(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
     except KeyboardInterrupt:
         raise SubmitInterrupted(None) from None
-    modules = (submission.get("runtime_env") or {}).get("py_modules") or []
     sent_modules = (request.get("runtime_env") or {}).get("py_modules") or []
-    agent_modules = [sent for local, sent in zip(modules, sent_modules) if local == str(AGENT_PACKAGE_DIR)]
+    agent_modules = [sent for local, sent in zip(local_modules, sent_modules) if local == str(AGENT_PACKAGE_DIR)]
     try:
         answer = ClusterQueue(client).enqueue(request, queue=queue["name"], priority=int(queue.get("priority") or 0),
-                                              needs=queue.get("needs") or {}, name=name, agent_modules=agent_modules)
-    except KeyboardInterrupt:
-        raise SubmitInterrupted(job_id, answered=False) from None
+                                              needs=queue.get("needs") or {}, name=name, agent_modules=agent_modules,
+                                              wait=await_place, grows=queue.get("grows") or [])
+    except (KeyboardInterrupt, SubmitInterrupted) as interrupted:
+        raise _enqueue_interrupted(client, job_id, interrupted) from None
     if "exists" in answer:
         _same_spec_or_refuse(job_id, submission, answer.get("metadata") or {},
                              answer.get("status") or f"waiting in queue {answer.get('queue')}", say)
         return job_id
-    limit = answer.get("max_running")
-    say(f"submitted {name} as {job_id} to {client.address} ({where_from(client.connection)}): waiting in queue "
-        f"{answer['queued']}, position {answer.get('position')} ({answer.get('running')} of "
-        f"{limit if limit is not None else 'unlimited'} running)")
+    where = f"submitted {name} as {job_id} to {client.address} ({where_from(client.connection)})"
+    if "position" in answer:
+        limit = answer.get("max_running")
+        say(f"{where}: waiting in queue {answer['queued']}, position {answer.get('position')} "
+            f"({answer.get('running')} of {limit if limit is not None else 'unlimited'} running)")
+    else:
+        say(f"{where}: queued in {answer['queued']} (`rayjobs status {job_id}` shows its place)")
     if loaded is not None and (note := no_record_note(loaded, submission)) is not None:
         say(f"note: {note}")
     return job_id
+
+
+def _enqueue_interrupted(client: JobsApi, job_id: str, interrupted: BaseException) -> SubmitInterrupted:
+    """Ctrl-C while job ``job_id``'s order to enter its queue went out or was answered, settled for good: an order
+    still on its way (a slow network, a proxy) must not enter the job after the user was told nothing was submitted,
+    so its id is taken by an order that withdraws the job, unless the order is in Ray's table already."""
+    if isinstance(interrupted, SubmitInterrupted) and interrupted.submission_id is None:
+        return SubmitInterrupted(None)  # the order had not gone out
+    try:
+        withdrawn = ClusterQueue(client).withdraw(job_id)
+    except (RayJobsError, KeyboardInterrupt):
+        return SubmitInterrupted(job_id, answered=False)  # the cluster is asked what became of it, and says so
+    return SubmitInterrupted(None) if withdrawn else SubmitInterrupted(job_id, answered=True)
 
 
 def _attach_if_submitted(client: JobsApi, wanted: str, submission: dict[str, Any],
@@ -121,10 +142,12 @@ def _attach_if_submitted(client: JobsApi, wanted: str, submission: dict[str, Any
     try:
         existing = client.get_job(wanted)
     except JobNotFound:
-        place = ClusterQueue(client).place_of(wanted)
-        if place is None:
+        # A waiting job's order to enter its queue holds its id, with its spec's hash, for as long as it waits.
+        entry = ClusterQueue(client).entry_of(wanted)
+        if entry is None:
             return False
-        existing = {"status": f"waiting in queue {place['queue']}", "metadata": place.get("metadata") or {}}
+
+        existing = {"status": f"waiting in queue {entry.get('queue')}", "metadata": entry.get("metadata") or {}}
     _same_spec_or_refuse(wanted, submission, existing.get("metadata") or {}, existing.get("status"), say)
     return True
 
@@ -144,11 +167,12 @@ def _same_spec_or_refuse(wanted: str, submission: dict[str, Any], metadata: dict
 
 def submit_settling_interrupts(client: JobsApi, submission: dict[str, Any], name: str, *, preflight: bool,
                                stop_on_interrupt: bool, notes: TextIO | None, attempts: list[str],
-                               loaded: LoadedSpec | None = None, queue: dict[str, Any] | None = None) -> str | None:
+                               loaded: LoadedSpec | None = None, queue: dict[str, Any] | None = None,
+                               await_place: bool = True) -> str | None:
     """``submit_or_attach``, its id appended to ``attempts``; on Ctrl-C, settle it and return None."""
     try:
         job_id = submit_or_attach(client, submission, name=name, preflight=preflight, notes=notes, loaded=loaded,
-                                  queue=queue)
+                                  queue=queue, await_place=await_place)
     except SubmitInterrupted as interrupted:
         created = settle_interrupted_submit(client, interrupted, stop_it=stop_on_interrupt, notes=notes)
     except KeyboardInterrupt:  # in the attach check or the pre-flight: before any job request

@@ -16,7 +16,8 @@ from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value
 from runner.errors import BadInput, JobNotFound
 from runner.follow.progress import shown_metrics
-from runner.records.report import LOST, listed_run, masked_log, masked_record, run_status
+from runner.records.model import name_problem
+from runner.records.report import LOST, counted_events, listed_run, masked_record, masked_values, run_status
 from runner.records.store import UNREADABLE, Folder, attempt_events, list_runs, read_run
 from runner.ui.log_pages import log_parts, page_count, search_log
 
@@ -42,9 +43,11 @@ class Records:
     def runs(self) -> list[tuple[Folder, dict[str, Any]]]:
         """Every run, newest first (an unreadable one with its reason)."""
         found = list_runs(self.location)
-        if not found and self.location.read(RUN_FILE) is not None:
+        if not found:
             try:
                 found = [(self.location, read_run(self.location))]
+            except JobNotFound:
+                return []
             except BadInput as exc:
                 found = [(self.location, {"status": UNREADABLE, "error": str(exc)})]
         return found
@@ -53,14 +56,17 @@ class Records:
         """The folder of the run called ``name``.
 
         Raises:
+            BadInput: ``name`` is no folder's name (``..``, a ``/`` or ``\\``, a NUL): it could lead out of the
+                location (exit code 2; a 400 to a browser).
             JobNotFound: no run of that name here (exit code 6; a 404 to a browser).
         """
-        if name and "/" not in name and name not in (".", ".."):
-            if name == self.location.name and self.location.read(RUN_FILE) is not None:
-                return self.location
-            child = self.location.child(name)
-            if child.read(RUN_FILE) is not None:
-                return child
+        if (problem := name_problem(name)) is not None:
+            raise BadInput(f"{name!r} is no run's name: {problem}")
+        if name == self.location.name and self.location.read(RUN_FILE) is not None:
+            return self.location
+        child = self.location.child(name)
+        if child.read(RUN_FILE) is not None:
+            return child
         raise JobNotFound(f"no run {name!r} in {self.location.location}")
 
 
@@ -125,15 +131,13 @@ def run_detail(records: Records, name: str, now: float | None = None) -> dict[st
                 counted.append(event)
             if kind == EventKind.REPORT:
                 reports.append({"submission_id": submission, "time": event.get("time"),
-                                "iteration": event.get("iteration"), "metrics": event.get("metrics") or {}})
+                                "iteration": event.get("iteration"), "metrics": _metrics(event)})
             elif kind == EventKind.TRIAL:
-                _add_trial(trials, event)
+                _add_trial(trials, masked_values(event))
             elif kind == RESOURCES:
                 resources.append({field: event[field] for field in _RESOURCE_FIELDS if field in event})
             elif kind in (EventKind.RETRY, EventKind.WAIT, EventKind.STALL, EventKind.QUEUE):
-                decisions.append({"submission_id": submission,
-                                  **{key: (masked_log(value) if isinstance(value, str) else value)
-                                     for key, value in event.items()}})
+                decisions.append({"submission_id": submission, **masked_values(event)})
         parts = log_parts(folder, submission)
         logs.append({"submission_id": submission, "pages": page_count(parts),
                      "bytes": sum(part.size for part in parts),
@@ -157,6 +161,12 @@ def submissions(document: dict[str, Any]) -> list[str]:
     return seen
 
 
+def _metrics(event: dict[str, Any]) -> dict[str, Any]:
+    """A report's metrics as the page draws them: a mapping (a report written by hand may hold anything)."""
+    metrics = event.get("metrics")
+    return masked_values(metrics) if isinstance(metrics, dict) else {}
+
+
 def _span(attempt: dict[str, Any]) -> float | None:
     start, end = attempt.get("started"), attempt.get("ended") or attempt.get("updated")
     return None if start is None or end is None else max(0.0, float(end) - float(start))
@@ -169,7 +179,7 @@ def _add_trial(trials: dict[str, dict[str, Any]], event: dict[str, Any]) -> None
     state = event.get("state")
     trial["state"] = state
     if state == "started":
-        trial["values"] = event.get("values") or {}
+        trial["values"] = event.get("values") if isinstance(event.get("values"), dict) else {}
     if event.get("epoch") is not None:
         trial["epoch"] = event["epoch"]
     if isinstance(event.get("metric"), (int, float)):
@@ -185,7 +195,7 @@ def _totals(events: list[dict[str, Any]]) -> dict[str, Any]:
         prices = prices_from(os.environ)
     except ValueError:  # a price that is no number: `rayjobs show` says so; the page shows the totals unpriced
         prices = None
-    return resource_totals(events, prices)
+    return resource_totals(counted_events(events), prices)
 
 
 def _provenance(document: dict[str, Any]) -> dict[str, Any]:
@@ -241,7 +251,7 @@ def compare_data(records: Records, names: list[str], now: float | None = None) -
         folder = records.folder(name)
         document = read_run(folder)
         reports = [{"submission_id": submission, "iteration": event.get("iteration"),
-                    "metrics": event.get("metrics") or {}}
+                    "metrics": _metrics(event)}
                    for submission in submissions(document)
                    for event in attempt_events(folder, submission) if kind_of(event) == EventKind.REPORT]
         runs.append({**run_row(folder, document, now), "reports": reports})
@@ -249,12 +259,18 @@ def compare_data(records: Records, names: list[str], now: float | None = None) -
 
 
 def search_runs(records: Records, query: str, per_run: int = 20, limit: int = 200) -> dict[str, Any]:
-    """The lines of every run's saved logs that hold ``query``, masked, at most ``per_run`` a run."""
+    """The lines of every run's saved logs that hold ``query``, masked, at most ``per_run`` a run; a run whose log
+    cannot be read is named in ``skipped`` with why, and the others are searched."""
     found: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
     for folder, document in records.runs():
         for submission in submissions(document):
             if len(found) >= limit:
                 break
-            matches = search_log(folder, submission, query, limit=per_run)
+            try:
+                matches = search_log(folder, submission, query, limit=per_run)
+            except BadInput as exc:
+                skipped.append({"run": folder.name, "submission_id": submission, "error": str(exc)})
+                continue
             found += [{"run": folder.name, "submission_id": submission, **match} for match in matches]
-    return {"query": query, "matches": found[:limit], "complete": len(found) < limit}
+    return {"query": query, "matches": found[:limit], "complete": len(found) < limit, "skipped": skipped}

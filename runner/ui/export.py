@@ -2,7 +2,8 @@
 CI artifact.
 
 ``DIR/index.html`` (the runs), ``DIR/run/NAME.html`` (each run), ``DIR/compare.html?run=A&run=B`` (any of them
-side by side) and ``DIR/run/NAME/log-SUBMISSION-N.txt`` (each log's pages, masked, as the served page shows them).
+side by side), ``DIR/run/NAME/log-SUBMISSION-N.txt`` (each log's pages, masked, as the served page shows them) and
+``DIR/static/`` (the pages' script and style, the files the server serves).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def export(records: data.Records, target: Path) -> dict[str, int]:
             detail = data.run_detail(records, name, now)
         except RayJobsError:
             continue
-        (target / "run" / f"{name}.html").write_text(pages.run_page(name, embedded=detail, base="../"))
+        page = pages.run_page(name, embedded=detail, base="../")
+        (target / "run" / f"{name}.html").write_text(page, encoding="utf-8")
         written += 1
         folder = records.folder(name)
         logs = target / "run" / name
@@ -39,9 +41,12 @@ def export(records: data.Records, target: Path) -> dict[str, int]:
             logs.mkdir(exist_ok=True)
             for page in range(log["pages"]):
                 text = log_page(folder, log["submission_id"], page)["text"]
-                (logs / f"log-{log['submission_id']}-{page + 1}.txt").write_text(text)
+                (logs / f"log-{log['submission_id']}-{page + 1}.txt").write_text(text, encoding="utf-8")
                 log_files += 1
         compared.append({key: detail[key] for key in (*row, "reports")})
-    (target / "index.html").write_text(pages.runs_page(embedded=table))
-    (target / "compare.html").write_text(pages.compare_page(embedded={"runs": compared}))
+    (target / pages.STATIC_FOLDER).mkdir(exist_ok=True)
+    for name in pages.static_files():
+        (target / pages.STATIC_FOLDER / name).write_bytes(pages.static_file(name))
+    (target / "index.html").write_text(pages.runs_page(embedded=table), encoding="utf-8")
+    (target / "compare.html").write_text(pages.compare_page(embedded={"runs": compared}), encoding="utf-8")
     return {"runs": len(table["runs"]), "run_pages": written, "log_pages": log_files}

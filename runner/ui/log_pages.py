@@ -2,18 +2,22 @@
 
 A log may be hundreds of megabytes (parts of 8 MiB each, in a folder or in S3): no page, search or export
 holds more than one part of it in memory, and a browser is only ever sent one page.
+
+The page shows the job's own lines: Ray's colour codes are taken out, and so are the agent's event lines
+(``rayjobs-event {…}``, what the page draws as curves and decisions), which are no line of the job's. A page is
+still addressed by its byte range in the saved log, which keeps them.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from rayjobs_agent.ray_lines import ANSI_ESCAPE
 from rayjobs_agent.record_layout import log_folder
+from rayjobs_agent.vocabulary import EVENT_MARKER, decode
 from runner.records.report import masked_log
 from runner.records.store import Folder
-from runner.storage import calling_storage
 
 PAGE_BYTES = 256 * 1024
 # A page ends at the first line start past its size; a line this much longer is cut where the page ends.
@@ -33,20 +37,8 @@ class Part(NamedTuple):
 def log_parts(folder: Folder, submission_id: str) -> list[Part]:
     """The parts of one attempt's saved log, in order, with their sizes (one listing, no part read)."""
     directory = log_folder(submission_id)
-    if not folder.is_s3:
-        names = folder.files(directory)
-        sizes = [os.path.getsize(os.path.join(str(folder.path), directory, name)) for name in names]
-    else:
-        from pyarrow.fs import FileSelector, FileType
-
-        where = folder.joinpath(directory)
-        filesystem = folder.filesystem()
-        selector = FileSelector(where.fs_path, allow_not_found=True, recursive=False)
-        infos = calling_storage(lambda: folder.calling(lambda: filesystem.get_file_info(selector)))
-        found = sorted((info.base_name, info.size) for info in infos if info.type == FileType.File)
-        names, sizes = [name for name, _ in found], [size for _, size in found]
     parts, start = [], 0
-    for name, size in zip(names, sizes):
+    for name, size in folder.file_sizes(directory):
         parts.append(Part(f"{directory}/{name}", start, size))
         start += size
     return parts
@@ -68,23 +60,26 @@ def read_range(folder: Folder, parts: list[Part], start: int, end: int) -> bytes
     for part in parts:
         low, high = max(start, part.start), min(end, part.start + part.size)
         if low < high:
-            chunks.append(_read_part_range(folder, part.name, low - part.start, high - low))
+            chunks.append(folder.read_range(part.name, low - part.start, high - low))
     return b"".join(chunks)
 
 
-def _read_part_range(folder: Folder, name: str, offset: int, length: int) -> bytes:
-    where = folder.joinpath(name)
-    if not folder.is_s3:
-        with open(str(where.path), "rb") as handle:
-            handle.seek(offset)
-            return handle.read(length)
-    filesystem = folder.filesystem()
+def shown_line(line: str) -> str | None:
+    """A line of the saved log as the page shows it, its colour codes taken out; None for the agent's event
+    line, which is no line of the job's. Not yet masked."""
+    plain = ANSI_ESCAPE.sub("", line) if "\x1b" in line else line
+    if EVENT_MARKER in plain and decode(plain) is not None:
+        return None
+    return plain
 
-    def read() -> bytes:
-        with filesystem.open_input_file(where.fs_path) as file:
-            return file.read_at(length, offset)
 
-    return calling_storage(lambda: where.calling(read))
+def shown_text(raw: bytes) -> str:
+    """A piece of the saved log (whole lines) as the page shows it: :func:`shown_line` for each, masked."""
+    *lines, last = raw.decode("utf-8", errors="replace").split("\n")
+    shown = [line + "\n" for line in map(shown_line, lines) if line is not None]
+    if (tail := shown_line(last)) is not None:
+        shown.append(tail)
+    return masked_log("".join(shown))
 
 
 def _page_start(folder: Folder, parts: list[Part], page: int) -> int:
@@ -101,12 +96,13 @@ def _page_start(folder: Folder, parts: list[Part], page: int) -> int:
 
 
 def log_page(folder: Folder, submission_id: str, page: int) -> dict[str, Any]:
-    """Page ``page`` (from 0) of one attempt's saved log, masked: whole lines, about ``PAGE_BYTES`` of them."""
+    """Page ``page`` (from 0) of one attempt's saved log as :func:`shown_text` shows it: whole lines, about
+    ``PAGE_BYTES`` of them; ``start`` and ``end`` are its byte range in the saved log."""
     parts = log_parts(folder, submission_id)
     pages = page_count(parts)
     page = min(max(0, page), pages - 1)
     start, end = _page_start(folder, parts, page), _page_start(folder, parts, page + 1)
-    text = masked_log(read_range(folder, parts, start, end).decode("utf-8", errors="replace"))
+    text = shown_text(read_range(folder, parts, start, end))
     return {"page": page, "pages": pages, "start": start, "end": end, "bytes": log_size(parts), "text": text}
 
 
@@ -128,9 +124,11 @@ def _lines(folder: Folder, parts: list[Part]) -> Iterator[tuple[int, bytes]]:
 
 
 def search_log(folder: Folder, submission_id: str, query: str, limit: int = MAX_MATCHES) -> list[dict[str, Any]]:
-    """The lines of one attempt's log that hold ``query`` (any case), masked, each with its page.
+    """The lines of one attempt's log that hold ``query`` (any case), as the page shows them (:func:`shown_line`,
+    masked), each with its number in the saved log and its page.
 
-    The masked line is searched, not the saved one, so that a search cannot tell whether a password was there.
+    The shown line is searched, not the saved one: a search cannot tell whether a password was there, finds
+    text that colour codes split, and never answers with one of the agent's event lines.
     """
     wanted = query.lower()
     found: list[dict[str, Any]] = []
@@ -139,7 +137,10 @@ def search_log(folder: Folder, submission_id: str, query: str, limit: int = MAX_
     for line_number, (offset, raw) in enumerate(_lines(folder, log_parts(folder, submission_id)), start=1):
         if wanted.encode() not in raw.lower() and not _may_hold(raw, wanted):
             continue
-        text = masked_log(raw.decode("utf-8", errors="replace"))
+        shown = shown_line(raw.decode("utf-8", errors="replace"))
+        if shown is None:
+            continue
+        text = masked_log(shown)
         if wanted in text.lower():
             found.append({"line": line_number, "offset": offset, "page": offset // PAGE_BYTES, "text": text[:2000]})
             if len(found) >= limit:
@@ -148,5 +149,8 @@ def search_log(folder: Folder, submission_id: str, query: str, limit: int = MAX_
 
 
 def _may_hold(raw: bytes, wanted: str) -> bool:
-    # The byte test above is a shortcut for ASCII queries; a query beyond ASCII is tested on decoded text.
-    return not wanted.isascii() and wanted in raw.decode("utf-8", errors="replace").lower()
+    # The byte test above is a shortcut for ASCII queries on lines without colour codes; a query beyond ASCII,
+    # or a line whose codes may split it, is tested on decoded text.
+    if wanted.isascii() and b"\x1b" not in raw:
+        return False
+    return wanted in ANSI_ESCAPE.sub("", raw.decode("utf-8", errors="replace")).lower()

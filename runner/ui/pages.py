@@ -1,429 +1,87 @@
-"""The pages: one HTML document per page, its style and its plain JavaScript inline, nothing loaded from
-anywhere else, so that they work offline, from ``rayjobs ui`` or opened from disk after ``--export``.
+"""The pages: one HTML document per page, made from the templates in ``templates/``, with the style and the plain
+JavaScript they share in ``static/`` (``app.css``, ``app.js``; no build step, nothing loaded from anywhere else),
+so that they work offline, from ``rayjobs ui`` or opened from disk after ``--export``.
+
+No script or style is inline, so the served pages' policy (:data:`CONTENT_SECURITY_POLICY`) allows scripts and
+styles from the server alone, and an exported page's from the files beside it.
 
 Served, a page asks the JSON API for its data (and again every few seconds while a run goes on); exported, its
-data is in a ``<script type="application/json" id="data">`` block of the page itself.
+data is in a ``<script type="application/json" id="data">`` block of the page itself, which no browser runs.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
+import string
+from functools import cache
+from importlib import resources
 from typing import Any
 
-CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                           "img-src 'self' data:; connect-src 'self'")
+# Everything a served page loads comes from its own server; it may not be framed, nor post anywhere else.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                           "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+# An exported page's, in a <meta> tag (where frame-ancestors has no effect): its own files, nothing else.
+EXPORTED_POLICY = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; base-uri 'none'"
 REFRESH_S = 3
+STATIC_FOLDER = "static"
+# What the static folder may serve, by how a file's name ends; any other file there is not served.
+CONTENT_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 
-_STYLE = """
-:root { --fg:#1f2328; --muted:#656d76; --line:#d0d7de; --bg:#ffffff; --soft:#f6f8fa; --ok:#1a7f37; --bad:#cf222e;
-  --run:#0969da; --warn:#9a6700; font-family: system-ui, -apple-system, "Segoe UI", sans-serif; font-size: 14px; }
-body { margin: 0; color: var(--fg); background: var(--bg); }
-header { padding: 10px 20px; border-bottom: 1px solid var(--line); background: var(--soft); display: flex; gap: 16px;
-  align-items: baseline; }
-header a { color: var(--fg); font-weight: 600; text-decoration: none; }
-header .where { color: var(--muted); font-family: ui-monospace, monospace; font-size: 12px; }
-main { padding: 12px 20px 40px; }
-h1 { font-size: 20px; margin: 8px 0; } h2 { font-size: 16px; margin: 22px 0 8px; border-bottom: 1px solid var(--line);
-  padding-bottom: 4px; }
-table { border-collapse: collapse; width: 100%; } th, td { text-align: left; padding: 4px 8px;
-  border-bottom: 1px solid var(--line); vertical-align: top; }
-th { background: var(--soft); user-select: none; white-space: nowrap; } th[data-key] { cursor: pointer; }
-th.sorted::after { content: " \\25BE"; } th.sorted.up::after { content: " \\25B4"; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.status { font-weight: 600; padding: 1px 6px; border-radius: 10px; font-size: 12px; border: 1px solid; }
-.s-SUCCEEDED { color: var(--ok); } .s-FAILED, .s-LOST, .s-UNREADABLE { color: var(--bad); }
-.s-RUNNING, .s-PENDING { color: var(--run); } .s-STOPPED { color: var(--warn); }
-.muted { color: var(--muted); } .mono, pre { font-family: ui-monospace, SFMono-Regular, monospace; font-size: 12px; }
-pre { background: var(--soft); border: 1px solid var(--line); padding: 8px; overflow: auto; max-height: 520px;
-  white-space: pre-wrap; word-break: break-all; }
-.controls { display: flex; gap: 10px; align-items: center; margin: 8px 0; flex-wrap: wrap; }
-input, select, button { font: inherit; padding: 3px 6px; }
-.charts { display: flex; flex-wrap: wrap; gap: 14px; } figure.chart { margin: 0; border: 1px solid var(--line);
-  padding: 6px; } figcaption { font-weight: 600; font-size: 13px; margin-bottom: 2px; }
-.legend { font-size: 12px; display: flex; gap: 10px; flex-wrap: wrap; max-width: 420px; }
-.legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 14px; margin: 0; }
-dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
-.cause { border-left: 3px solid var(--bad); padding: 4px 10px; background: #fff5f5; margin: 6px 0; }
-.live { color: var(--run); font-size: 12px; } mark { background: #fff8c5; }
-.match { cursor: pointer; } .match:hover { background: var(--soft); }
-"""
 
-_SCRIPT = r"""
-"use strict";
-const B = document.body.dataset;
-const EXPORT = B.mode === "export";
-const REFRESH_MS = Number(B.refresh) * 1000;
-const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bc4c00", "#1b7c83", "#bf3989", "#6e7781"];
-const $ = (sel, root) => (root || document).querySelector(sel);
-function esc(text) { return String(text == null ? "" : text).replace(/[&<>"']/g,
-  c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]); }
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs || {})) if (value != null) node.setAttribute(key, value);
-  for (const child of children.flat()) if (child != null) node.append(child instanceof Node ? child : String(child));
-  return node;
-}
-function embedded() { const node = document.getElementById("data"); return node ? JSON.parse(node.textContent) : null; }
-async function api(path) {
-  const answer = await fetch(path, {credentials: "same-origin", cache: "no-store"});
-  const body = await answer.json();
-  if (!answer.ok) throw new Error(body.error || ("HTTP " + answer.status));
-  return body;
-}
-function runHref(name) { return EXPORT ? B.base + "run/" + encodeURIComponent(name) + ".html" : "/run/" + encodeURIComponent(name); }
-function compareHref(names) {
-  const query = names.map(name => "run=" + encodeURIComponent(name)).join("&");
-  return EXPORT ? B.base + "compare.html?" + query : "/compare?" + query;
-}
-function when(seconds) { return seconds == null ? "-" : new Date(seconds * 1000).toLocaleString(); }
-function number(value) { return typeof value === "number" ? (Number.isInteger(value) ? String(value) : value.toPrecision(4).replace(/\.?0+$/, "")) : String(value); }
-function bytes(value) { if (value == null) return "-"; const units = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
-  while (value >= 1024 && i < units.length - 1) { value /= 1024; i++; } return (i ? value.toFixed(1) : value) + " " + units[i]; }
-function badge(status) { return el("span", {class: "status s-" + status, "data-status": status}, status); }
-function where(run) {
-  const cluster = run.cluster ? `${run.cluster.nodes} node(s), ${number(run.cluster.cpus)} CPUs, ${number(run.cluster.gpus || 0)} GPUs` : "";
-  return [run.host, cluster].filter(Boolean).join("; ") || "-";
-}
-function fail(error) { $("main").prepend(el("p", {class: "cause", id: "error"}, String(error.message || error))); }
+def _package_file(*path: str) -> Any:
+    return resources.files(__package__).joinpath(*path)
 
-// ---- charts: inline SVG, drawn here, no library
-function extent(values) { let low = Math.min(...values), high = Math.max(...values);
-  if (low === high) { low -= Math.abs(low) * 0.1 || 1; high += Math.abs(high) * 0.1 || 1; } return [low, high]; }
-// Ticks a person reads at a glance: steps of 1, 2 or 5 times a power of ten, the range widened to whole steps.
-function niceTicks(low, high, wanted) {
-  const raw = (high - low) / wanted, power = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 5, 10].map(m => m * power).find(s => s >= raw) || 10 * power;
-  const first = Math.floor(low / step) * step, last = Math.ceil(high / step) * step, ticks = [];
-  for (let v = first; v <= last + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
-  return ticks;
-}
-function chart(title, series, xLabel) {
-  const W = 420, H = 230, L = 58, R = 12, T = 10, Bt = 34;
-  const figure = el("figure", {class: "chart", "data-title": title});
-  figure.append(el("figcaption", {}, title));
-  const points = series.flatMap(s => s.points).filter(p => Number.isFinite(p[0]) && Number.isFinite(p[1]));
-  if (!points.length) { figure.append(el("p", {class: "muted"}, "no values")); return figure; }
-  const [xLow, xHigh] = extent(points.map(p => p[0])), [yLow, yHigh] = extent(points.map(p => p[1]));
-  const xTicks = niceTicks(xLow, xHigh, 5), yTicks = niceTicks(yLow, yHigh, 4);
-  const x0 = xTicks[0], x1 = xTicks[xTicks.length - 1], y0 = yTicks[0], y1 = yTicks[yTicks.length - 1];
-  const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R), sy = y => H - Bt - (y - y0) / (y1 - y0) * (H - T - Bt);
-  let svg = `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img">`;
-  for (const y of yTicks) {
-    svg += `<line x1="${L}" x2="${W - R}" y1="${sy(y)}" y2="${sy(y)}" stroke="#eaeef2"/>`;
-    svg += `<text x="${L - 4}" y="${sy(y) + 4}" font-size="10" text-anchor="end" fill="#656d76">${esc(number(y))}</text>`;
-  }
-  for (const x of xTicks)
-    svg += `<text x="${sx(x)}" y="${H - Bt + 14}" font-size="10" text-anchor="middle" fill="#656d76">${esc(number(x))}</text>`;
-  svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" font-size="11" text-anchor="middle" fill="#656d76">${esc(xLabel)}</text>`;
-  series.forEach((s, i) => {
-    const good = s.points.filter(p => Number.isFinite(p[0]) && Number.isFinite(p[1]));
-    const color = COLORS[i % COLORS.length];
-    svg += `<polyline class="series" data-label="${esc(s.label)}" fill="none" stroke="${color}" stroke-width="1.8" points="${good.map(p => sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1)).join(" ")}"/>`;
-    if (good.length < 60) for (const p of good) svg += `<circle cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[1]).toFixed(1)}" r="2.5" fill="${color}"/>`;
-  });
-  figure.insertAdjacentHTML("beforeend", svg + "</svg>");
-  if (series.length > 1 || series[0].label) figure.append(el("div", {class: "legend"},
-    series.map((s, i) => el("span", {}, el("i", {style: "background:" + COLORS[i % COLORS.length]}), s.label))));
-  return figure;
-}
-// The metrics worth a curve: losses and accuracies first, as `rayjobs compare` ranks them.
-function curveMetrics(reportLists, limit) {
-  const counts = {};
-  for (const reports of reportLists) {
-    const seen = new Set(reports.flatMap(r => Object.keys(r.metrics).filter(k => typeof r.metrics[k] === "number")));
-    for (const name of seen) if (!["epoch", "step", "iteration"].includes(name)) counts[name] = (counts[name] || 0) + 1;
-  }
-  const rank = name => { const n = name.toLowerCase(); return n.includes("loss") ? 0 : (n.includes("acc") ? 1 : (/(_per_s|throughput)$/.test(n) ? 2 : 3)); };
-  return Object.keys(counts).sort((a, b) => rank(a) - rank(b) || counts[b] - counts[a]).slice(0, limit);
-}
-function curvePoints(reports, metric) {
-  return reports.filter(r => typeof r.metrics[metric] === "number")
-    .map((r, i) => [r.metrics.epoch != null ? r.metrics.epoch : (r.iteration != null ? r.iteration : i + 1), r.metrics[metric]]);
-}
 
-// ---- the runs page
-const RUN_COLUMNS = [["run", "Run"], ["status", "Status"], ["cause", "Cause of failure"], ["duration_s", "Duration"],
-  ["key_metric", "Key metric"], ["queue", "Queue"], ["attempts", "Attempts"], ["where", "Where it ran"], ["started", "Started"]];
-const runsState = {sort: "started", up: false, rows: []};
-function sortValue(row, key) {
-  if (key === "cause") return row.cause ? row.cause.cause : "";
-  if (key === "key_metric") return row.key_metric ? row.key_metric.value : -Infinity;
-  if (key === "where") return where(row);
-  const value = row[key]; return value == null ? (typeof row.started === "number" ? -Infinity : "") : value;
-}
-function drawRuns() {
-  const text = $("#filter").value.toLowerCase(), status = $("#status-filter").value;
-  const rows = runsState.rows.filter(row => (!status || row.status === status) &&
-    (!text || [row.run, row.name, row.status, row.cause && row.cause.cause, row.queue, row.host, row.metrics_text]
-      .some(v => v && String(v).toLowerCase().includes(text))));
-  rows.sort((a, b) => { const x = sortValue(a, runsState.sort), y = sortValue(b, runsState.sort);
-    const order = x < y ? -1 : (x > y ? 1 : 0); return runsState.up ? order : -order; });
-  const body = $("#runs tbody"); body.replaceChildren();
-  for (const row of rows) {
-    body.append(el("tr", {"data-run": row.run, "data-status": row.status},
-      el("td", {}, el("input", {type: "checkbox", class: "pick", value: row.run})),
-      el("td", {}, el("a", {href: runHref(row.run)}, row.run), row.name && row.name !== row.run ? el("div", {class: "muted"}, row.name) : null),
-      el("td", {}, badge(row.status)),
-      el("td", {class: "cause-cell", title: row.cause ? row.cause.text || "" : (row.error || "")},
-         row.cause ? row.cause.cause : (row.status === "UNREADABLE" ? row.error : "")),
-      el("td", {class: "num"}, row.duration || "-"),
-      el("td", {class: "metric"}, row.key_metric ? `${row.key_metric.name} ${row.key_metric.text}` : "-"),
-      el("td", {}, row.queue || "-"),
-      el("td", {class: "num"}, String(row.attempts)),
-      el("td", {}, where(row)),
-      el("td", {}, when(row.started))));
-  }
-  $("#count").textContent = `${rows.length} of ${runsState.rows.length} runs`;
-}
-async function runsPage() {
-  const head = $("#runs thead tr");
-  head.append(el("th", {}, ""));
-  for (const [key, label] of RUN_COLUMNS) {
-    const th = el("th", {"data-key": key}, label);
-    th.addEventListener("click", () => { runsState.up = runsState.sort === key ? !runsState.up : false; runsState.sort = key;
-      head.querySelectorAll("th").forEach(h => h.classList.toggle("sorted", h === th));
-      th.classList.toggle("up", runsState.up); drawRuns(); });
-    head.append(th);
-  }
-  $("#filter").addEventListener("input", drawRuns);
-  $("#status-filter").addEventListener("change", drawRuns);
-  $("#compare").addEventListener("click", () => {
-    const names = [...document.querySelectorAll("input.pick:checked")].map(box => box.value);
-    if (names.length < 2) { $("#compare-note").textContent = "pick two or more runs"; return; }
-    location.href = compareHref(names);
-  });
-  if (EXPORT) {
-    $("#search").disabled = true;
-    $("#search-results").textContent = "Searching the logs of every run needs the served page: run `rayjobs ui` over these records.";
-  } else {
-    $("#search-form").addEventListener("submit", async event => { event.preventDefault(); await searchAll($("#search").value); });
-  }
-  const load = async () => {
-    const table = EXPORT ? embedded() : await api("/api/runs");
-    runsState.rows = table.runs;
-    $("#where").textContent = table.location;
-    const statuses = [...new Set(table.runs.map(r => r.status))].sort(), picked = $("#status-filter").value;
-    $("#status-filter").replaceChildren(el("option", {value: ""}, "any status"), ...statuses.map(s => el("option", {value: s}, s)));
-    $("#status-filter").value = statuses.includes(picked) ? picked : "";
-    drawRuns();
-    $("#live").textContent = table.live && !EXPORT ? "a run is going: refreshing" : "";
-    if (table.live && !EXPORT) setTimeout(() => load().catch(fail), REFRESH_MS);
-  };
-  await load();
-}
-async function searchAll(query) {
-  const out = $("#search-results"); out.replaceChildren(el("p", {class: "muted"}, "searching…"));
-  if (!query.trim()) { out.replaceChildren(); return; }
-  const found = await api("/api/search?q=" + encodeURIComponent(query));
-  out.replaceChildren(el("p", {class: "muted", id: "search-count"},
-    `${found.matches.length} line(s) hold "${query}"` + (found.complete ? "" : " (the first ones)")));
-  const list = el("table", {id: "search-table"}, el("tr", {}, el("th", {}, "Run"), el("th", {}, "Line"), el("th", {}, "Text")));
-  for (const match of found.matches) {
-    const href = runHref(match.run) + `#log=${encodeURIComponent(match.submission_id)}:${match.page}:${encodeURIComponent(query)}`;
-    list.append(el("tr", {class: "hit"}, el("td", {}, el("a", {href}, match.run)), el("td", {class: "num"}, String(match.line)),
-      el("td", {class: "mono"}, match.text)));
-  }
-  out.append(list);
-}
+@cache
+def _template(name: str) -> str:
+    return _package_file("templates", f"{name}.html").read_text(encoding="utf-8")
 
-// ---- one run's page
-function facts(pairs) { return el("dl", {class: "facts"}, pairs.filter(p => p[1] != null && p[1] !== "")
-  .flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])); }
-function causeBox(cause) {
-  return el("div", {class: "cause", "data-cause": cause.cause}, el("strong", {}, cause.cause), ": ", cause.text || "",
-    cause.advice ? el("div", {class: "advice"}, "Fix: ", cause.advice) : null,
-    cause.evidence ? el("div", {class: "mono muted"}, cause.evidence) : null,
-    cause.retryable != null ? el("div", {class: "muted"}, cause.retryable ? "another attempt may get past it" : "another attempt would not get past it") : null);
-}
-function drawRun(run) {
-  document.title = run.run + " · rayjobs ui";
-  $("#title").replaceChildren(run.run, " ", badge(run.status));
-  $("#live").textContent = run.live && !EXPORT ? "running: refreshing every few seconds" : "";
-  $("#summary").replaceChildren(facts([["name", run.name], ["location", el("span", {class: "mono"}, run.location)],
-    ["started", when(run.started)], ["ended", when(run.ended)], ["duration", run.duration], ["attempts", String(run.attempts.length)],
-    ["metrics", run.metrics_text || "-"], ["queue", run.queue], ["where it ran", where(run)],
-    ["record schema", run.schema_version], ["rerun of", run.rerun_of]]), run.cause ? causeBox(run.cause) : "",
-    ...(run.notes || []).map(note => el("p", {class: "muted note"}, typeof note === "string" ? note : JSON.stringify(note))));
-  const metrics = curveMetrics([run.reports], 6);
-  $("#curves").replaceChildren(...(metrics.length ? metrics.map(m => chart(m, [{label: "", points: curvePoints(run.reports, m)}], "epoch (or report)"))
-    : [el("p", {class: "muted"}, "no metrics reported over time")]));
-  const attempts = el("table", {id: "attempts-table"}, el("tr", {}, ...["#", "Ray job", "Status", "Exit", "Started", "Duration", "Host", "Cause and its fix"].map(h => el("th", {}, h))));
-  for (const a of run.attempts) attempts.append(el("tr", {"data-attempt": a.attempt}, el("td", {}, String(a.attempt)),
-    el("td", {class: "mono"}, a.submission_id), el("td", {}, badge(a.status)), el("td", {class: "num"}, a.exit_code == null ? "-" : String(a.exit_code)),
-    el("td", {}, when(a.started)), el("td", {class: "num"}, a.duration), el("td", {}, a.host || "-"), el("td", {}, a.cause ? causeBox(a.cause) : "-")));
-  const decisions = run.decisions.map(d => el("li", {}, `${d.event}: `, d.text || d.cause || d.state || "", d.delay_s != null ? ` (again after ${d.delay_s}s)` : ""));
-  $("#attempts").replaceChildren(attempts, decisions.length ? el("ul", {id: "decisions"}, decisions) : "");
-  drawResources(run);
-  drawTrials(run);
-  $("#spec").replaceChildren(el("pre", {id: "spec-text"}, JSON.stringify(run.spec, null, 2)), el("div", {class: "muted"}, "spec hash " + (run.spec_hash || "-")));
-  const p = run.provenance, code = p.code || {}, git = code.git || {};
-  $("#provenance").replaceChildren(facts([["working_dir", code.working_dir], ["git commit", git.commit ? git.commit + (git.dirty ? ` (uncommitted changes, hash ${git.changes_hash})` : "") : null],
-    ["package", code.working_dir_package], ["versions", Object.entries(p.versions || {}).filter(e => e[1]).map(e => e.join(" ")).join(", ")],
-    ["cluster", p.cluster ? `${p.cluster.nodes} node(s), ${number(p.cluster.cpus)} CPUs, ${number(p.cluster.gpus || 0)} GPUs` : "- (reported by Ray Train runs only)"]]),
-    drawPrevious(run.previous));
-}
-function drawPrevious(previous) {
-  if (!previous) return el("p", {class: "muted", id: "previous"}, "no earlier run of the same name here");
-  const rows = previous.differences.map(d => el("tr", {}, el("td", {class: "mono"}, d.field),
-    el("td", {class: "mono"}, JSON.stringify(d.before)), el("td", {class: "mono"}, JSON.stringify(d.after))));
-  return el("div", {id: "previous"}, el("h3", {}, "Since the previous run of this name: ", el("a", {href: runHref(previous.run)}, previous.run), " ", badge(previous.status)),
-    rows.length ? el("table", {}, el("tr", {}, el("th", {}, "field"), el("th", {}, "then"), el("th", {}, "now")), rows) : el("p", {}, "no difference in spec, code, versions or cluster"));
-}
-function drawResources(run) {
-  const box = $("#resources"), samples = run.resources;
-  if (!samples.length) { box.replaceChildren(el("p", {class: "muted"}, "no resource samples in this record")); return; }
-  const t0 = samples[0].time, xs = s => (s.time - t0);
-  const plots = [chart("CPU cores in use", [{label: "", points: samples.map(s => [xs(s), s.cpu])}], "seconds"),
-    chart("memory (RSS, GiB)", [{label: "", points: samples.map(s => [xs(s), (s.rss_bytes || 0) / 2 ** 30])}], "seconds")];
-  if (samples.some(s => s.gpu_util != null)) {
-    plots.push(chart("GPU utilisation (%)", [{label: "", points: samples.filter(s => s.gpu_util != null).map(s => [xs(s), s.gpu_util])}], "seconds"));
-    plots.push(chart("GPU memory (GiB)", [{label: "", points: samples.filter(s => s.gpu_mem_bytes != null).map(s => [xs(s), s.gpu_mem_bytes / 2 ** 30])}], "seconds"));
-  }
-  const totals = run.resource_totals;
-  box.replaceChildren(el("div", {class: "charts"}, plots), totals ? facts([["samples", String(totals.samples)],
-    ["CPU hours", totals.cpu_hours != null ? number(totals.cpu_hours) : null], ["GPU hours", totals.gpu_hours ? number(totals.gpu_hours) : null],
-    ["peak memory", bytes(totals.peak_rss_bytes)], ["mean CPU cores", totals.mean_cpu != null ? number(totals.mean_cpu) : null],
-    ["mean GPU utilisation", totals.mean_gpu_util != null ? number(totals.mean_gpu_util) + " %" : null],
-    ["waiting for data", totals.data_wait_share != null ? Math.round(totals.data_wait_share * 100) + " %" : null],
-    ["cost", totals.cost != null ? number(totals.cost) : null]]) : "");
-}
-function drawTrials(run) {
-  const section = $("#trials-section");
-  if (!run.trials.length) { section.hidden = true; return; }
-  section.hidden = false;
-  const keys = [...new Set(run.trials.flatMap(t => Object.keys(t.values)))];
-  const table = el("table", {id: "trials-table"}, el("tr", {}, el("th", {}, "trial"), el("th", {}, "state"), ...keys.map(k => el("th", {}, k)), el("th", {}, "epoch"), el("th", {}, "metric")));
-  for (const t of run.trials) table.append(el("tr", {"data-trial": t.trial}, el("td", {class: "mono"}, t.trial), el("td", {}, t.state || "-"),
-    ...keys.map(k => el("td", {}, t.values[k] == null ? "-" : number(t.values[k]))), el("td", {class: "num"}, t.epoch == null ? "-" : String(t.epoch)),
-    el("td", {class: "num"}, t.metric == null ? "-" : number(t.metric))));
-  $("#trials").replaceChildren(table, el("div", {class: "charts"}, chart("trials: metric by epoch", run.trials.map(t => ({label: t.trial, points: t.points})), "epoch")));
-}
-const logState = {submission: null, page: 0, pages: 1, query: ""};
-function highlighted(text, query) {
-  if (!query) return esc(text);
-  const lower = text.toLowerCase(), q = query.toLowerCase(); let out = "", at = 0, i;
-  while ((i = lower.indexOf(q, at)) >= 0) { out += esc(text.slice(at, i)) + "<mark>" + esc(text.slice(i, i + q.length)) + "</mark>"; at = i + q.length; }
-  return out + esc(text.slice(at));
-}
-async function showLogPage(name, page) {
-  const answer = await api(`/api/run/${encodeURIComponent(name)}/log?attempt=${encodeURIComponent(logState.submission)}&page=${page}`);
-  logState.page = answer.page; logState.pages = answer.pages;
-  $("#log-text").innerHTML = highlighted(answer.text, logState.query);
-  $("#log-where").textContent = `page ${answer.page + 1} of ${answer.pages} (bytes ${answer.start}-${answer.end} of ${answer.bytes})`;
-  $("#log-prev").disabled = answer.page <= 0; $("#log-next").disabled = answer.page >= answer.pages - 1;
-  const mark = $("#log-text mark"); if (mark) mark.scrollIntoView({block: "center"});
-}
-async function searchLog(name, query) {
-  logState.query = query; const out = $("#log-matches");
-  if (!query) { out.replaceChildren(); return; }
-  const found = await api(`/api/run/${encodeURIComponent(name)}/log?attempt=${encodeURIComponent(logState.submission)}&q=${encodeURIComponent(query)}`);
-  out.replaceChildren(el("p", {class: "muted", id: "log-match-count"}, `${found.matches.length} line(s) hold "${query}"`),
-    ...found.matches.map(m => { const line = el("div", {class: "match mono", "data-page": m.page}, `line ${m.line} (page ${m.page + 1}): ${m.text}`);
-      line.addEventListener("click", () => showLogPage(name, m.page).catch(fail)); return line; }));
-}
-function setUpLog(run) {
-  const box = $("#log");
-  if (!run.logs.length) { box.replaceChildren(el("p", {class: "muted"}, "no log saved")); return; }
-  if (EXPORT) {
-    box.replaceChildren(...run.logs.map(log => el("div", {class: "log-files"}, el("strong", {}, `${log.submission_id} (attempt ${log.attempts.join(", ")}, ${bytes(log.bytes)}): `),
-      ...Array.from({length: log.pages}, (_, i) => [el("a", {href: `${encodeURIComponent(run.run)}/log-${encodeURIComponent(log.submission_id)}-${i + 1}.txt`}, `page ${i + 1}`), " "]))),
-      el("p", {class: "muted"}, "The log is in plain-text pages beside this file, masked; searching it needs the served page (`rayjobs ui`)."));
-    return;
-  }
-  const pick = el("select", {id: "log-attempt"}, run.logs.map(log => el("option", {value: log.submission_id}, `${log.submission_id} (attempt ${log.attempts.join(", ")}, ${bytes(log.bytes)})`)));
-  const search = el("input", {id: "log-search", type: "search", placeholder: "search this log"});
-  box.replaceChildren(el("div", {class: "controls"}, pick, el("button", {id: "log-prev"}, "◀ earlier"), el("span", {id: "log-where"}), el("button", {id: "log-next"}, "later ▶"),
-    el("form", {id: "log-search-form"}, search, el("button", {}, "search"))), el("div", {id: "log-matches"}), el("pre", {id: "log-text"}, "loading…"));
-  logState.submission = run.logs[run.logs.length - 1].submission_id; pick.value = logState.submission;
-  const name = run.run;
-  pick.addEventListener("change", () => { logState.submission = pick.value; showLogPage(name, 0).catch(fail); searchLog(name, logState.query).catch(fail); });
-  $("#log-prev").addEventListener("click", () => showLogPage(name, logState.page - 1).catch(fail));
-  $("#log-next").addEventListener("click", () => showLogPage(name, logState.page + 1).catch(fail));
-  $("#log-search-form").addEventListener("submit", event => { event.preventDefault(); searchLog(name, search.value).catch(fail); });
-  const wanted = /#log=([^:]*):(\d+):?(.*)$/.exec(location.hash);
-  if (wanted) { logState.submission = decodeURIComponent(wanted[1]); pick.value = logState.submission; logState.query = decodeURIComponent(wanted[3] || ""); search.value = logState.query;
-    return Promise.all([showLogPage(name, Number(wanted[2])), searchLog(name, logState.query)]); }
-  return showLogPage(name, 0);
-}
-async function runPage() {
-  const name = B.run, path = "/api/run/" + encodeURIComponent(name);
-  const run = EXPORT ? embedded() : await api(path);
-  drawRun(run);
-  await setUpLog(run);
-  if (run.live && !EXPORT) {
-    const again = async () => { const next = await api(path); drawRun(next);
-      // A log still growing: the last page is shown again, as long as the reader stayed on it.
-      if (logState.page >= logState.pages - 1 && !logState.query) await showLogPage(name, 1e9);
-      if (next.live) setTimeout(() => again().catch(fail), REFRESH_MS); };
-    setTimeout(() => again().catch(fail), REFRESH_MS);
-  }
-}
 
-// ---- runs side by side
-async function comparePage() {
-  const names = new URLSearchParams(location.search).getAll("run");
-  const load = async () => {
-    let runs;
-    if (EXPORT) { const all = embedded().runs; runs = names.map(n => all.find(r => r.run === n)).filter(Boolean); }
-    else runs = (await api("/api/compare?" + names.map(n => "run=" + encodeURIComponent(n)).join("&"))).runs;
-    const metricNames = [...new Set(runs.flatMap(r => Object.keys(r.metrics || {})))];
-    const table = el("table", {id: "compare-table"}, el("tr", {}, el("th", {}, ""), ...runs.map(r => el("th", {}, el("a", {href: runHref(r.run)}, r.run)))),
-      el("tr", {}, el("td", {}, "status"), ...runs.map(r => el("td", {}, badge(r.status)))),
-      el("tr", {}, el("td", {}, "duration"), ...runs.map(r => el("td", {}, r.duration))),
-      el("tr", {}, el("td", {}, "cause"), ...runs.map(r => el("td", {}, r.cause ? r.cause.cause : "-"))),
-      ...metricNames.map(m => el("tr", {"data-metric": m}, el("td", {}, m), ...runs.map(r => el("td", {class: "num"}, (r.metrics || {})[m] == null ? "-" : number(r.metrics[m]))))));
-    const metrics = curveMetrics(runs.map(r => r.reports), 6);
-    $("#compare").replaceChildren(table);
-    $("#curves").replaceChildren(...(metrics.length ? metrics.map(m => chart(m, runs.map(r => ({label: r.run, points: curvePoints(r.reports, m)})), "epoch (or report)"))
-      : [el("p", {class: "muted"}, "no run reported metrics over time")]));
-    if (runs.some(r => !["SUCCEEDED", "FAILED", "STOPPED", "LOST", "UNREADABLE"].includes(r.status)) && !EXPORT) setTimeout(() => load().catch(fail), REFRESH_MS);
-  };
-  await load();
-}
+@cache
+def static_files() -> dict[str, str]:
+    """The files of ``static/`` a page loads, each with its content type: the only ones the server serves."""
+    return {entry.name: CONTENT_TYPES[suffix] for entry in _package_file(STATIC_FOLDER).iterdir()
+            if entry.is_file() and (suffix := "." + entry.name.rpartition(".")[2]) in CONTENT_TYPES}
 
-const PAGES = {runs: runsPage, run: runPage, compare: comparePage};
-PAGES[B.page]().then(() => { document.body.dataset.ready = "1"; }).catch(fail);
-"""
 
-_BODIES = {
-    "runs": """<h1>Runs <span id="live" class="live"></span></h1>
-<div class="controls"><input id="filter" type="search" placeholder="filter: name, status, cause, queue, host">
-<select id="status-filter"></select><span id="count" class="muted"></span>
-<button id="compare">compare selected</button><span id="compare-note" class="muted"></span></div>
-<table id="runs"><thead><tr></tr></thead><tbody></tbody></table>
-<h2>Search the logs of every run</h2>
-<form id="search-form" class="controls"><input id="search" type="search" placeholder="text in any run's log" size="40">
-<button>search</button></form><div id="search-results"></div>""",
-    "run": """<h1 id="title"></h1><span id="live" class="live"></span>
-<div id="summary"></div>
-<h2>Curves</h2><div id="curves" class="charts"></div>
-<h2>Attempts</h2><div id="attempts"></div>
-<h2>Resources</h2><div id="resources"></div>
-<section id="trials-section" hidden><h2>Trials</h2><div id="trials"></div></section>
-<h2>Spec</h2><div id="spec"></div>
-<h2>Provenance</h2><div id="provenance"></div>
-<h2>Log</h2><div id="log"></div>""",
-    "compare": """<h1>Compare</h1><div id="compare"></div><h2>Curves</h2><div id="curves" class="charts"></div>""",
-}
+def static_file(name: str) -> bytes:
+    """The bytes of one of :func:`static_files` (a name listed there, never a path)."""
+    if name not in static_files():
+        raise KeyError(name)
+    return _package_file(STATIC_FOLDER, name).read_bytes()
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON a browser parses: a number JSON has no word for (NaN, infinity, a loss that diverged) is
+    written as text, where ``json.dumps`` would write a bare ``NaN`` that ``JSON.parse`` refuses."""
+    return json.dumps(_finite(value), default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _document(page: str, title: str, *, run: str = "", embedded: Any = None, base: str = "") -> str:
-    mode = "export" if embedded is not None else "served"
-    home = f"{base}index.html" if embedded is not None else "/"
+    exported = embedded is not None
     data_block = ""
-    if embedded is not None:
+    if exported:
         # "</" would end the script block early; JSON reads "<\/" as "</".
         data_block = ('<script type="application/json" id="data">'
-                      + json.dumps(embedded, default=str).replace("</", "<\\/") + "</script>\n")
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)} · rayjobs ui</title><style>{_STYLE}</style></head>\n"
-            f'<body data-page="{page}" data-mode="{mode}" data-run="{html.escape(run)}" data-base="{html.escape(base)}" '
-            f'data-refresh="{REFRESH_S}">\n'
-            f'<header><a href="{html.escape(home)}">rayjobs · runs</a><span class="where" id="where"></span></header>\n'
-            f"<main>{_BODIES[page]}</main>\n{data_block}<script>{_SCRIPT}</script></body></html>\n")
+                      + json_text(embedded).replace("</", "<\\/") + "</script>\n")
+    policy = f'<meta http-equiv="Content-Security-Policy" content="{EXPORTED_POLICY}">\n' if exported else ""
+    return string.Template(_template("page")).substitute(
+        policy=policy, title=html.escape(title), page=page, mode="export" if exported else "served",
+        run=html.escape(run), base=html.escape(base), refresh=REFRESH_S,
+        assets=html.escape(f"{base}{STATIC_FOLDER}/" if exported else f"/{STATIC_FOLDER}/"),
+        home=html.escape(f"{base}index.html" if exported else "/"), body=_template(page), data=data_block)
 
 
 def runs_page(embedded: Any = None) -> str:

@@ -2,10 +2,16 @@
 
 Each submitted job plays a script: the statuses its successive status polls return (the last one
 repeats). ``calls`` records every call in order, so a test can assert exactly what was asked.
+
+The cluster has a queue keeper, as a cluster rayjobs has submitted to does: an order job is answered at once
+(``orders`` keeps them apart from the jobs in ``submitted``), and a job that ends lost whole is submitted again
+by the keeper's own rule (``rayjobs_agent.queue.lost_jobs.decision_for_lost_job``), with the next script, its
+decision published where a follower reads it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from rayjobs_agent.queue.lost_jobs import decision_for_lost_job, retried_request
+from rayjobs_agent.queueing import ORDER_PREFIX, answer_text, order_from
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_SPEC_HASH
 from runner.client.connection import Connection
 from runner.errors import ClusterRequestFailed, ClusterUnreachable, JobNotFound
 from runner.client.log_resume import LogChunk, ResumePlan
@@ -55,6 +64,14 @@ class FakeClient:
         self.stop_error: BaseException | None = None
         # Ctrl-C right after the job request went out, before its answer came back.
         self.interrupt_after_request = False
+        # The order jobs the client sent the cluster's queue, and what its keeper decided about jobs lost whole.
+        self.orders: list[dict[str, Any]] = []
+        self.decisions: dict[str, dict[str, Any]] = {}
+        self.keeper = True
+        # Looks at the keeper's snapshot that do not show its decisions yet; and whether the keeper is still in a
+        # retry's backoff (it submits nothing) instead of submitting the next attempt at once.
+        self.decisions_hidden_for_looks = 0
+        self.in_backoff = False
 
     @property
     def address(self) -> str:
@@ -70,6 +87,8 @@ class FakeClient:
         self.calls.append(("submit", submission.get("submission_id")))
         if self.submit_error is not None:
             raise self.submit_error
+        if str(submission.get("submission_id") or "").startswith(ORDER_PREFIX):
+            return self._order(submission)
         job_id = submission.get("submission_id") or f"raysubmit_fake{len(self.submitted) + 1}"
         self.submitted.append(submission)
         self._start(job_id, self.scripts.pop(0) if self.scripts else Script(), submission)
@@ -94,9 +113,10 @@ class FakeClient:
             record["status"] = script.statuses[min(polls, len(script.statuses) - 1)]
         if record["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
             record.setdefault("end_time", record["start_time"] + 1500)
-            if record["status"] == "FAILED":
+            if record["status"] == "FAILED" and "error_type" not in record:
                 record.update(error_type=script.error_type, message=script.message,
                               driver_exit_code=script.driver_exit_code)
+                self._keeper_sees_failure(job_id)
         return dict(record)
 
     def stop_job(self, job_id: str) -> bool:
@@ -116,13 +136,21 @@ class FakeClient:
         return [dict(record) for record in self.records.values()]
 
     def get_json(self, path: str) -> Any:
-        """The state API a cluster queue is read through: this cluster has no queue's keeper (no file to read)."""
+        """The state API a cluster queue is read through: one head node."""
         self.calls.append(("get_json", path))
-        raise ClusterRequestFailed("no queue's keeper has published on this cluster")
+        if not self.keeper:
+            raise ClusterRequestFailed("no queue's keeper has published on this cluster")
+        return {"data": {"result": {"result": [{"node_id": "head-node"}]}}}
 
     def get_raw(self, path: str) -> bytes:
+        """The keeper's published snapshot: no queue, and its decisions about jobs lost whole."""
         self.calls.append(("get_raw", path))
-        raise ClusterRequestFailed("no queue's keeper has published on this cluster")
+        if not self.keeper:
+            raise ClusterRequestFailed("no queue's keeper has published on this cluster")
+        if self.decisions_hidden_for_looks > 0:
+            self.decisions_hidden_for_looks -= 1
+            return json.dumps({"at": time.time(), "queues": [], "retries": {}}).encode()
+        return json.dumps({"at": time.time(), "queues": [], "retries": self.decisions}).encode()
 
     def node_resources(self) -> list[dict[str, float]]:
         self.calls.append(("node_resources",))
@@ -155,7 +183,48 @@ class FakeClient:
             "submission_id": job_id, "status": "PENDING", "driver_node_id": "node-1",
             "entrypoint": submission.get("entrypoint", ""), "metadata": dict(submission.get("metadata") or {}),
             "start_time": script.start_time or time.time() * 1000,
+            "runtime_env": dict(submission.get("runtime_env") or {}),
         }
+
+    def _order(self, submission: dict[str, Any]) -> str:
+        """An order job, answered at once by the cluster's keeper (it never runs)."""
+        order_id = submission["submission_id"]
+        if order_id in self.records:
+            raise ClusterRequestFailed(f"Job with submission_id {order_id} already exists.")
+        order = order_from((submission.get("runtime_env") or {}).get("env_vars") or {})
+        self.orders.append(order)
+        answer: Any = {"keeper": "fake"}
+        if order.get("verb") == "stop":
+            job_id = str(order["id"])
+            decided = self.decisions.get(job_id)
+            if decided is not None and decided.get("retry"):
+                decided["retry"], answer = False, {"stopped": job_id, "was": "waiting to be submitted again"}
+            else:
+                answer = {"unknown": job_id}
+        self._plays[order_id] = (Script(["STOPPED"]), 0)
+        self.records[order_id] = {"submission_id": order_id, "status": "STOPPED", "message": answer_text(answer),
+                                  "metadata": dict(submission.get("metadata") or {}), "start_time": time.time() * 1000}
+        return order_id
+
+    def _keeper_sees_failure(self, job_id: str) -> None:
+        """What the cluster's keeper does when a job of rayjobs ends FAILED: submit it again if it was lost whole."""
+        record = self.records[job_id]
+        if not self.keeper or METADATA_SPEC_HASH not in record["metadata"]:
+            return
+        attempts = int(record["metadata"].get(METADATA_ATTEMPT) or 1)
+        decided = decision_for_lost_job(job_id, record, attempts, time.time(),
+                                        lambda other: (self.records.get(other) or {}).get("status"))
+        if decided is None:
+            return
+        self.decisions[job_id] = decided
+        if decided["retry"]:
+            request = retried_request(record, decided["next"], decided["attempt"], decided["first"])
+            if not self.in_backoff:
+                self._submit_next(request)
+
+    def _submit_next(self, request: dict[str, Any]) -> None:
+        self.submitted.append(request)
+        self._start(request["submission_id"], self.scripts.pop(0) if self.scripts else Script(), request)
 
     def called(self, name: str) -> list[tuple[Any, ...]]:
         """The calls of one method, in order."""

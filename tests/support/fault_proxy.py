@@ -35,6 +35,7 @@ class _PathFault:
     fault: str
     times: int
     after: int
+    method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,13 @@ class _Link:
 
     def _run(self) -> None:
         if self.proxy._has_path_faults():
-            fault = self.proxy._fault_for(_peek_path(self.client))
+            fault = self.proxy._fault_for(*_peek_request(self.client))
+            if fault == "hold":
+                # The request waits whole in the client's socket, as in a slow network: it reaches the dashboard
+                # on release even when the client has given up on it and gone.
+                with self.proxy._lock:
+                    self.proxy.held_requests += 1
+                self.proxy._released.wait(self.proxy.max_lifetime_s)
             if fault == "502":
                 with self.proxy._lock:
                     self.proxy.bad_gateway_answers += 1
@@ -203,6 +210,8 @@ class FaultProxy:
         self._stall_until = 0.0
         self._path_faults: list[_PathFault] = []
         self.bad_gateway_answers = 0
+        self.held_requests = 0
+        self._released = threading.Event()
         self.resets = 0
         self.bytes_down = 0  # bytes forwarded from the dashboard to clients
         self._stopping = threading.Event()
@@ -269,10 +278,20 @@ class FaultProxy:
         with 502 Bad Gateway) or ``"truncate"`` (the response is cut off a few bytes into its
         body, so the client reads a short body from a connection that then ends).
         """
-        if fault not in ("502", "truncate"):
+        if fault not in ("502", "truncate"):  # a "hold" is set with hold_path
             raise ValueError(f"unknown fault {fault!r}")
         with self._lock:
             self._path_faults.append(_PathFault(path, fault, times, after))
+
+    def hold_path(self, path: str, method: str | None = None, times: int = 1, after: int = 0) -> None:
+        """Hold the next ``times`` requests for exactly ``path`` (and ``method``, when given), once ``after`` of them
+        have passed, until :meth:`release`: the dashboard gets each one only then, whatever became of its client."""
+        with self._lock:
+            self._path_faults.append(_PathFault(path, "hold", times, after, method))
+
+    def release(self) -> None:
+        """Let the held requests (and any held from now on) go on to the dashboard."""
+        self._released.set()
 
     def path_faults_left(self) -> int:
         """How many faults set with ``fail_path`` have not struck yet."""
@@ -295,10 +314,10 @@ class FaultProxy:
 
     # --- internals ----------------------------------------------------------------------------------
 
-    def _fault_for(self, path: str) -> str | None:
+    def _fault_for(self, method: str, path: str) -> str | None:
         with self._lock:
             for rule in self._path_faults:
-                if rule.times > 0 and path.split("?", 1)[0] == rule.path:
+                if rule.times > 0 and path.split("?", 1)[0] == rule.path and rule.method in (None, method):
                     if rule.after > 0:
                         rule.after -= 1
                         return None
@@ -357,8 +376,8 @@ class FaultProxy:
             self.cut_all()
 
 
-def _peek_path(client: socket.socket) -> str:
-    """The path of the first request on ``client``, read without consuming it ("" if none comes)."""
+def _peek_request(client: socket.socket) -> tuple[str, str]:
+    """The method and path of the first request on ``client``, read without consuming it ("" if none comes)."""
     client.settimeout(2)
     deadline = time.monotonic() + 2
     head = b""
@@ -370,9 +389,9 @@ def _peek_path(client: socket.socket) -> str:
             if b"\r\n" not in head:
                 time.sleep(0.01)
     except OSError:
-        return ""
+        return "", ""
     match = _REQUEST_LINE.match(head.split(b"\r\n", 1)[0])
-    return match.group(2).decode("latin-1") if match else ""
+    return (match.group(1).decode(), match.group(2).decode("latin-1")) if match else ("", "")
 
 
 def _reset(client: socket.socket) -> None:

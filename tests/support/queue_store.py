@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
-
 from rayjobs_agent import queueing as q
+from rayjobs_agent.queue import store as qs
+
 
 
 class DictStore:
@@ -21,6 +23,9 @@ class DictStore:
         self.lock = threading.Lock()
         self.free = free if free is not None else {"CPU": 100.0}
         self.pinned: list[tuple[str, int]] = []
+        # What Ray shows placed for each job (submission id → resources), and the cluster's live nodes.
+        self.placed: dict[str, dict[str, float]] = {}
+        self.nodes: set[str] = {"node-1"}
 
     def get(self, key: str, namespace: bytes = q.NAMESPACE) -> bytes | None:
         return self.data.get((namespace, key))
@@ -44,16 +49,32 @@ class DictStore:
     def free_resources(self) -> dict[str, float]:
         return dict(self.free)
 
+    def placed_resources(self, job_ids: list[str]) -> dict[str, dict[str, float]]:
+        return {job_id: dict(self.placed.get(job_id) or {}) for job_id in job_ids}
+
+    def alive_nodes(self) -> set[str]:
+        return set(self.nodes)
+
     def pin_package(self, uri: str, expiration_s: int) -> None:
         self.pinned.append((uri, expiration_s))
 
     def set_job_status(self, job_id: str, status: str | None, **info: Any) -> None:
-        """What Ray's job table says of ``job_id`` (None: it has no record of it)."""
-        key = (q.RAY_JOB_NAMESPACE, q.RAY_JOB_INFO_PREFIX + job_id)
+        """What Ray's job table says of ``job_id`` (None: it has no record of it); ``info`` adds to what it had."""
+        key = (qs.RAY_JOB_NAMESPACE, qs.RAY_JOB_INFO_PREFIX + job_id)
         if status is None:
             self.data.pop(key, None)
         else:
-            self.data[key] = json.dumps({"status": status, **info}).encode()
+            before = json.loads(self.data[key]) if key in self.data else {}
+            if "runtime_env" in info:  # Ray's job manager keeps it as a JSON string
+                info["runtime_env_json"] = json.dumps(info.pop("runtime_env"))
+            self.data[key] = json.dumps({**before, "status": status, **info}).encode()
+
+    def order(self, order_id: str, order: dict[str, Any], *, start_time_ms: float = 0.0,
+              metadata: dict[str, str] | None = None) -> None:
+        """An order job as a client submits it (``queueing.order_submission``), waiting PENDING in Ray's table."""
+        request = q.order_submission(order, order_id, ["gcs://agent.zip"], metadata)
+        self.set_job_status(order_id, "PENDING", start_time=start_time_ms, runtime_env=request["runtime_env"],
+                            metadata=request["metadata"], entrypoint=request["entrypoint"])
 
 
 class FakeRayJobs:
@@ -65,17 +86,34 @@ class FakeRayJobs:
         self.stopped: list[str] = []
         self.deleted: list[str] = []
         self.refuse: dict[str, Exception] = {}
+        self.settled: list[tuple[str, str, str]] = []
+        self.clock: Any = time.time  # the head's clock, which stamps the end of what it settles
 
     def submit(self, request: dict[str, Any]) -> None:
         job_id = request["submission_id"]
         if job_id in self.refuse:
             raise self.refuse.pop(job_id)
+        if qs.job_status(self.store, job_id) is not None:
+            from rayjobs_agent.queue.ray_jobs import AlreadySubmitted
+
+            raise AlreadySubmitted(job_id)
         self.submitted.append(request)
-        self.store.set_job_status(job_id, "RUNNING")
+        self.store.set_job_status(job_id, "RUNNING", metadata=request.get("metadata") or {},
+                                  runtime_env=request.get("runtime_env") or {}, entrypoint=request.get("entrypoint"),
+                                  driver_node_id="node-1")
+
+    def settle(self, job_id: str, status: str, message: str, *, lost: bool = False) -> None:
+        self.settled.append((job_id, status, message))
+        extra = {"error_type": "JOB_SUPERVISOR_ACTOR_DIED"} if lost else {}
+        self.store.set_job_status(job_id, status, message=message, end_time=self.clock() * 1000, **extra)
+
+    def answer_to(self, order_id: str) -> Any:
+        """The keeper's answer to an order, as it ended the order's job."""
+        return q.answer_in(next(message for job_id, _, message in self.settled if job_id == order_id))
 
     def stop(self, job_id: str) -> bool:
         self.stopped.append(job_id)
-        if q.job_status(self.store, job_id) == "RUNNING":
+        if qs.job_status(self.store, job_id) == "RUNNING":
             self.store.set_job_status(job_id, "STOPPED")
             return True
         return False

@@ -1,9 +1,11 @@
-"""Loading ``rayjobs ui``'s pages in Debian's headless Chromium: the DOM after the page's scripts ran, and
-screenshots, with no driver library (Chromium's own ``--dump-dom`` and ``--screenshot``)."""
+"""Loading ``rayjobs ui``'s pages in Debian's headless Chromium: the DOM after the page's scripts ran, what the
+page's console printed, and screenshots, with no driver library (Chromium's own ``--dump-dom``, its log on stderr
+and ``--screenshot``)."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -30,9 +32,20 @@ def _chromium(url: str, *flags: str, budget_ms: int, timeout_s: float) -> subpro
 
 def dom_after_scripts(url: str, budget_ms: int = 5000, timeout_s: float = 90) -> str:
     """The page's DOM once its scripts ran (and fetched what they fetch), serialised as HTML."""
-    done = _chromium(url, "--dump-dom", budget_ms=budget_ms, timeout_s=timeout_s)
+    return dom_and_console(url, budget_ms, timeout_s)[0]
+
+
+# Chromium's log line for a page's console message: ``[…:INFO:CONSOLE:1] "message", source: URL (line)``.
+_CONSOLE_LINE = re.compile(r':CONSOLE(?:\(\d+\))?[^\]]*\] "(.*)", source: ')
+
+
+def dom_and_console(url: str, budget_ms: int = 5000, timeout_s: float = 90) -> tuple[str, list[str]]:
+    """The page's DOM once its scripts ran, and every message its console printed meanwhile: the page's own, and
+    the browser's (a script or style the page's Content-Security-Policy refused, a script's uncaught error)."""
+    done = _chromium(url, "--dump-dom", "--enable-logging=stderr", "--v=0", budget_ms=budget_ms,
+                     timeout_s=timeout_s)
     assert done.stdout.strip(), f"chromium printed no DOM for {url}: {done.stderr[-2000:]}"
-    return done.stdout
+    return done.stdout, [match[1] for line in done.stderr.splitlines() if (match := _CONSOLE_LINE.search(line))]
 
 
 def screenshot(url: str, path: Path, size: str = "1400,1000", budget_ms: int = 5000, timeout_s: float = 90) -> Path:

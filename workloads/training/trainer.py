@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from workloads import storage
 from workloads.storage import StoragePath
-from workloads.training.config import NodeCapacity, RayTrainSettings, WorkerScaling
+from workloads.training.config import NodeCapacity, RayTrainSettings, WorkerScaling, shared_by, within_grant
 
 
 class TrainingError(RuntimeError):
@@ -19,18 +20,25 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else ""
 
 
-def root_cause(exc: BaseException) -> str:
-    """The innermost error behind Ray Train's wrappers, as ``Type: last line of its message``."""
+def innermost(exc: BaseException) -> BaseException:
+    """The error behind Ray Train's wrappers: a worker's, or the controller's (which reaches the driver pickled,
+    its cause kept only as ``controller_failure``)."""
     seen = set()
     while True:
-        inner = exc.__cause__ or getattr(exc, "cause", None) or exc.__context__
+        inner = exc.__cause__ or getattr(exc, "cause", None) or getattr(exc, "controller_failure", None) \
+            or exc.__context__
         nested = getattr(exc, "worker_failures", None)
         if isinstance(nested, dict) and nested:
             inner = next(iter(nested.values()))
         if inner is None or id(inner) in seen or not isinstance(inner, BaseException):
-            break
+            return exc
         seen.add(id(exc))
         exc = inner
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost error behind Ray Train's wrappers, as ``Type: last line of its message``."""
+    exc = innermost(exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}"
 
@@ -52,14 +60,31 @@ def cluster_capacity() -> list[NodeCapacity]:
         if node.get("Alive") and resources.get("CPU", 0) > 0:
             nodes.append(NodeCapacity(node["NodeID"], float(resources["CPU"]), float(resources.get("GPU", 0)),
                                       held if node["NodeID"] == here else 0.0))
-    return nodes
+    # This node first: with a grant smaller than the cluster, the workers it holds go where the entrypoint runs.
+    nodes.sort(key=lambda node: node.node_id != here)
+    return within_grant(nodes, queue_grant().get("CPU"))
 
 
-def resolved_layout(settings: WorkerScaling, reserve_cpus_per_node: float = 0.0) -> WorkerScaling:
-    """``settings`` with an ``auto`` layout resolved on the connected cluster; prints which layout and why."""
+def queue_grant() -> dict[str, float]:
+    """What the cluster's queue let this job's workers take (its admission's ``granted``); empty for a job that came
+    through no queue, or was let in for what it declared."""
+    from rayjobs_agent.queueing import Admission
+
+    try:
+        admission = Admission.from_environment(os.environ)
+    except (ValueError, TypeError, KeyError):
+        return {}
+    return dict(admission.granted) if admission is not None else {}
+
+
+def resolved_layout(settings: WorkerScaling, reserve_cpus_per_node: float = 0.0, trials_at_once: int = 1) -> WorkerScaling:
+    """``settings`` with an ``auto`` layout resolved on the connected cluster; prints which layout and why.
+
+    ``trials_at_once``: the runs that share the cluster (a sweep's ``max_concurrent``), each given its share.
+    """
     if not settings.layout_is_auto:
         return settings
-    resolved, line = settings.resolved_for(cluster_capacity(), reserve_cpus_per_node)
+    resolved, line = settings.resolved_for(shared_by(cluster_capacity(), trials_at_once), reserve_cpus_per_node)
     print(line[0].upper() + line[1:], flush=True)
     return resolved
 
@@ -68,13 +93,18 @@ def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSetti
                callbacks: list[Any] | None = None, score_order: str = "max"):
     """``RunConfig`` of run ``run_name`` kept under ``storage_root``: the best ``num_to_keep`` checkpoints by
     ``score_attribute`` (higher is better, or lower with ``score_order="min"``), ``max_failures`` worker
-    failures survived, and ``callbacks``.
+    failures survived, a bounded number of tries at placing the workers, and ``callbacks``.
 
     In S3, Ray Train is given the bucket's filesystem and the path on it (``bucket/prefix``).
     """
     import ray.train
 
+    from jobs.infra.ray_internals import train_v2_enabled
+    from workloads.training.restarts import START_TRIES
+
     path, filesystem = storage.arrow_path(storage_root)
+    # Train V2 retries a worker group that could not be placed for ever by default: a run gets START_TRIES.
+    bounded = {"controller_failure_limit": START_TRIES - 1} if train_v2_enabled() else {}
     return ray.train.RunConfig(
         name=run_name,
         storage_path=path,
@@ -82,7 +112,7 @@ def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSetti
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=settings.num_to_keep,
                                                      checkpoint_score_attribute=score_attribute,
                                                      checkpoint_score_order=score_order),
-        failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+        failure_config=ray.train.FailureConfig(max_failures=settings.max_failures, **bounded),
         callbacks=callbacks,
     )
 
@@ -95,22 +125,36 @@ def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: Stor
 
     ``callbacks`` go to its ``RunConfig`` (a sweep's ``TuneReportCallback``), and the checkpoints it keeps are
     the best by ``score_attribute`` in ``score_order`` (a sweep's metric and mode); ``trainer_options`` to
-    ``TorchTrainer`` as they are (``datasets``, ``dataset_config``).
+    ``TorchTrainer`` as they are (``datasets``, ``dataset_config``). A range of workers (an ``auto`` layout's)
+    restarts on the nodes left after one is lost, and waits no longer for nodes than a fixed layout does
+    (:mod:`workloads.training.restarts`).
     Raises :class:`TrainingError` naming the run and the root cause when the run fails.
     """
     from ray.train.torch import TorchTrainer
 
+    from workloads.training.restarts import PlacementGuard
+
+    scaling = settings.scaling_config()
+    if getattr(scaling, "elasticity_enabled", False):
+        callbacks = [*(callbacks or []), PlacementGuard(scaling.min_workers, settings.worker_resources())]
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=loop_config,
-        scaling_config=settings.scaling_config(),
+        scaling_config=scaling,
         run_config=run_config(storage_root, run_name, settings, score_attribute, callbacks, score_order),
         **trainer_options,
     )
     try:
         result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause once
-        raise TrainingError(f"training run {run_name!r} failed: {root_cause(exc)}") from None
+        raise TrainingError(f"training run {run_name!r} failed: {failure_text(exc)}") from None
     if getattr(result, "error", None) is not None:
-        raise TrainingError(f"training run {run_name!r} failed: {root_cause(result.error)}")
+        raise TrainingError(f"training run {run_name!r} failed: {failure_text(result.error)}")
     return result
+
+
+def failure_text(exc: BaseException) -> str:
+    """Why a run failed, in one line: workers that could not be placed in words, else the root cause."""
+    from workloads.training.restarts import placement_failure
+
+    return placement_failure(innermost(exc)) or root_cause(exc)

@@ -177,6 +177,10 @@ def setup_worker(config: dict) -> Worker:
     precision = agreed_precision(training_precision(cfg, layout.height, layout.width, device.type), world_size)
     if rank == 0:
         say(precision.line())
+        # A restart after a lost node may have fewer workers than the layout planned (an elastic group).
+        resized = cfg.world_size_line(world_size, cfg.global_batch)
+        if resized:
+            say(resized)
     precision.keep_batch_norm_in_fp32(model, device.type)
     optimizer = make_optimizer(getattr(model, "module", model), cfg)
     scheduler = make_scheduler(optimizer, cfg, max(1, batches.steps_per_epoch))

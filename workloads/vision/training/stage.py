@@ -193,9 +193,11 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
     from workloads.training.tracking import MlflowRun
     from workloads.vision.training.selection import carve_selection_split
 
-    # Resolved once, before the trials: each trial then asks Tune for the same workers.
-    params = params.model_copy(update={"train": resolved_layout(params.train, data_reserve_cpus(params.train))
-                                       .with_resolved_batch()})
+    # Resolved once, before the trials: each trial then asks Tune for the same workers, and as many trials as the
+    # sweep runs at once each get their share of what is free.
+    at_once = sweep.max_concurrent if isinstance(sweep.max_concurrent, int) else 1
+    params = params.model_copy(update={"train": resolved_layout(params.train, data_reserve_cpus(params.train),
+                                                                trials_at_once=at_once).with_resolved_batch()})
     document = params.model_dump(mode="json")
     check_definition(sweep, params.run_dir)  # before the carve, which a changed holdout would redo
     selection = carve_selection_split(info, params.run_dir, sweep.holdout, params.data.seed)

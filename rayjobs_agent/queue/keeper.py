@@ -1,0 +1,543 @@
+"""The queue's keeper: one small detached actor per cluster that carries out the queue's orders, submits each
+waiting job when its turn comes, and submits again a job that was lost whole.
+
+It runs on the head node (so that the head's clock is the one clock of the queue) and holds no state
+of its own that matters: every waiting job, slot, limit and decided retry is in the key-value store
+(``store.py``), so a keeper that dies is restarted by Ray (``max_restarts=-1``) and picks up where
+it was. It is started by the first order that finds none alive (which runs as a helper job), and steps
+aside for an order of other code, whose helper job then starts a keeper of that code.
+
+It lists the store's keys and the order jobs in Ray's table every ``TICK_S`` (two requests) and takes a
+step when either changed, or every ``STEP_EVERY_S`` while anything waits. Each step:
+
+1. The order jobs waiting in Ray's table are carried out in the order Ray took them (enter a job, stop
+   one, set a limit), and each is ended STOPPED with the keeper's answer as its message.
+2. A stop asked for a waiting job takes it out of its queue, and the keeper submits in its place a
+   light stand-in under the same id, which writes its run record, notification and log line ("stopped
+   while it waited") and then has Ray stop it: the job reads as STOPPED wherever a job is read.
+3. Jobs lost whole are found and submitted again (``lost_jobs.py``).
+4. The first job of each queue (by priority, then submission) is submitted to Ray if its queue runs
+   fewer jobs than its limit and the cluster has free what it needs (less what the jobs let in before
+   it declared and have not placed yet); a job whose request Ray refuses ends FAILED through the same
+   stand-in, with Ray's reason.
+5. What it found is written to ``rayjobs-queue.json`` in the head's Ray log folder, which clients
+   read through Ray's own log API: ``rayjobs queue``, ``status`` and ``list`` ask no process anything.
+
+The ``gcs://`` packages a waiting job's request names are pinned again while it waits: Ray deletes a
+package no job references after ten minutes, and a waiting job is no Ray job yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from ..queueing import (ADMISSION_ENV_VAR, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE, Admission,
+                        agent_version, answer_text, checked_queue_name, entered_job, order_from)
+from ..wire import METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
+from .lost_jobs import WATCH_EVERY_S, LostJobs
+from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
+from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, GcsKeyValue, KeyValue,
+                    Slot, claim, describe, enqueue, enqueues_in_flight, finished_orders, free_slot, held, max_running, not_yet_placed,
+                    order_key, queues_in, ray_job_info, ray_jobs, release, set_limits, shortfall, slots, waiting)
+
+KEEPER_NAME = "rayjobs-queue-keeper"
+
+KEEPER_NAMESPACE = "rayjobs"
+
+# How often the keeper lists the store's keys and the order jobs: two requests, and a step only when they changed
+# (a slot given back, a job entered, an order come) or every STEP_EVERY_S (a job that ended without giving its slot
+# back, resources freed elsewhere), IDLE_STEP_EVERY_S when nothing waits. While nothing waits it looks every
+# IDLE_TICK_S: an idle keeper costs the head next to nothing, and an order waits a quarter of a second at most.
+TICK_S = 0.1
+
+IDLE_TICK_S = 0.25
+
+STEP_EVERY_S = 1.0
+
+IDLE_STEP_EVERY_S = 2.0
+
+# The heartbeat: a keeper that wrote none for BEAT_FRESH_S is hung or gone, and is replaced.
+BEAT_S = 2.0
+
+BEAT_FRESH_S = 10.0
+
+# Written at least this often even when nothing changed, so that a reader can tell a live keeper.
+SNAPSHOT_EVERY_S = 5.0
+
+# A waiting job's packages are pinned again every PIN_EVERY_S (for store.PIN_FOR_S).
+
+PIN_EVERY_S = 120.0
+
+# Finished order jobs are looked for this often.
+CLEAN_EVERY_S = 10.0
+
+# After Ray refused a request for a reason that may pass (no answer, a server error), the keeper waits
+# this long before it tries the same job again.
+RETRY_SUBMIT_S = 5.0
+
+
+def with_admission(request: dict[str, Any], admission: Admission) -> dict[str, Any]:
+    """``request`` with ``admission`` in its variables, for the job's wrapper."""
+    runtime_env = dict(request.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), ADMISSION_ENV_VAR: admission.to_json()}
+    return {**request, "runtime_env": runtime_env}
+
+def stand_in(request: dict[str, Any], entry: Mapping[str, Any], admission: Admission) -> dict[str, Any]:
+    """A light request under the job's id that ends as ``admission.outcome`` says, without running the job.
+
+    It keeps the job's metadata, variables and the agent's package (its wrapper writes the record and
+    sends the notification), and drops its code, its environment to build and its resources: it must
+    start at once whatever the cluster holds.
+    """
+    runtime_env = request.get("runtime_env") or {}
+    light: dict[str, Any] = {"env_vars": dict(runtime_env.get("env_vars") or {})}
+    if entry.get("agent_modules"):
+        light["py_modules"] = list(entry["agent_modules"])
+    kept = {key: request[key] for key in ("entrypoint", "submission_id", "metadata") if key in request}
+    if not str(kept.get("entrypoint") or "").startswith(RECORD_COMMAND):
+        kept["entrypoint"] = f"{RECORD_COMMAND} true"  # the wrapper alone reads the outcome: never the job's own command
+    return with_admission({**kept, "runtime_env": light}, admission)
+
+class StepAside(Exception):
+    """An order of other code came: this keeper leaves, so that the order starts a keeper of its own code."""
+
+
+class Keeper:
+    """The keeper's work, one :meth:`step` at a time, over a store and Ray's job API (both seams for tests)."""
+
+    def __init__(self, store: KeyValue, jobs: RayJobs, *, clock: Callable[[], float] = time.time,
+                 say: Callable[[str], None] = print, pause: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.jobs = jobs
+        self.clock = clock
+        self.say = say
+        self.pause = pause  # tests: called inside each slot claim, between its write and its check
+        self.version = agent_version()
+        self.started = clock()
+        self._beat_at = 0.0
+        self._pinned_at = 0.0
+        self._cleaned_at = 0.0
+        self._watched_at = 0.0
+        self.lost = LostJobs(store, jobs, say)
+        self._keys_after_step: list[str] | None = None
+        self._retry_at: dict[str, float] = {}
+
+    def step(self) -> dict[str, Any]:
+        """Carry out the orders, handle stops, find lost jobs, admit what may start, and return what the queue
+        looks like now (the snapshot).
+
+        Raises:
+            StepAside: an order of other code waits; none of the orders was carried out.
+        """
+        now = self.clock()
+        if now - self._beat_at >= BEAT_S:
+            self.store.put("keeper", json.dumps({"at": now, "version": self.version}).encode())
+            self._beat_at = now
+        self._take_orders(now)
+        self._handle_stops(now)
+        if now - self._watched_at >= WATCH_EVERY_S:
+            self._watched_at = now
+            self.lost.watch(now)
+        reasons: dict[str, str] = {}
+        for queue in queues_in(self.store):
+            reasons.update(self._admit(queue, now))
+        if now - self._pinned_at >= PIN_EVERY_S:
+            self._pin_packages()
+            self._pinned_at = now
+        if now - self._cleaned_at >= CLEAN_EVERY_S:
+            self._cleaned_at = now
+            self._clean(now)
+        return {"at": now, "keeper": {"version": self.version, "started": self.started},
+                "queues": describe(self.store, now, reasons=reasons), "retries": self.lost.decisions(now)}
+
+    def watched_keys(self) -> list[str]:
+        """What a step depends on: the store's keys and the order jobs in Ray's table."""
+        return self.store.keys("") + self.store.keys(RAY_JOB_INFO_PREFIX + ORDER_PREFIX, namespace=RAY_JOB_NAMESPACE)
+
+    def step_due(self, keys: list[str], since_step_s: float) -> bool:
+        """Whether a step is due, given :meth:`watched_keys` now and the time since the last step."""
+        if keys != self._keys_after_step:
+            return True
+        return since_step_s >= (STEP_EVERY_S if self._waits(keys) else IDLE_STEP_EVERY_S)
+
+    def waits(self) -> bool:
+        """Whether anything waited at the last step (the keeper then looks often)."""
+        return self._waits(self._keys_after_step or ())
+
+    @staticmethod
+    def _waits(keys: Any) -> bool:
+        return any(key.startswith(("waiting/", "stop/", "retry/", RAY_JOB_INFO_PREFIX)) for key in keys)
+
+    def note_keys_after_step(self) -> list[str]:
+        """The watched keys once a step has changed them (its own writes are no reason for another)."""
+        self._keys_after_step = self.watched_keys()
+        return self._keys_after_step
+
+    # Orders --------------------------------------------------------------------------------------------------
+
+    def _take_orders(self, now: float) -> None:
+        pending = sorted((info for info in ray_jobs(self.store, ORDER_PREFIX) if info.get("status") == "PENDING"),
+                         key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
+        for info in pending:
+            version = (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)
+            if version not in (None, self.version):
+                raise StepAside(str(version))
+        orders = []
+        for info in pending:
+            try:
+                order = order_from((info.get("runtime_env") or {}).get("env_vars") or {})
+            except Exception as exc:  # noqa: BLE001 - answered as what it is: no order this keeper can read
+                order = {"unreadable": f"{type(exc).__name__}: {exc}"}
+            orders.append((info, order))
+        for info, order in orders:
+            order_id = info["submission_id"]
+            try:
+                result = self.carry_out(order_id, order, (info.get("start_time") or now * 1000) / 1000, now)
+            except Exception as exc:  # noqa: BLE001 - the client is told; the next order is carried out all the same
+                result = {"error": f"{type(exc).__name__}: {last_line(str(exc))}"}
+            self.jobs.settle(order_id, "STOPPED", answer_text(result))
+
+    def carry_out(self, order_id: str, order: dict[str, Any], submitted: float, now: float) -> Any:
+        """Carry out one order (``order_id``: its job's id; ``submitted``: when Ray took it, the head's clock)."""
+        if "unreadable" in order:
+            return {"error": f"the order could not be read ({order['unreadable']})"}
+        if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
+            return {"error": f"an order of format {order.get('format')!r}; this keeper reads {ORDER_FORMAT}"}
+        verb = order.get("verb")
+        if verb == "enqueue":
+            if entered_job(order_id) != str(order.get("id")):
+                return {"error": f"order {order_id} does not enter job {order.get('id')!r}"}
+            return enqueue(self.store, order, submitted)
+        if verb == "stop":
+            return self.stop(str(order["id"]), now)
+        if verb == "set":
+            queue = checked_queue_name(order["queue"])
+            limit = order.get("max_running")
+            set_limits(self.store, queue, None if limit is None else int(limit))
+            return describe(self.store, now, queue)
+        if verb == "ensure":
+            return {"keeper": self.version}
+        if verb == "withdraw":
+            # Sent under the id of an order to enter the job that its client gave up on mid-way: holding that id, it
+            # keeps a late copy of that order out of Ray's table, and so the job out of its queue.
+            return {"withdrawn": str(order.get("id"))}
+        return {"error": f"unknown order {verb!r}"}
+
+    def stop(self, job_id: str, now: float) -> dict[str, Any]:
+        """Stop job ``job_id`` wherever it is: waiting (it ends without running), running (Ray stops it), or lost and
+        waiting to be submitted again (no further attempt is submitted)."""
+        entry_key = next((found for found in self.store.keys("waiting/") if found.rpartition("/")[2] == job_id), None)
+        if entry_key is not None:
+            queue = entry_key.split("/")[1]
+            entry = json.loads(self.store.get(entry_key) or b"{}")
+            position = next((index for index, (other, _) in enumerate(waiting(self.store, queue), start=1)
+                             if other == job_id), 0)
+            # Its stand-in asks Ray for the stop itself, once its record and notification are out.
+            self._end_without_running(queue, job_id, entry, Admission(
+                queue, waited_s=now - float(entry.get("submitted") or now), position=position,
+                outcome="STOPPED", reason=f"stopped while it waited in queue {queue} (position {position})"))
+            return {"stopped": job_id, "was": "waiting", "queue": queue}
+        if self.lost.cancel(job_id):
+            return {"stopped": job_id, "was": "waiting to be submitted again"}
+        if ray_job_info(self.store, job_id) is not None:
+            if self.jobs.stop(job_id):
+                return {"stopped": job_id, "was": "running"}
+            # Ended: lost whole, and its next attempt already submitted or waiting in its queue? That is the run
+            # the stop was asked of.
+            following = self.lost.next_attempt_of(job_id)
+            if following is not None and following != job_id:
+                found = self.stop(following, now)
+                if "unknown" not in found:
+                    return {**found, "stopped": job_id, "attempt": following}
+            return {"stopped": job_id, "was": "ended"}
+        return {"unknown": job_id}
+
+    def _handle_stops(self, now: float) -> None:
+        """Stops written into the store by order jobs that ran as helper jobs (no keeper was alive then)."""
+        for key in self.store.keys("stop/"):
+            job_id = key.partition("/")[2]
+            asked = json.loads(self.store.get(key) or b"{}")
+            result = self.stop(job_id, now)
+            if "unknown" in result and now - float(asked.get("at") or now) < ENQUEUE_IN_FLIGHT_S:
+                continue  # its entry may still be on its way (its own order runs as a helper job too)
+            self.store.delete(key)
+
+    # Admission ------------------------------------------------------------------------------------------------
+
+    def _admit(self, queue: str, now: float) -> dict[str, str]:
+        """Submit the first jobs of ``queue`` while they may start; why the first one left waits (by id)."""
+        while True:
+            entries = waiting(self.store, queue)
+            if not entries:
+                return {}
+            job_id, entry = entries[0]
+            if ray_job_info(self.store, job_id) is not None:
+                # Ray has it already (the keeper died between submitting it and forgetting its entry): it runs
+                # in the slot it was given then, and takes no second one.
+                self._forget(queue, job_id)
+                continue
+            reason = self._why_not_now(queue, job_id, entry, now)
+            if reason:
+                return {job_id: reason}
+            slot_map = slots(self.store, queue, now)
+            slot = free_slot(slot_map, max_running(self.store, queue))
+            assert slot is not None  # _why_not_now read the same limit
+            granted, needs = self._grant(job_id, entry, now)
+            holder = {"id": job_id, "name": entry.get("name"), "since": now, "needs": needs}
+            generation = claim(self.store, queue, slot, holder, self.pause)
+            if generation is None:
+                return {job_id: f"another admission took slot {slot.index} of queue {queue} first"}
+            admission = Admission(queue, slot.index, generation, waited_s=now - float(entry.get("submitted") or now),
+                                  position=1, admitted_at=self.clock(), granted=granted)
+            entry = {**entry, "needs": holder["needs"]}
+            if not self._submit(queue, job_id, entry, admission, slot):
+                return {job_id: f"Ray did not take its request yet; trying again in {RETRY_SUBMIT_S:g}s"}
+
+    def _why_not_now(self, queue: str, job_id: str, entry: dict[str, Any], now: float) -> str:
+        if now < self._retry_at.get(job_id, 0.0):
+            return f"Ray did not take its request; trying again in {self._retry_at[job_id] - now:.0f}s"
+        limit = max_running(self.store, queue)
+        running = len(held(slots(self.store, queue, now)))
+        if limit is not None and running >= limit:
+            return f"{running} of {limit} running in queue {queue}"
+        needs = entry.get("needs") or {}
+        if needs:
+            every_queue = {name: slots(self.store, name, now) for name in queues_in(self.store)}
+            # What is promised is read before what is free: a placement seen in between counts as both, never as
+            # neither.
+            promised = not_yet_placed(self.store, every_queue)
+            short = shortfall(needs, self.store.free_resources(), promised)
+            if short:
+                return short
+        mine = order_key(job_id, entry)
+        earlier = [other for other, place in enqueues_in_flight(self.store, queue, now)
+                   if other != job_id and order_key(other, place) < mine]
+        if earlier:
+            return f"{earlier[0]}, submitted just before it, is still being queued"
+        return ""
+
+    def _grant(self, job_id: str, entry: Mapping[str, Any], now: float) -> tuple[dict[str, float], dict[str, float]]:
+        """What the workers of a job that takes what is free (``grows``: an ``auto`` layout's CPUs) are let in with,
+        and what the job then holds in all (its grant and its entrypoint's own, counted as its own while it runs).
+
+        The grant is every whole unit free now, less what the jobs let in before it have not placed yet and what
+        its own entrypoint will hold, and never less than its workers need to start.
+        """
+        needs = dict(entry.get("needs") or {})
+        grows = entry.get("grows") or []
+        if not grows:
+            return {}, needs
+        every_queue = {name: slots(self.store, name, now) for name in queues_in(self.store)}
+        pending = not_yet_placed(self.store, every_queue)
+        free = self.store.free_resources()
+        request = json.loads(self.store.get(f"request/{job_id}") or b"{}")
+        entrypoint = {"CPU": float(request.get("entrypoint_num_cpus") or 0),
+                      "GPU": float(request.get("entrypoint_num_gpus") or 0),
+                      **{name: float(amount) for name, amount in (request.get("entrypoint_resources") or {}).items()}}
+        granted = {}
+        for name in grows:
+            least = float(needs.get(name, 0.0)) - entrypoint.get(name, 0.0)
+            takes = float(int(free.get(name, 0.0) - pending.get(name, 0.0) - entrypoint.get(name, 0.0) + 1e-9))
+            granted[name] = max(least, takes)
+            needs[name] = granted[name] + entrypoint.get(name, 0.0)
+        return granted, needs
+
+    def _submit(self, queue: str, job_id: str, entry: dict[str, Any], admission: Admission, slot: Slot) -> bool:
+        """Submit an admitted job; False when Ray could not take it now (its slot is given back, it stays first)."""
+        request = json.loads(self.store.get(f"request/{job_id}") or b"null")
+        try:
+            if request is None:
+                raise Refused("its job request is missing from the queue's store")
+            self.jobs.submit(with_admission(request, admission))
+        except AlreadySubmitted:
+            pass
+        except Refused as exc:
+            release(self.store, queue, slot.index, admission.generation)
+            self.say(f"queue {queue}: Ray refused job {job_id}: {exc}")
+            self._end_without_running(queue, job_id, entry, Admission(
+                queue, waited_s=admission.waited_s, position=1, outcome="FAILED",
+                reason=f"Ray refused its request when its turn in queue {queue} came: {exc}"), request or {})
+            return True
+        except Exception as exc:  # noqa: BLE001 - the dashboard may be restarting: the job keeps its place
+            if ray_job_info(self.store, job_id) is None:
+                release(self.store, queue, slot.index, admission.generation)
+                self._retry_at[job_id] = self.clock() + RETRY_SUBMIT_S
+                self.say(f"queue {queue}: could not submit job {job_id} ({type(exc).__name__}: "
+                         f"{last_line(str(exc))}); trying again in {RETRY_SUBMIT_S:g}s")
+                return False
+            # No answer came, but Ray created the job: it holds the slot it was given.
+        self._forget(queue, job_id)
+        if entry.get("needs"):
+            self.store.put(f"needs/{job_id}", json.dumps(entry["needs"]).encode())
+        # Its place in its queue: lost whole, its next attempt goes back there, ahead of the jobs entered since.
+        self.store.put(f"place/{job_id}", json.dumps({"submitted": entry.get("submitted")}).encode())
+        self.say(f"queue {queue}: started job {job_id} in slot {slot.index} after {admission.waited_s:.1f}s")
+        return True
+
+    def _end_without_running(self, queue: str, job_id: str, entry: dict[str, Any], admission: Admission,
+                             request: dict[str, Any] | None = None) -> None:
+        request = request if request is not None else json.loads(self.store.get(f"request/{job_id}") or b"{}")
+        self._forget(queue, job_id)
+        if not request:
+            return
+        try:
+            self.jobs.submit(stand_in(request, entry, admission))
+        except AlreadySubmitted:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the entry is gone either way; say why it left no trace
+            self.say(f"queue {queue}: job {job_id} {admission.outcome}, but its stand-in could not be submitted "
+                     f"({type(exc).__name__}: {last_line(str(exc))})")
+
+    def _forget(self, queue: str, job_id: str) -> None:
+        self.store.delete(f"waiting/{queue}/{job_id}")
+        self.store.delete(f"request/{job_id}")
+        self._retry_at.pop(job_id, None)
+
+    # Upkeep ---------------------------------------------------------------------------------------------------
+
+    def _pin_packages(self) -> None:
+        pin = getattr(self.store, "pin_package", None)
+        if pin is None:
+            return
+        uris = [uri for raw in self.store.multi_get(self.store.keys("waiting/")).values()
+                for uri in json.loads(raw).get("packages") or []]
+        uris += self.lost.packages()
+        for uri in uris:
+            try:
+                pin(uri, PIN_FOR_S)
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                self.say(f"could not keep package {uri} of a waiting job: {exc}")
+
+    def _clean(self, now: float) -> None:
+        for job_id in finished_orders(self.store, now):
+            try:
+                self.jobs.delete(job_id)
+            except Exception:  # noqa: BLE001 - left for the next round
+                pass
+        self.lost.forget_deleted()
+
+class KeeperActor:
+    """The detached actor around :class:`Keeper`: its loop runs in a thread, its snapshot goes to the head's log folder."""
+
+    def __init__(self) -> None:
+        import ray
+
+        from ..ray_internals import logs_dir
+
+        self.store = GcsKeyValue(ray.get_runtime_context().gcs_address)
+        self.keeper = Keeper(self.store, DashboardJobs(self.store), say=_say)
+        self.snapshot_path = os.path.join(logs_dir(), SNAPSHOT_FILE)
+        self._thread = threading.Thread(target=self._loop, name="rayjobs-queue-keeper", daemon=True)
+        self._thread.start()
+
+    def version(self) -> str:
+        """The code this keeper runs (``queueing.agent_version``)."""
+        return self.keeper.version
+
+    def _loop(self) -> None:
+        last_problem = ""
+        written, written_at = "", 0.0
+        stepped_at = 0.0
+        waits = True
+        while True:
+            try:
+                if self.keeper.step_due(self.keeper.watched_keys(), time.monotonic() - stepped_at):
+                    stepped_at = time.monotonic()
+                    snapshot = self.keeper.step()
+                    body = json.dumps({key: value for key, value in snapshot.items() if key != "at"}, sort_keys=True)
+                    if body != written or time.time() - written_at >= SNAPSHOT_EVERY_S:
+                        _write_atomically(self.snapshot_path, json.dumps(snapshot, sort_keys=True))
+                        written, written_at = body, time.time()
+                        # What the snapshot holds was read after this moment: a helper waits for it (enqueue).
+                        self.store.put("published", json.dumps({"read_from": snapshot["at"]}).encode())
+                    self.keeper.note_keys_after_step()
+                last_problem = ""
+                waits = self.keeper.waits()
+            except StepAside as aside:
+                _say(f"queue keeper: an order of other code ({aside}) came; this keeper steps aside for a keeper of "
+                     "that code")
+                self._leave()
+                return
+            except Exception as exc:  # noqa: BLE001 - a store error now and then must not end the queue
+                problem = f"{type(exc).__name__}: {last_line(str(exc))}"
+                if problem != last_problem:
+                    _say(f"queue keeper: {problem}; trying again")
+                last_problem = problem
+            time.sleep(TICK_S if waits else IDLE_TICK_S)
+
+    def _leave(self) -> None:
+        import ray
+
+        self.store.delete("keeper")
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+def _say(text: str) -> None:
+    print(f"{OWN_LINE_PREFIX}{text}", flush=True)
+
+def _write_atomically(path: str, text: str) -> None:
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as handle:
+        handle.write(text + "\n")
+    os.replace(partial, path)
+
+def keeper_is_current(store: KeyValue, now: float) -> bool:
+    """Whether a keeper of this code wrote its heartbeat lately."""
+    raw = store.get("keeper")
+    beat = json.loads(raw) if raw else {}
+    return beat.get("version") == agent_version() and now - float(beat.get("at") or 0) < BEAT_FRESH_S
+
+def ensure_keeper(store: KeyValue, now: float) -> None:
+    """Make sure the cluster has a keeper of this code: one whose heartbeat is fresh is left alone; one of other code,
+    or one that answers but beats no more (its loop hangs), is replaced.
+
+    It is called from a helper job, which holds the head's resource the keeper needs: the new keeper is placed once
+    the helper ends, so it is not waited for. A recovery order (``queueing.RECOVERY_RESOURCES``) holds none of it:
+    it runs beside a hung keeper, which still holds its sliver, and replaces it (a process stopped whole answers
+    nothing, and is killed all the same).
+    """
+    if keeper_is_current(store, now):
+        return
+    import ray
+
+    ray.init(address="auto", namespace=KEEPER_NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        try:
+            existing = ray.get_actor(KEEPER_NAME)
+        except ValueError:
+            existing = None
+        if existing is not None and not _started(existing):
+            # Being created or restarted (after its node died, or waiting for this helper's share of the head): the
+            # beat read is its predecessor's. Killing it would leave another keeper in the same wait, and orders
+            # placed meanwhile would kill that one too; it starts once the head's resource is free.
+            return
+        if existing is not None:
+            ray.kill(existing, no_restart=True)
+            _wait_until_gone(ray)
+        modules = (ray.get_runtime_context().runtime_env or {}).get("py_modules") or []
+        ray.remote(KeeperActor).options(
+            name=KEEPER_NAME, lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1,
+            resources=dict(KEEPER_RESOURCES), runtime_env={"py_modules": list(modules)}).remote()
+    finally:
+        ray.shutdown()
+
+def _started(actor: Any) -> bool:
+    """Whether Ray's actor table says ``actor`` runs (ALIVE); True when it cannot say (it is then replaced as before)."""
+    try:
+        from ray._private.state import actors
+
+        return actors(actor._actor_id.hex()).get("State") == "ALIVE"
+    except Exception:  # noqa: BLE001 - an internal API of Ray's: without it, a stale beat is enough
+        return True
+
+def _wait_until_gone(ray: Any) -> None:
+    for _ in range(100):
+        try:
+            ray.get_actor(KEEPER_NAME)
+        except ValueError:
+            return
+        time.sleep(0.1)

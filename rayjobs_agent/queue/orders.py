@@ -1,0 +1,68 @@
+"""What an order job does when it runs: no keeper was alive to read it.
+
+An order job runs only when no keeper was alive to read it (``queueing.py`` says why). It then writes what the
+order asks into the store itself, and starts a keeper, which carries the rest out once the helper job has ended:
+``python -m rayjobs_agent.queue`` with the order in its variables, so that no word of it reaches a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Mapping
+
+from ..pinning import ADDRESS_VARIABLE
+from ..queueing import ORDER_FORMAT, answer, checked_queue_name, order_from, submission_id_from
+from .keeper import ensure_keeper
+from .store import GcsKeyValue, describe, enqueue, ray_job_info, set_limits
+
+def helper(environ: Mapping[str, str]) -> int:
+    """What an order job does when it runs (no keeper was alive to read it): what the order asks is written into
+    the store, and a keeper is started, which carries it out once this job has ended.
+
+    The order (``queueing.order_from``) is a JSON object with ``verb``: ``enqueue`` (``queue``, ``id``, ``name``,
+    ``priority``, ``needs``, ``request``, ``packages``, ``agent_modules``), ``stop`` (``id``), ``set``
+    (``queue``, ``max_running``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
+    is a constant command.
+    """
+    order = order_from(environ)
+    store = GcsKeyValue(environ[ADDRESS_VARIABLE])
+    now = time.time()
+    verb = order.get("verb")
+    if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
+        answer({"error": f"an order of format {order.get('format')!r}; this code reads {ORDER_FORMAT}"})
+        return 2
+    if verb == "enqueue":
+        # The order job's own submission time, by the head's job manager: the same clock as every other entry's.
+        own = ray_job_info(store, submission_id_from(environ)) or {}
+        result = enqueue(store, order, (own.get("start_time") or now * 1000) / 1000)
+    elif verb == "stop":
+        store.put(f"stop/{order['id']}", json.dumps({"at": now}).encode())
+        result = {"stopping": str(order["id"])}
+    elif verb == "set":
+        queue = checked_queue_name(order["queue"])
+        limit = order.get("max_running")
+        set_limits(store, queue, None if limit is None else int(limit))
+        result = describe(store, now, queue)
+    elif verb == "ensure":
+        result = {"keeper": "starting"}
+    elif verb == "withdraw":
+        result = {"withdrawn": str(order["id"])}  # its id alone does the work (``Keeper.carry_out``)
+    else:
+        answer({"error": f"unknown order {verb!r}"})
+        return 2
+    ensure_keeper(store, now)
+    answer(result)
+    return 0
+
+def main() -> int:
+    """An order job's work on the cluster when no keeper read it (its order in its variables).
+
+    Fail soft: one paragraph for the client, never a traceback of ours.
+    """
+    try:
+        return helper(os.environ)
+    except Exception as exc:  # noqa: BLE001 - one paragraph for the client, never a traceback of ours
+        answer({"error": f"{type(exc).__name__}: {exc}"})
+        return 1

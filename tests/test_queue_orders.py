@@ -1,0 +1,527 @@
+"""The queue's orders and its care of jobs lost whole, decided by its keeper over a store that behaves as the
+cluster's does (put-if-absent atomic) with Ray's job table beside it.
+
+An order is a Ray job that waits PENDING while a keeper lives: the keeper reads it from Ray's table, carries it out
+in the order Ray took it, and ends it STOPPED with its answer. tests/test_queue_cluster.py checks the same on a
+real cluster; here every interleaving is set up by hand.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rayjobs_agent.retries import RetryPolicy
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, METADATA_QUEUE, METADATA_SPEC_HASH, RETRY_ENV_VAR
+from tests.support.queue_store import DictStore, FakeRayJobs, enter
+from rayjobs_agent import queueing as q
+from rayjobs_agent.queue import keeper as kp, lost_jobs as ql, store as qs
+
+
+class Clock:
+    """The head's clock, moved by the test."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[kp.Keeper, FakeRayJobs, list[str]]:
+    jobs, said = FakeRayJobs(store), []
+    jobs.clock = clock = clock or Clock()
+    return kp.Keeper(store, jobs, clock=clock, say=said.append), jobs, said
+
+
+def _enqueue_order(store: DictStore, job_id: str, *, at_ms: float, queue: str = "team-a", priority: int = 0,
+                   spec_hash: str = "hash-1") -> str:
+    order = {"verb": "enqueue", "queue": queue, "id": job_id, "name": job_id, "priority": priority,
+             "needs": {"CPU": 1.0},
+             "request": {"submission_id": job_id, "entrypoint": "python -m rayjobs_agent.record -- 'true'",
+                         "metadata": {METADATA_SPEC_HASH: spec_hash}}}
+    order_id = q.enqueue_order_id(job_id)
+    store.order(order_id, order, start_time_ms=at_ms, metadata={"rayjobs.enqueues": queue})
+    return order_id
+
+
+def test_orders_are_carried_out_in_the_order_ray_took_them_and_answered_in_their_jobs():
+    store = DictStore()
+    qs.set_limits(store, "team-a", 0)  # nothing starts: the test reads the places
+    late = _enqueue_order(store, "late", at_ms=2_000)
+    early = _enqueue_order(store, "early", at_ms=1_000)
+    keeper, jobs, _ = _keeper(store)
+    snapshot = keeper.step()
+    assert [job["id"] for job in snapshot["queues"][0]["waiting"]] == ["early", "late"]
+    assert json.loads(store.get("waiting/team-a/early"))["submitted"] == 1.0
+    assert [(job_id, status) for job_id, status, _ in jobs.settled] == [(early, "STOPPED"), (late, "STOPPED")]
+    assert jobs.answer_to(early) == {"queued": "team-a", "position": 1, "waiting": 1, "running": 0,
+                                     "max_running": 0}
+    assert jobs.answer_to(late)["position"] == 2
+    keeper.step()
+    assert len(jobs.settled) == 2  # an order is carried out once
+
+
+def test_an_order_to_enter_a_job_ray_already_has_is_answered_exists_and_enters_nothing():
+    store = DictStore()
+    store.set_job_status("job-1", "RUNNING", metadata={METADATA_SPEC_HASH: "hash-0"})
+    order_id = _enqueue_order(store, "job-1", at_ms=1_000)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.answer_to(order_id)["exists"] == "ray"
+    assert jobs.answer_to(order_id)["metadata"] == {METADATA_SPEC_HASH: "hash-0"}
+    assert store.keys("waiting/") == []
+
+
+def test_an_order_whose_id_names_another_job_is_refused():
+    store = DictStore()
+    order = {"verb": "enqueue", "queue": "team-a", "id": "victim",
+             "request": {"submission_id": "victim", "entrypoint": "x", "metadata": {}}}
+    store.order(q.enqueue_order_id("mine"), order, start_time_ms=1_000)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert "does not enter job" in jobs.answer_to(q.enqueue_order_id("mine"))["error"]
+    assert store.keys("waiting/") == []
+
+
+def test_a_stop_that_comes_right_behind_its_jobs_entry_ends_it_without_running():
+    store = DictStore()
+    qs.set_limits(store, "team-a", 0)
+    _enqueue_order(store, "job-1", at_ms=1_000)
+    store.order("rayjobs-order-stop-1", {"verb": "stop", "id": "job-1"}, start_time_ms=1_000)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.answer_to("rayjobs-order-stop-1") == {"stopped": "job-1", "was": "waiting", "queue": "team-a"}
+    (stand_in,) = jobs.submitted
+    assert q.Admission.from_environment(stand_in["runtime_env"]["env_vars"]).outcome == "STOPPED"
+    assert store.keys("waiting/") == []
+
+
+def test_a_stop_of_a_job_nobody_knows_is_answered_unknown():
+    store = DictStore()
+    store.order("rayjobs-order-stop-1", {"verb": "stop", "id": "ghost"}, start_time_ms=1_000)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.answer_to("rayjobs-order-stop-1") == {"unknown": "ghost"}
+
+
+def test_an_order_of_other_code_makes_the_keeper_step_aside_before_it_carries_out_any():
+    store = DictStore()
+    _enqueue_order(store, "mine", at_ms=1_000)
+    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=2_000,
+                         metadata={"rayjobs.agent_version": "other"},
+                         runtime_env={"env_vars": {q.REQUEST_ENV_VAR: "an order in a format this code cannot read"}})
+    keeper, jobs, _ = _keeper(store)
+    with pytest.raises(kp.StepAside):
+        keeper.step()
+    assert jobs.settled == [] and store.keys("waiting/") == []
+
+
+def test_an_unreadable_order_is_answered_and_the_next_one_carried_out():
+    store = DictStore()
+    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=1_000,
+                         runtime_env={"env_vars": {q.REQUEST_ENV_VAR: "not base64 at all"}})
+    store.order("rayjobs-order-set-2", {"verb": "set", "queue": "team-a", "max_running": 2}, start_time_ms=2_000)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert "could not be read" in jobs.answer_to("rayjobs-order-set-1")["error"]
+    assert jobs.answer_to("rayjobs-order-set-2")[0]["max_running"] == 2
+
+
+def test_an_entry_order_stays_in_rays_table_until_its_job_is_there_so_the_id_is_never_free():
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 0)
+    order_id = _enqueue_order(store, "job-1", at_ms=1_000)
+    store.order("rayjobs-order-set-1", {"verb": "set", "queue": "team-b", "max_running": 1}, start_time_ms=1_000)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    clock.now += qs.HELPER_KEPT_S + kp.CLEAN_EVERY_S + 1
+    keeper.step()
+    assert jobs.deleted == ["rayjobs-order-set-1"]  # the other order goes; the entry's order holds job-1's id
+    qs.set_limits(store, "team-a", 1)
+    clock.now += kp.CLEAN_EVERY_S + 1
+    keeper.step()  # job-1 is submitted now
+    clock.now += kp.CLEAN_EVERY_S + 1
+    keeper.step()
+    assert jobs.ids() == ["job-1"] and jobs.deleted == ["rayjobs-order-set-1", order_id]
+
+
+def test_a_job_whose_keeper_died_between_submitting_it_and_forgetting_its_entry_takes_no_second_slot():
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 2)
+    enter(store, "job-1", submitted=1)
+    enter(store, "job-2", submitted=2)
+    keeper, jobs, _ = _keeper(store, clock)
+    # The first keeper claimed slot 0 for job-1 and submitted it, then died before it took job-1's entry out.
+    qs.claim(store, "team-a", qs.Slot(0, -1), {"id": "job-1", "since": 999.0, "needs": {"CPU": 1.0}})
+    store.set_job_status("job-1", "RUNNING")
+    keeper.step()
+    holders = sorted(holder["id"] for holder in qs.held(qs.slots(store, "team-a", clock.now)).values())
+    assert holders == ["job-1", "job-2"] and jobs.ids() == ["job-2"]
+
+
+def test_a_submission_that_times_out_after_ray_created_the_job_keeps_its_slot():
+    store = DictStore()
+    qs.set_limits(store, "team-a", 1)
+    enter(store, "slow", submitted=1)
+    enter(store, "next", submitted=2)
+    keeper, jobs, said = _keeper(store)
+
+    def created_then_timed_out(request):
+        store.set_job_status(request["submission_id"], "RUNNING")
+        raise TimeoutError("Ray's job API did not answer within 30s")
+
+    jobs.submit = created_then_timed_out
+    keeper.step()
+    assert [holder["id"] for holder in qs.held(qs.slots(store, "team-a", 1000.0)).values()] == ["slow"]
+    assert store.keys("waiting/team-a/slow") == [] and not any("trying again" in line for line in said)
+    jobs.submit = FakeRayJobs.submit.__get__(jobs)
+    keeper.step()
+    assert jobs.ids() == []  # the queue of one still runs one: "slow"
+
+
+def _retried_job(store: DictStore, job_id: str, *, status: str = "RUNNING", node: str = "node-gone",
+                 max_retries: int = 2, queue: str | None = None, **metadata: str) -> None:
+    policy = RetryPolicy(max_retries, ("JOB_SUPERVISOR_ACTOR_DIED",), 5.0, 300.0)
+    store.set_job_status(job_id, status, driver_node_id=node, start_time=900_000, entrypoint="python -m x",
+                         entrypoint_num_cpus=1,
+                         runtime_env={"working_dir": "gcs://_ray_pkg_code.zip",
+                                      "env_vars": {RETRY_ENV_VAR: policy.to_variable()}},
+                         metadata={METADATA_SPEC_HASH: "hash-1", "rayjobs.name": "nightly",
+                                   **({METADATA_QUEUE: queue, "rayjobs.priority": "3"} if queue else {}), **metadata})
+
+
+def test_a_job_ray_says_runs_on_a_node_that_is_gone_is_lost_and_submitted_again_after_its_backoff():
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1")
+    keeper, jobs, said = _keeper(store, clock)
+    keeper.step()
+    assert jobs.settled == []  # gone at one look only: a second look, a moment later, decides
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    assert [(job_id, status) for job_id, status, _ in jobs.settled] == [("nightly-1", "FAILED")]
+    info = qs.ray_job_info(store, "nightly-1")
+    assert info["error_type"] == "JOB_SUPERVISOR_ACTOR_DIED" and "lost with its node" in info["message"]
+    decided = keeper.step()["retries"]["nightly-1"]
+    assert (decided["retry"], decided["next"], decided["attempt"]) == (True, "nightly-1-attempt2", 2)
+    assert "the cluster submits attempt 2 of 3 in 5s" in decided["note"]
+    assert jobs.ids() == []
+    clock.now += 5 + ql.WATCH_EVERY_S
+    keeper.step()
+    (request,) = jobs.submitted
+    assert request["submission_id"] == "nightly-1-attempt2" and request["entrypoint_num_cpus"] == 1
+    assert request["metadata"][METADATA_ATTEMPT] == "2" and request["metadata"][METADATA_PARENT] == "nightly-1"
+    assert request["runtime_env"]["working_dir"] == "gcs://_ray_pkg_code.zip"  # no upload: the same code
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    assert jobs.ids() == ["nightly-1-attempt2"]  # submitted once
+
+
+def test_a_lost_job_counts_the_attempts_its_wrapper_made_in_place_and_gives_up_after_max_retries():
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1", status="FAILED")
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=999_000)
+    store.put("attempts/nightly-1", json.dumps({"attempt": 3}).encode())  # retried in place twice already
+    keeper, jobs, _ = _keeper(store, clock)
+    decided = keeper.step()["retries"]["nightly-1"]
+    assert decided["retry"] is False and jobs.ids() == []
+
+
+def test_a_failed_entrypoint_is_left_to_the_agent_beside_it():
+    store = DictStore()
+    _retried_job(store, "nightly-1", status="FAILED")
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_ENTRYPOINT_COMMAND_ERROR", end_time=999_000)
+    keeper, jobs, _ = _keeper(store)
+    assert keeper.step()["retries"] == {} and jobs.ids() == []
+
+
+def test_a_queued_job_lost_whole_goes_back_into_its_queue_at_its_first_place():
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 0)
+    enter(store, "later", submitted=950.0)
+    _retried_job(store, "nightly-1", queue="team-a", status="FAILED")
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=999_000)
+    store.put("needs/nightly-1", json.dumps({"CPU": 2.0}).encode())
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    clock.now += 5 + ql.WATCH_EVERY_S
+    snapshot = keeper.step()
+    waiting = snapshot["queues"][0]["waiting"]
+    assert [job["id"] for job in waiting] == ["nightly-1-attempt2", "later"]
+    assert waiting[0]["priority"] == 3 and waiting[0]["needs"] == {"CPU": 2.0}
+
+
+def test_a_stop_of_a_lost_job_waiting_for_its_next_attempt_submits_none():
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1", status="FAILED")
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=999_000)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    store.order("rayjobs-order-stop-1", {"verb": "stop", "id": "nightly-1"}, start_time_ms=1_001_000)
+    clock.now += 1
+    keeper.step()
+    assert jobs.answer_to("rayjobs-order-stop-1") == {"stopped": "nightly-1", "was": "waiting to be submitted again"}
+    clock.now += 600
+    keeper.step()
+    assert jobs.ids() == []
+
+
+def test_a_job_that_is_not_rayjobs_own_is_never_retried_by_the_keeper():
+    store = DictStore()
+    clock = Clock(1000.0)
+    store.set_job_status("theirs", "RUNNING", driver_node_id="node-gone", metadata={})
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    assert jobs.settled == [] and qs.job_status(store, "theirs") == "RUNNING"
+
+
+def test_a_cluster_that_names_no_live_node_at_all_loses_no_job():
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1", node="node-1")
+    store.nodes = set()  # the autoscaler's view answered empty for a moment
+    keeper, jobs, _ = _keeper(store, clock)
+    for _ in range(3):
+        keeper.step()
+        clock.now += ql.WATCH_EVERY_S
+    assert jobs.settled == []
+
+
+def test_next_attempt_ids_skip_ids_an_earlier_run_of_the_same_fixed_id_used():
+    ended = {"nightly-attempt2": "FAILED", "nightly-attempt2-2": "SUCCEEDED"}
+    assert ql.next_attempt_id("nightly", 2, ended.get) == "nightly-attempt2-3"
+    assert ql.next_attempt_id("nightly", 2, {"nightly-attempt2": "RUNNING"}.get) == "nightly-attempt2"
+
+
+def test_a_job_that_takes_what_is_free_is_let_in_with_all_of_it_and_the_next_one_waits_for_it():
+    # Its auto layout declares one CPU and takes every free CPU when it starts: the queue counts what it will take.
+    store = DictStore(free={"CPU": 4.0})
+    enter(store, "auto-1", submitted=1, needs={"CPU": 1.0})
+    enter(store, "auto-2", submitted=2, needs={"CPU": 1.0})
+    for job_id in ("auto-1", "auto-2"):
+        entry = json.loads(store.get(f"waiting/team-a/{job_id}"))
+        store.put(f"waiting/team-a/{job_id}", json.dumps({**entry, "grows": ["CPU"]}).encode())
+    keeper, jobs, _ = _keeper(store)
+    snapshot = keeper.step()
+    (first,) = jobs.submitted
+    admission = q.Admission.from_environment(first["runtime_env"]["env_vars"])
+    assert admission.granted == {"CPU": 4.0}
+    assert snapshot["queues"][0]["running"][0]["needs"] == {"CPU": 4.0}
+    assert snapshot["queues"][0]["waiting"][0]["reason"] == "needs 1 CPU, 0 free"
+
+
+def test_a_grant_leaves_out_what_the_entrypoint_holds_and_never_falls_below_what_the_workers_need():
+    store = DictStore(free={"CPU": 3.0})
+    enter(store, "auto", needs={"CPU": 2.0})  # one worker of one CPU, and an entrypoint of one
+    request = json.loads(store.get("request/auto"))
+    store.put("request/auto", json.dumps({**request, "entrypoint_num_cpus": 1}).encode())
+    entry = json.loads(store.get("waiting/team-a/auto"))
+    store.put("waiting/team-a/auto", json.dumps({**entry, "grows": ["CPU"]}).encode())
+    keeper, jobs, _ = _keeper(store)
+    snapshot = keeper.step()
+    assert q.Admission.from_environment(jobs.submitted[0]["runtime_env"]["env_vars"]).granted == {"CPU": 2.0}
+    assert snapshot["queues"][0]["running"][0]["needs"] == {"CPU": 3.0}
+
+
+class _HeadsApi:
+    """Ray's state API of a cluster whose head restarted: the node table keeps the dead head beside the new one, and
+    the log API serves only a live node's files (``heads``: node id → alive, in the order the table lists them)."""
+
+    def __init__(self, heads: dict[str, bool]) -> None:
+        self.heads = heads
+        self.read_from: list[str] = []
+
+    def get_json(self, path: str) -> dict:
+        nodes = [{"node_id": node, "is_head_node": True, "state": "ALIVE" if alive else "DEAD"}
+                 for node, alive in self.heads.items()]
+        return {"data": {"result": {"result": nodes}}}
+
+    def get_raw(self, path: str) -> bytes:
+        from urllib.parse import parse_qs, urlsplit
+
+        from runner.errors import ClusterRequestFailed
+
+        node = parse_qs(urlsplit(path).query)["node_id"][0]
+        self.read_from.append(node)
+        if not self.heads.get(node):
+            raise ClusterRequestFailed(f"(500): Agent for node id: {node} doesn't exist.")
+        return json.dumps({"at": 1.0, "queues": [{"queue": "team-a", "max_running": 1}]}).encode()
+
+
+def test_the_snapshot_is_read_from_the_live_head_when_the_node_table_still_lists_the_dead_one():
+    from runner.client.queue import ClusterQueue
+
+    api = _HeadsApi({"old-head": False, "new-head": True})
+    assert ClusterQueue(api).describe("team-a") == [{"queue": "team-a", "max_running": 1}]
+    assert api.read_from == ["new-head"]
+
+
+def test_a_client_that_knew_the_head_before_it_restarted_finds_the_new_one():
+    from runner.client.queue import ClusterQueue
+
+    api = _HeadsApi({"old-head": True})
+    queue = ClusterQueue(api)
+    assert queue.snapshot() is not None
+    api.heads = {"old-head": False, "new-head": True}
+    assert queue.snapshot() is not None
+    assert api.read_from == ["old-head", "old-head", "new-head"]
+
+
+def test_a_queued_job_lost_whole_goes_back_ahead_of_the_jobs_that_entered_its_queue_while_it_waited():
+    # Its first place is where it entered its queue, not the moment its turn came and Ray took it: a job entered
+    # while it waited must not overtake its next attempt.
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 1)
+    policy = RetryPolicy(1, ("JOB_SUPERVISOR_ACTOR_DIED",), 0.0, 0.0)
+    for job_id, submitted in (("first", 10.0), ("second", 20.0)):
+        enter(store, job_id, submitted=submitted, needs={})
+        request = json.loads(store.get(f"request/{job_id}"))
+        request.update(runtime_env={"env_vars": {RETRY_ENV_VAR: policy.to_variable()}},
+                       metadata={METADATA_SPEC_HASH: "hash-1", METADATA_QUEUE: "team-a", "rayjobs.name": job_id})
+        store.put(f"request/{job_id}", json.dumps(request).encode())
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert jobs.ids() == ["first"]
+    store.set_job_status("first", "RUNNING", start_time=clock.now * 1000)  # Ray took it when its turn came
+    store.nodes = {"node-of-the-restarted-head"}  # its driver's node is gone
+    for _ in range(3):
+        clock.now += ql.WATCH_EVERY_S
+        keeper.step()
+    assert qs.job_status(store, "first") == "FAILED"
+    assert [request["submission_id"] for request in jobs.submitted] == ["first", "first-attempt2"]
+    assert [job_id for job_id, _ in qs.waiting(store, "team-a")] == ["second"]
+
+
+def test_the_stand_in_of_a_job_stopped_while_it_waited_is_never_run_again_when_it_is_lost_whole():
+    # The stand-in only writes the job's record and asks Ray to stop it; if the head dies first, nothing may run.
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 0)
+    enter(store, "doomed", submitted=10.0, needs={})
+    request = json.loads(store.get("request/doomed"))
+    request.update(runtime_env={"env_vars": {RETRY_ENV_VAR: RetryPolicy(2, ("JOB_SUPERVISOR_ACTOR_DIED",), 0.0,
+                                                                         0.0).to_variable()}},
+                   metadata={METADATA_SPEC_HASH: "hash-1", METADATA_QUEUE: "team-a", "rayjobs.name": "doomed"})
+    store.put("request/doomed", json.dumps(request).encode())
+    keeper, jobs, _ = _keeper(store, clock)
+    assert keeper.stop("doomed", clock.now)["was"] == "waiting"
+    assert jobs.ids() == ["doomed"]  # its stand-in
+    store.nodes = {"node-of-the-restarted-head"}
+    for _ in range(3):
+        clock.now += ql.WATCH_EVERY_S
+        snapshot = keeper.step()
+    assert qs.job_status(store, "doomed") == "FAILED"
+    assert jobs.ids() == ["doomed"] and qs.waiting(store, "team-a") == []
+    assert snapshot["retries"]["doomed"]["retry"] is False
+
+
+@pytest.mark.parametrize(("was", "said"), [("waiting", "queued"), ("running", "stopped"), ("ended", "ended")])
+def test_a_stop_says_what_the_keeper_found_even_when_the_jobs_turn_came_while_the_stop_was_on_its_way(
+        monkeypatch, was, said):
+    # Ray did not know the job yet, so the stop went to the queue; the keeper let it in before it read the stop.
+    from runner.client import queue as client_queue
+    from runner.errors import JobNotFound
+
+    class Api:
+        address = "http://cluster"
+
+        def stop_job(self, job_id: str) -> bool:
+            raise JobNotFound(job_id)
+
+    monkeypatch.setattr(client_queue.ClusterQueue, "place_of", lambda self, job_id, snapshot=None: {"id": job_id})
+    monkeypatch.setattr(client_queue.ClusterQueue, "stop", lambda self, job_id: {"stopped": job_id, "was": was})
+    assert client_queue.stop_job(Api(), "job-1") == said
+
+
+@pytest.mark.parametrize(("published_at", "waits"), [(100.0, True), (110.0, False)])
+def test_a_job_entered_after_the_keeper_last_published_still_waits_for_its_follower(monkeypatch, published_at, waits):
+    # The keeper answered the order (the job is in its queue) and died before it published: until a keeper
+    # publishes again, the job is missing from the snapshot, and its follower must not call it gone.
+    from runner.client import queue as client_queue
+    from runner.errors import JobNotFound
+
+    order_id = q.enqueue_order_id("job-1")
+
+    class Api:
+        address = "http://cluster"
+
+        def get_job(self, job_id: str) -> dict:
+            if job_id != order_id:
+                raise JobNotFound(job_id)
+            return {"submission_id": order_id, "status": "STOPPED", "start_time": 104_000, "end_time": 105_000,
+                    "metadata": {"rayjobs.enqueues": "team-a", "rayjobs.priority": "5"},
+                    "message": q.answer_text({"queued": "team-a", "position": 2, "waiting": 2})}
+
+    snapshot = {"at": published_at, "queues": [{"queue": "team-a", "max_running": 1, "running": [], "waiting": []}]}
+    place = client_queue.ClusterQueue(Api()).place_of("job-1", snapshot)
+    assert (place is not None) == waits
+    if waits:
+        assert place["queue"] == "team-a" and place["priority"] == 5 and "published" in place["reason"]
+
+
+def test_a_stop_of_a_lost_job_whose_next_attempt_was_already_submitted_says_it_had_ended(monkeypatch):
+    # The keeper had submitted the next attempt by the time the stop came: the stop finds the lost job ended, and
+    # must not say that it was taken out of a queue.
+    from runner.client import queue as client_queue
+
+    class Api:
+        address = "http://cluster"
+
+        def stop_job(self, job_id: str) -> bool:
+            return False  # it ended (FAILED, lost)
+
+    monkeypatch.setattr(client_queue.ClusterQueue, "decision_about",
+                        lambda self, job_id: {"retry": True, "next": f"{job_id}-attempt2"})
+    monkeypatch.setattr(client_queue.ClusterQueue, "stop", lambda self, job_id: {"stopped": job_id, "was": "ended"})
+    assert client_queue.stop_job(Api(), "job-1") == "ended"
+    monkeypatch.setattr(client_queue.ClusterQueue, "stop",
+                        lambda self, job_id: {"stopped": job_id, "was": "waiting to be submitted again"})
+    assert client_queue.stop_job(Api(), "job-1") == "queued"
+
+
+@pytest.mark.parametrize("supervisor", [False, True])
+def test_a_job_whose_supervisor_went_with_the_head_before_it_started_is_lost_and_retried_at_once(supervisor):
+    # Ray's job manager waits out its start timeout (15 min) for a PENDING job whose supervisor it cannot find; the
+    # job holds its queue slot meanwhile. A supervisor that exists (its job waits for resources) is left alone.
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1", status="PENDING", node="", queue="team-a")
+    store.set_job_status("nightly-1", "PENDING", start_time=(clock.now - ql.PENDING_GRACE_S) * 1000)
+    keeper, jobs, _ = _keeper(store, clock)
+    jobs.has_supervisor = lambda job_id: supervisor
+    for _ in range(2):
+        keeper.step()
+        clock.now += ql.WATCH_EVERY_S
+    snapshot = keeper.step()
+    if supervisor:
+        assert qs.job_status(store, "nightly-1") == "PENDING" and jobs.settled == []
+    else:
+        assert [(job_id, status) for job_id, status, _ in jobs.settled] == [("nightly-1", "FAILED")]
+        assert snapshot["retries"]["nightly-1"]["next"] == "nightly-1-attempt2"
+
+
+def test_a_stop_of_a_lost_job_whose_next_attempt_runs_stops_that_attempt():
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1", status="FAILED", max_retries=2)
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=999_000)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    clock.now += 5 + kp.WATCH_EVERY_S
+    keeper.step()
+    assert jobs.ids() == ["nightly-1-attempt2"]
+    store.order("rayjobs-order-stop-1", {"verb": "stop", "id": "nightly-1"}, start_time_ms=clock.now * 1000)
+    keeper.step()
+    assert jobs.answer_to("rayjobs-order-stop-1") == {"stopped": "nightly-1", "was": "running",
+                                                       "attempt": "nightly-1-attempt2"}
+    assert jobs.stopped[-1] == "nightly-1-attempt2"
