@@ -2,6 +2,10 @@
 
     python benchmarks/queue_admission.py [--rounds 5] [--waiting 6] [--json PATH]
 
+Submission. ``rayjobs submit --no-wait`` of one spec, into a queue and not, timed as whole processes,
+alternating: what a team submitting many jobs waits at the terminal for each. The **baseline** is the
+plain submission of the same spec (no ``queue:``). Goal: within 1.2× of it.
+
 Handover. Two jobs of a queue limited to one: the first holds the slot until the benchmark lets
 it go, the second waits. The figure is the time from the first job's last line (its own clock) to
 the second job's first line: the first job's interpreter ending, its wrapper giving the slot back,
@@ -125,6 +129,24 @@ class Cli:
             time.sleep(0.2)
 
 
+def submission_seconds(cli: Cli, directory: Path, pairs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``submit --no-wait`` of one spec into the queue and not, ``pairs`` of each, alternating.
+
+    Each job ends at once (no release flag); all have ended when this returns, so the next figure starts on a
+    quiet cluster.
+    """
+    queued, plain, submitted = [], [], []
+    for index in range(pairs):
+        for side in ((True, False) if index % 2 == 0 else (False, True)):
+            path = spec(directory, f"submit-{index}-{'queued' if side else 'plain'}", queued=side)
+            seconds, done = timed_command([cli.command, "submit", str(path), "--no-wait"], 0, env=cli.env, cwd=REPO)
+            (queued if side else plain).append(seconds)
+            submitted.append(done.stdout.strip().splitlines()[-1])
+    for job_id in submitted:
+        cli.wait_ended(job_id)
+    return queued, plain
+
+
 def handover(cli: Cli, directory: Path, round_index: int, *, queued: bool) -> float:
     """Seconds from the first job's last line to the second job's first line."""
     flag = directory / f"release-{round_index}-{int(queued)}"
@@ -213,6 +235,7 @@ def main() -> None:
             os.environ["RAYJOBS_CLUSTER"] = cli.env["RAYJOBS_CLUSTER"] = "bench-queue"
             cli.connect("bench-queue")
             handover(cli, directory, -1, queued=True)  # warm-up: the cluster's first jobs, the page cache
+            submit_queued, submit_plain = submission_seconds(cli, directory, 3 * args.rounds)
             queued, plain = [], []
             for index in range(args.rounds):
                 # Alternating which side goes first, so neither always meets the cluster right after the other.
@@ -224,6 +247,12 @@ def main() -> None:
                                             queued=False)
         finally:
             stop_local_cluster("bench-queue")
+    ours = result.figure("submit queued", Spread.of(submit_queued), "s")
+    baseline = result.figure("submit plain", Spread.of(submit_plain), "s")
+    ratios = Spread.ratio(submit_queued, submit_plain)
+    result.rows.append(["`rayjobs submit --no-wait`, from the command to its end", f"{ours.text(2, ' s')}",
+                        f"{baseline.text(2, ' s')} (the same spec without `queue:`)",
+                        f"**{ratios.median:.2f}×** ({ratios.low:.2f}–{ratios.high:.2f})"])
     ours = result.figure("handover queued", Spread.of(queued), "s")
     baseline = result.figure("handover submit after the end", Spread.of(plain), "s")
     ratios = Spread.ratio(queued, plain)

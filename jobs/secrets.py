@@ -56,11 +56,11 @@ def masked_runtime_env(document: dict[str, Any], marked: list[str]) -> dict[str,
 
 
 def masked_strings(document: Any, mask: SecretMask) -> Any:
-    """``document`` (JSON-like) with ``mask`` applied to every string in it; keys are kept."""
+    """``document`` (JSON-like) with ``mask`` applied to every string in it, keys included."""
     if isinstance(document, str):
         return mask.mask_text(document)
     if isinstance(document, dict):
-        return {key: masked_strings(value, mask) for key, value in document.items()}
+        return {masked_strings(key, mask): masked_strings(value, mask) for key, value in document.items()}
     if isinstance(document, (list, tuple)):
         return [masked_strings(value, mask) for value in document]
     return document

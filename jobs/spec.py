@@ -32,6 +32,7 @@ from jobs.strict import StrictModel
 from jobs.sweep import SweepSpec
 from jobs.tracking import TrackingSpec, unrecorded_tracking
 from rayjobs_agent.queueing import QUEUE_NAME, QUEUE_NAME_RULE
+from rayjobs_agent.wire import JOB_ID_PATTERN
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -242,7 +243,7 @@ class JobSpec(StrictModel):
     entrypoint_label_selector: dict[str, str] | None = Field(None, description="Node labels the entrypoint needs.")
     metadata: dict[str, str] | None = Field(None, description="Text key/values stored with the job.")
     submission_id: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$", description="Fixed job id (default: Ray picks one)."
+        None, pattern=JOB_ID_PATTERN, description="Fixed job id (default: Ray picks one)."
     )
     address: str | None = Field(None, description="Dashboard address, e.g. http://head:8265.")
     timeout_s: float | None = Field(None, gt=0, description="Stop the job when it has run longer than this.")

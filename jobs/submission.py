@@ -16,6 +16,7 @@ from jobs.queueing import queue_metadata
 from jobs.retry import retry_policy
 from jobs.secrets import masked_runtime_env
 from jobs.workload_contract import workload_needs
+from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH
 from rayjobs_agent.storage_location import uri_scheme
 from rayjobs_agent.vocabulary import EVENT_MARKER
 from rayjobs_agent.wire import (METADATA_NAME, METADATA_RERUN_OF, METADATA_SECRETS, METADATA_SPEC_HASH, NOTIFY_ENV_VAR,
@@ -40,7 +41,6 @@ DEFAULT_EXCLUDES = [
 AGENT_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "rayjobs_agent"
 TRAIN_STATE_ENV_VAR = "RAY_TRAIN_ENABLE_STATE_TRACKING"
 # Where a job keeps its record when its workload names no storage_path: the workloads' own default.
-DEFAULT_RECORD_PATH = "~/rayjobs-results"
 # Ray folds alike lines from different processes of a job into one; an event must never be folded.
 DEDUP_ALLOW_ENV_VAR = "RAY_DEDUP_LOGS_ALLOW_REGEX"
 

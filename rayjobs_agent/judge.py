@@ -120,8 +120,11 @@ class Judge:
         with self._lock:
             now = time.monotonic()
             for line in self.lines.read():
-                # Ray colours the prefix of every line it forwards, even into a log file.
+                # Ray colours the prefix of every line it forwards, even into a log file. The line is masked
+                # whole before anything keeps a piece of it: a secret cut in two no longer matches its mask.
                 plain = ANSI_ESCAPE.sub("", line)
+                if self.mask is not None:
+                    plain = self.mask.mask_text(plain)
                 self.reader.line(plain)
                 if self._watch_broken is None:
                     try:

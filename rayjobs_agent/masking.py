@@ -157,6 +157,17 @@ def mask_url_userinfo(text: str) -> str:
     return _URL_USERINFO.sub(_mask_userinfo, text)
 
 
+def cut_outside_url_userinfo(data: bytes, at: int) -> int:
+    """The latest offset at or before ``at`` that does not fall inside a URL's ``scheme://user:password@``
+    in ``data``: text cut there and masked in two pieces keeps the password masked, as it is whole."""
+    for match in _URL_USERINFO_BYTES.finditer(data):
+        if match.start() >= at:
+            break
+        if at < match.end():
+            return match.start()
+    return at
+
+
 def mask_url_userinfo_bytes(data: bytes) -> bytes:
     """:func:`mask_url_userinfo` for bytes (a log that need not be valid UTF-8)."""
     if b"://" not in data:

@@ -17,6 +17,8 @@ from typing import Any, Mapping, NamedTuple
 
 from .wire import RAY_JOB_CONFIG_ENV_VAR, RECORD_ENV_VAR, RUN_PER_SUBMISSION_ENV_VAR, SUBMISSION_ID_KEY
 
+# Where a spec with neither record_path nor storage_path keeps its runs (on the node that runs the job).
+DEFAULT_RECORD_PATH = "~/rayjobs-results"
 RUN_FILE = "run.json"
 RECORD_DIR = "run-record"
 LOGS_FOLDER = f"{RECORD_DIR}/logs"

@@ -14,6 +14,9 @@ from typing import Any
 # its metadata, under which Ray puts the submission id.
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 SUBMISSION_ID_KEY = "job_submission_id"
+# A job id rayjobs takes from a user (a spec's submission_id, a queue order's job): it is also a key in the
+# cluster's store and a folder's name in the run record, so it holds no "/" and nothing a shell would read.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 # How a job's entrypoint runs under the run record's keeper (``record.py``): this, then the quoted entrypoint.
 RECORD_COMMAND = "python -m rayjobs_agent.record --"

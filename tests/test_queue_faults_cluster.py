@@ -339,7 +339,8 @@ def test_a_job_lost_whole_with_nobody_watching_is_submitted_again_by_the_keeper(
     assert api.get_job(job_id)["error_type"] == "JOB_SUPERVISOR_ACTOR_DIED"
     attempt = f"{job_id}-attempt2"
     wait_for_condition(lambda: _ray_has(api, attempt), timeout_s=HANG_GUARD_S)
-    decided = ClusterQueue(api).decision_about(job_id)
+    # The keeper publishes its snapshot once its step is over, a moment after it submitted the attempt.
+    decided = wait_for_condition(lambda: ClusterQueue(api).decision_about(job_id), timeout_s=HANG_GUARD_S)
     assert decided and decided["retry"] and decided["next"] == attempt and decided["attempt"] == 2, decided
     metadata = api.get_job(attempt)["metadata"]
     assert metadata["rayjobs.attempt"] == "2" and metadata["rayjobs.parent"] == job_id, metadata

@@ -85,6 +85,21 @@ def test_an_order_whose_id_names_another_job_is_refused():
     assert store.keys("waiting/") == []
 
 
+@pytest.mark.parametrize("job_id", ["team-b/x", "../x", "x; touch /tmp/p", "", "a" * 300])
+def test_an_order_whose_job_id_could_be_read_as_another_key_is_refused_and_enters_nothing(job_id):
+    store = DictStore()
+    qs.set_limits(store, "team-a", 0)
+    order = {"verb": "enqueue", "queue": "team-a", "id": job_id,
+             "request": {"submission_id": job_id, "entrypoint": "x", "metadata": {}}}
+    store.order(q.enqueue_order_id(job_id), order, start_time_ms=1_000)
+    store.order("rayjobs-order-stop-1", {"verb": "stop", "id": job_id}, start_time_ms=1_001)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert "no job id" in jobs.answer_to(q.enqueue_order_id(job_id))["error"]
+    assert jobs.answer_to("rayjobs-order-stop-1") == {"unknown": job_id[:200]}
+    assert store.keys("waiting/") == [] and jobs.submitted == []
+
+
 def test_a_stop_that_comes_right_behind_its_jobs_entry_ends_it_without_running():
     store = DictStore()
     qs.set_limits(store, "team-a", 0)

@@ -26,6 +26,9 @@ from rayjobs_agent.record_parts import DriverLog
 from rayjobs_agent.wire import METADATA_SECRETS, NOTIFY_ENV_VAR, RAY_JOB_CONFIG_ENV_VAR
 from runner.follow.log_cursor import LogCursor
 
+# An AWS secret access key of the documentation's own example.
+SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
 TOKEN = "tok-5fff17c6ae3f4c64"
 MARKED = "marked-by-the-spec-42"  # named in the spec's secret_env_vars; its name looks like nothing
 QUOTED = 'p"a/ss w@rd-9Z'  # written differently inside JSON and inside a URL
@@ -188,3 +191,43 @@ def test_a_log_of_secrets_and_text_split_at_random_is_masked_as_it_is_whole(piec
     encoded = text.encode()
     offsets = data.draw(st.lists(st.integers(0, len(encoded)), max_size=6).map(lambda cuts: tuple(sorted(cuts))))
     check_both_sides(encoded, offsets, shown, hidden)
+
+
+@pytest.mark.parametrize("line", [
+    "botocore.exceptions.ClientError: AccessDenied while reading " + "x" * 210
+    + " s3://AKIAEXAMPLE:SuperSecretPassw0rd@minio.internal/bucket",
+    "botocore.exceptions.ClientError: SignatureDoesNotMatch " + "y" * 220 + f" key={SECRET_KEY}",
+], ids=["url-password", "secret-value"])
+def test_a_cause_whose_evidence_is_cut_short_shows_no_piece_of_a_secret(tmp_path, capsys, line):
+    # A cause's evidence is the line cut to 300 characters; cut before it is masked, the secret's start survives.
+    from rayjobs_agent.judge import Judge, OwnLog
+
+    log = tmp_path / "driver.log"
+    log.write_text(line + "\n")
+    judge = Judge({"AWS_SECRET_ACCESS_KEY": SECRET_KEY})
+    judge.lines = OwnLog(log.open("rb"))
+    fields = judge.decide(attempt=1, code=1)
+    said = json.dumps(fields) + capsys.readouterr().out
+    assert "***" in fields["evidence"]
+    for piece in ("SuperSe", SECRET_KEY[:6]):
+        assert piece not in said
+
+
+def test_a_log_page_cut_inside_a_long_line_never_shows_a_url_password_half_on_each_page(tmp_path):
+    # Each page of the history page's log view is masked on its own; a line over the page's slack is cut at a
+    # byte, which must never fall inside a URL's credentials.
+    from rayjobs_agent.record_layout import log_folder
+    from runner.records.store import Folder
+    from runner.ui.log_pages import PAGE_BYTES, log_page
+
+    url = "postgres://user:TOPSECRETPW@db.example/x"
+    for cut in range(1, len(url)):
+        run = tmp_path / f"cut-{cut}"
+        (run / log_folder("raysubmit_x")).mkdir(parents=True)
+        log = b"a" * (PAGE_BYTES - cut) + url.encode() + b" " + b"b" * 70_000 + b"\nend\n"
+        (run / log_folder("raysubmit_x") / "00000.log").write_bytes(log)
+        pages = [log_page(Folder(str(run)), "raysubmit_x", page)["text"] for page in (0, 1)]
+        shown = "".join(pages)
+        assert len(shown) == len(log) - len("TOPSECRETPW") + len("***"), cut
+        assert "postgres://user:***@db.example/x" in shown, cut
+        assert not any(piece in page for page in pages for piece in ("TOPS", "RETPW")), cut

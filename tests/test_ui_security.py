@@ -201,6 +201,25 @@ def test_a_record_whose_submission_id_is_a_path_serves_nothing_outside_the_recor
     assert b"leads out of" in linked[2]
 
 
+def test_a_run_folder_that_is_a_link_out_of_the_records_is_listed_unreadable_and_serves_nothing(tmp_path):
+    # Whoever can write into a shared records folder can leave a link there to any folder holding a run.json.
+    outside_run = write_run(tmp_path / "elsewhere", "theirs", GOOD)
+    (outside_run / log_folder("raysubmit_good") / "00000.log").write_text(OUTSIDE_TEXT + "\n")
+    records = tmp_path / "records"
+    write_run(records, "good", GOOD)
+    (records / "linkrun").symlink_to(outside_run, target_is_directory=True)
+    with served(str(records)) as server:
+        rows = {row["run"]: row for row in strict_json(request(server, "/api/runs")[2])["runs"]}
+        answers = [request(server, path) for path in ("/api/run/linkrun", "/api/run/linkrun/log",
+                                                       "/api/run/linkrun/log?q=OUTSIDE", "/api/search?q=OUTSIDE")]
+    assert rows["linkrun"]["status"] == "UNREADABLE" and "leads out of" in rows["linkrun"]["error"]
+    assert rows["good"]["status"] != "UNREADABLE"
+    assert [answer[0] for answer in answers[:3]] == [400, 400, 400]
+    assert answers[3][0] == 200 and strict_json(answers[3][2])["matches"] == []
+    for answer in answers:
+        assert OUTSIDE_TEXT.encode() not in answer[2]
+
+
 @pytest.mark.parametrize("name", ["..", "..%2F..%2Fetc", "%2E%2E", "a%5Cb", "%00", "a%2Fb", "good%00"])
 def test_a_run_name_in_the_url_that_is_a_path_is_a_400(server, name):
     for path in (f"/api/run/{name}", f"/api/run/{name}/log", f"/api/run/{name}/log?q=root",

@@ -32,13 +32,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Mapping
 
 from ..queueing import (ADMISSION_ENV_VAR, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE, Admission,
                         agent_version, answer_text, checked_queue_name, entered_job, order_from)
-from ..wire import METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
+from ..wire import JOB_ID_PATTERN, METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
 from .lost_jobs import WATCH_EVERY_S, LostJobs
 from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, GcsKeyValue, KeyValue,
@@ -209,6 +210,10 @@ class Keeper:
         if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
             return {"error": f"an order of format {order.get('format')!r}; this keeper reads {ORDER_FORMAT}"}
         verb = order.get("verb")
+        if verb in ("enqueue", "stop") and re.match(JOB_ID_PATTERN, str(order.get("id"))) is None:
+            # An id is a key of the store (``waiting/QUEUE/ID``): one with a "/" would be read as another key.
+            return {"error": f"{str(order.get('id'))[:200]!r} is no job id rayjobs takes"} if verb == "enqueue" \
+                else {"unknown": str(order.get("id"))[:200]}
         if verb == "enqueue":
             if entered_job(order_id) != str(order.get("id")):
                 return {"error": f"order {order_id} does not enter job {order.get('id')!r}"}

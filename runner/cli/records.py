@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from jobs.submission import DEFAULT_RECORD_PATH
+from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH
 from runner.cli.options import OutputOption, check_output, handles_errors
 from runner.cli.options import say as _say
 from runner.errors import BadInput, RayJobsError

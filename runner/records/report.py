@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jobs.secrets import SecretMask, mask_url_userinfo, masked_runtime_env, masked_strings
+from jobs.secrets import SecretMask, job_mask, mask_url_userinfo, masked_runtime_env, masked_strings
 from rayjobs_agent.resources import ResourceUsage, totals_lines
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table
@@ -65,9 +65,13 @@ def masked_record(document: dict[str, Any]) -> dict[str, Any]:
     The job masks its record as it writes it; a record written before it did, or by hand, is masked here.
     """
     spec = document.get("spec")
+    mask = SecretMask(())
     if isinstance(spec, dict):
-        document = {**document, "spec": masked_runtime_env(spec, list(spec.get("secret_env_vars") or []))}
-    return masked_strings(document, SecretMask(()))
+        marked = list(spec.get("secret_env_vars") or [])
+        # The spec's secret values, wherever else in the record they appear (a cause's evidence, a metric's name).
+        mask = job_mask(spec, marked)
+        document = {**document, "spec": masked_runtime_env(spec, marked)}
+    return masked_strings(document, mask)
 
 
 def masked_values(value: Any) -> Any:

@@ -31,7 +31,8 @@ from rayjobs_agent.record_layout import RUN_FILE
 from rayjobs_agent.storage_location import StorageLocation
 from rayjobs_agent.record_layout import RERUNS_FIELD, unreadable_version
 from jobs.secrets import is_masked, masked_runtime_env
-from jobs.submission import (DEFAULT_RECORD_PATH, METADATA_RERUN_OF, AGENT_PACKAGE_DIR, build_submission,
+from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH
+from jobs.submission import (METADATA_RERUN_OF, AGENT_PACKAGE_DIR, build_submission,
                              local_runtime_paths, resolved_spec)
 from jobs.workload_contract import workload_needs
 from runner.errors import BadInput

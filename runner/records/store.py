@@ -196,16 +196,19 @@ def read_run(folder: Folder) -> dict[str, Any]:
 def list_runs(location: Folder) -> list[tuple[Folder, dict[str, Any]]]:
     """Every run recorded directly inside ``location`` with its ``run.json``, newest first; a record that cannot
     be read is listed as ``{"status": UNREADABLE, "error": why}`` and does not stop the others."""
-    folders = [location.child(name) for name in location.subfolders()]
     with ThreadPoolExecutor(max_workers=_PARALLEL_READS) as pool:
-        listed = list(pool.map(_listed, folders))
+        listed = list(pool.map(lambda name: _listed_run(location, name), location.subfolders()))
     runs = [run for run in listed if run is not None]
     runs.sort(key=lambda run: run[1].get("started") or 0, reverse=True)
     return runs
 
 
-def _listed(folder: Folder) -> tuple[Folder, dict[str, Any]] | None:
+def _listed_run(location: Folder, name: str) -> tuple[Folder, dict[str, Any]] | None:
+    folder = location.child(name)
     try:
+        # A run folder that is a link leading out of the location is listed, never read: whoever can write a
+        # link into a shared folder must not make its pages serve what lies elsewhere.
+        folder = location.inside(name)
         return folder, read_run(folder)
     except JobNotFound:
         return None

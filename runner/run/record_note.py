@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rayjobs_agent.wire import RECORD_ENV_VAR
-from jobs.submission import DEFAULT_RECORD_PATH
+from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec

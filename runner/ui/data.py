@@ -64,7 +64,7 @@ class Records:
             raise BadInput(f"{name!r} is no run's name: {problem}")
         if name == self.location.name and self.location.read(RUN_FILE) is not None:
             return self.location
-        child = self.location.child(name)
+        child = self.location.inside(name)  # a run folder that is a link out of the records is refused
         if child.read(RUN_FILE) is not None:
             return child
         raise JobNotFound(f"no run {name!r} in {self.location.location}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from rayjobs_agent.masking import cut_outside_url_userinfo
 from rayjobs_agent.ray_lines import ANSI_ESCAPE
 from rayjobs_agent.record_layout import log_folder
 from rayjobs_agent.vocabulary import EVENT_MARKER, decode
@@ -22,6 +23,8 @@ from runner.records.store import Folder
 PAGE_BYTES = 256 * 1024
 # A page ends at the first line start past its size; a line this much longer is cut where the page ends.
 _LINE_SLACK = 64 * 1024
+# How far around a cut inside a long line a URL is looked for (beyond the longest URL the masker holds back).
+_URL_CONTEXT_BYTES = 8 * 1024
 # A search answers with this many lines at most, so that a word found on every line is still one small answer.
 MAX_MATCHES = 200
 
@@ -92,7 +95,13 @@ def _page_start(folder: Folder, parts: list[Part], page: int) -> int:
         return size
     window = read_range(folder, parts, at - 1, min(size, at + _LINE_SLACK))
     newline = window.find(b"\n")
-    return at if newline < 0 else at - 1 + newline + 1
+    if newline >= 0:
+        return at - 1 + newline + 1
+    # A line longer than the slack is cut at the byte, but never inside a URL's credentials: each page is
+    # masked on its own, and a password cut in two would be shown half on each.
+    margin = _URL_CONTEXT_BYTES
+    around = read_range(folder, parts, max(0, at - margin), min(size, at + margin))
+    return max(0, at - margin) + cut_outside_url_userinfo(around, min(at, margin))
 
 
 def log_page(folder: Folder, submission_id: str, page: int) -> dict[str, Any]:
