@@ -257,14 +257,5 @@ def decode(line: str) -> dict[str, Any] | None:
     return event if isinstance(event, dict) and kind_of(event) is not None else None
 
 
-def without_events(text: str) -> str:
-    """The job's own lines of a piece of its log: every line that holds an event taken out (the agent's protocol,
-    which readers show in their own words)."""
-    if EVENT_MARKER not in text:
-        return text
-    return "".join(line for line in text.splitlines(keepends=True) if decode(line) is None)
-
-
 __all__ = ["AGENT_KINDS", "EVENT_FIELDS", "EVENT_KINDS", "EVENT_MARKER", "KIND_FIELD", "RETRY_STARTED",
-           "RETRY_WAITING", "TIME_FIELD", "EventKind", "decode", "encode", "kind_of",
-           "without_events"]
+           "RETRY_WAITING", "TIME_FIELD", "EventKind", "decode", "encode", "kind_of"]

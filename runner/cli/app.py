@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -268,26 +268,8 @@ def logs(
         _say(f"job {job_id} waits in queue {info['queue'].get('queue')} (position {info['queue'].get('position')}): "
              "it has no log yet")
         return
-    sys.stdout.write(job_mask(info).mask_text(_job_lines(client, job_id, tail, raw)))
+    sys.stdout.write(job_mask(info).mask_text(client.job_log(job_id, tail)))
     sys.stdout.flush()
-
-
-def _job_lines(client: Any, job_id: str, tail: int | None, raw: bool) -> str:
-    """The job's log as `rayjobs logs` prints it: its own last ``tail`` lines (all without ``tail``), the agent's
-    event lines left out unless ``raw``."""
-    from rayjobs_agent.vocabulary import without_events
-
-    if raw or tail is None:
-        text = client.job_log(job_id, tail)
-        return text if raw else without_events(text)
-    asked = tail
-    while True:
-        text = client.job_log(job_id, asked)
-        lines = without_events(text).splitlines(keepends=True)
-        # Event lines took some of the lines asked for: ask for more until the job's own fill them or the log ends.
-        if len(lines) >= tail or text.count("\n") < asked:
-            return "".join(lines[-tail:]) if tail else ""
-        asked *= 2
 
 
 @app.command()
