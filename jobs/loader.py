@@ -83,7 +83,7 @@ def validate_spec_data(
     overrides = list(overrides or [])
     from_cli = apply_overrides(data, overrides)
     context = {SPEC_DIR_CONTEXT_KEY: (path.parent.resolve() if path else Path.cwd())}
-    locate = _Locator(file, data, lines or {}, from_cli)
+    locate = Locator(file, data, lines or {}, from_cli)
     problems: list[Problem] = []
     spec = None
     try:
@@ -107,7 +107,7 @@ def validate_spec_data(
 
 
 def _check_sweep(sweep: SweepSpec, raw_workload: Any, kind: str | None, workload: BaseModel | None,
-                 context: dict[str, Any], locate: _Locator) -> list[Problem]:
+                 context: dict[str, Any], locate: Locator) -> list[Problem]:
     if workload is None or kind is None:
         return [locate.problem(("sweep",), "sweeps a workload's fields, and this spec has no workload section")]
     needs = workload_needs(workload)
@@ -117,7 +117,7 @@ def _check_sweep(sweep: SweepSpec, raw_workload: Any, kind: str | None, workload
 
 
 def _validate_workload(
-    raw: dict[str, Any], context: dict[str, Any], locate: _Locator
+    raw: dict[str, Any], context: dict[str, Any], locate: Locator
 ) -> tuple[str, BaseModel]:
     params = dict(raw)
     kind = params.pop("kind", None)
@@ -134,7 +134,7 @@ def _validate_workload(
         raise locate.error(exc, model, prefix=("workload",)) from None
 
 
-class _Locator:
+class Locator:
     """Turns pydantic errors into ``Problem``s with field paths, lines and hints."""
 
     def __init__(self, file: str | None, data: dict[str, Any], lines: dict[FieldPath, int],

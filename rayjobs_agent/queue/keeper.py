@@ -41,6 +41,8 @@ from ..queueing import (ADMISSION_ENV_VAR, KEEPER_RESOURCES, ORDER_FORMAT, ORDER
                         agent_version, answer_text, checked_queue_name, entered_job, order_from)
 from ..wire import JOB_ID_PATTERN, METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
 from .lost_jobs import WATCH_EVERY_S, LostJobs
+from .pipelines import FAILED as PIPELINE_FAILED
+from .pipelines import UNSEALED_KEPT_S, blocked_by, is_sealed, note_not_run, seal
 from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, GcsKeyValue, KeyValue,
                     Slot, claim, describe, enqueue, enqueues_in_flight, finished_orders, free_slot, held, max_running, not_yet_placed,
@@ -225,6 +227,12 @@ class Keeper:
             limit = order.get("max_running")
             set_limits(self.store, queue, None if limit is None else int(limit))
             return describe(self.store, now, queue)
+        if verb == "seal":
+            jobs = {str(name): str(job) for name, job in (order.get("jobs") or {}).items()}
+            if not all(re.match(JOB_ID_PATTERN, job) for job in [str(order.get("run")), *jobs.values()]):
+                return {"error": "a pipeline run or job id rayjobs does not take"}
+            waiting_ids = {key.rpartition("/")[2] for key in self.store.keys("waiting/")}
+            return seal(self.store, str(order["run"]), jobs, waiting_ids.__contains__, now)
         if verb == "ensure":
             return {"keeper": self.version}
         if verb == "withdraw":
@@ -275,11 +283,13 @@ class Keeper:
     # Admission ------------------------------------------------------------------------------------------------
 
     def _admit(self, queue: str, now: float) -> dict[str, str]:
-        """Submit the first jobs of ``queue`` while they may start; why the first one left waits (by id)."""
+        """Submit the first jobs of ``queue`` while they may start; why the first one left waits, and why each job of
+        a pipeline passed over waits (by id)."""
         while True:
-            entries = waiting(self.store, queue)
+            passed_over: dict[str, str] = {}
+            entries = self._lined_up(queue, waiting(self.store, queue), passed_over, now)
             if not entries:
-                return {}
+                return passed_over
             job_id, entry = entries[0]
             if ray_job_info(self.store, job_id) is not None:
                 # Ray has it already (the keeper died between submitting it and forgetting its entry): it runs
@@ -288,7 +298,7 @@ class Keeper:
                 continue
             reason = self._why_not_now(queue, job_id, entry, now)
             if reason:
-                return {job_id: reason}
+                return {**passed_over, job_id: reason}
             slot_map = slots(self.store, queue, now)
             slot = free_slot(slot_map, max_running(self.store, queue))
             assert slot is not None  # _why_not_now read the same limit
@@ -296,12 +306,43 @@ class Keeper:
             holder = {"id": job_id, "name": entry.get("name"), "since": now, "needs": needs}
             generation = claim(self.store, queue, slot, holder, self.pause)
             if generation is None:
-                return {job_id: f"another admission took slot {slot.index} of queue {queue} first"}
+                return {**passed_over, job_id: f"another admission took slot {slot.index} of queue {queue} first"}
             admission = Admission(queue, slot.index, generation, waited_s=now - float(entry.get("submitted") or now),
                                   position=1, admitted_at=self.clock(), granted=granted)
             entry = {**entry, "needs": holder["needs"]}
             if not self._submit(queue, job_id, entry, admission, slot):
-                return {job_id: f"Ray did not take its request yet; trying again in {RETRY_SUBMIT_S:g}s"}
+                return {**passed_over, job_id: f"Ray did not take its request yet; trying again in {RETRY_SUBMIT_S:g}s"}
+
+    def _lined_up(self, queue: str, entries: list[tuple[str, dict[str, Any]]], passed_over: dict[str, str],
+                  now: float) -> list[tuple[str, dict[str, Any]]]:
+        """The waiting jobs of ``queue`` that may take a slot, in order: a job of a pipeline once its run is sealed
+        and every job it runs after SUCCEEDED. One that never will (one of them failed, was stopped or is gone, or
+        its run was never sealed) ends here without running; why each other one is passed over goes into
+        ``passed_over``."""
+        if not any(entry.get("pipeline") for _, entry in entries):
+            return entries
+        waiting_ids = {key.rpartition("/")[2] for key in self.store.keys("waiting/")}
+        lined_up = []
+        for position, (job_id, entry) in enumerate(entries, start=1):
+            if not is_sealed(self.store, entry.get("pipeline")):
+                if now - float(entry.get("submitted") or now) <= UNSEALED_KEPT_S:
+                    passed_over[job_id] = f"pipeline run {entry['pipeline']} is still being submitted"
+                    continue
+                state, why = PIPELINE_FAILED, (f"not run: its pipeline run {entry['pipeline']} was never started (the "
+                                               "client that submitted it went away before entering every job)")
+            else:
+                state, why = blocked_by(self.store, entry, waiting_ids, self.lost.next_attempt_of)
+            if state == PIPELINE_FAILED:
+                note_not_run(self.store, job_id, why)
+                self.say(f"queue {queue}: job {job_id} {why}")
+                self._end_without_running(queue, job_id, entry, Admission(
+                    queue, waited_s=now - float(entry.get("submitted") or now), position=position, outcome="FAILED",
+                    reason=why))
+            elif state:
+                passed_over[job_id] = why
+            else:
+                lined_up.append((job_id, entry))
+        return lined_up
 
     def _why_not_now(self, queue: str, job_id: str, entry: dict[str, Any], now: float) -> str:
         if now < self._retry_at.get(job_id, 0.0):

@@ -13,6 +13,8 @@ The store's namespace is ``rayjobs-queue``::
     attempts/ID                    the attempt job ID's wrapper started last, when it retries in place
     lost/ID                        job ID ended lost whole, and what the keeper decided about its next attempt
     retry/ID                       job ID, lost whole, is submitted again at ``at`` as ``next``
+    pipeline/RUN                   a sealed pipeline run: {"jobs": {NAME: ID}, "at"}; its jobs' entries name it
+    notrun/ID                      job ID ended without running, for a job it ran after: {"reason"}
     keeper                         the keeper's heartbeat: {"at", "version"}
 
 A slot is taken by writing the generation after the one just read, and only if that key is absent,
@@ -377,6 +379,10 @@ def enqueue(store: KeyValue, order: dict[str, Any], submitted: float) -> dict[st
              "needs": order.get("needs") or {}, "grows": list(order.get("grows") or []),
              "packages": order.get("packages") or [],
              "agent_modules": order.get("agent_modules") or []}
+    if order.get("pipeline"):
+        # A job of a pipeline run: it lines up once the run is sealed and every job it runs after has SUCCEEDED.
+        entry.update(pipeline=str(order["pipeline"]), pipeline_job=order.get("pipeline_job"),
+                     after=[str(other) for other in order.get("after") or []])
     store.put(f"request/{job_id}", json.dumps(request).encode())
     if not store.put(f"waiting/{queue}/{job_id}", json.dumps(entry).encode(), only_if_absent=True):
         return {"exists": "queue", "queue": queue, "metadata": request.get("metadata") or {}}

@@ -1,0 +1,107 @@
+"""Pipelines in the queue: jobs that run after others, kept on the cluster.
+
+A pipeline's jobs enter their queues as any job does, each entry naming its pipeline run and the ids of the jobs it
+runs after. Its entries wait unseen until the client's last order seals the run, once every job is entered: then the
+run is one key, ``pipeline/RUN``, its jobs by name. So a client that dies half-way leaves no half a pipeline to run:
+the entries of a run never sealed end without running after :data:`UNSEALED_KEPT_S`.
+
+A job whose every job it runs after has SUCCEEDED (its last attempt, when the keeper retried one lost whole) takes its
+place in its queue's order, by priority and submission as any job; until then it is passed over and holds up no one.
+When one of them ends FAILED or STOPPED for good, or is gone from Ray's table, the job ends without running, through
+the stand-in every job that never runs gets ("not run: prep failed (…)"), and so, in turn, do the jobs after it.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from .store import KeyValue, ray_job_info
+
+# How long the entries of a pipeline run wait for the order that seals it: the client sends that order right after
+# the last entry, so a run still unsealed this long after its first entry lost its client.
+UNSEALED_KEPT_S = 600.0
+
+SUCCEEDED, PENDING, FAILED = "succeeded", "pending", "failed"
+
+
+def seal(store: KeyValue, run_id: str, jobs: dict[str, str], entered: Callable[[str], bool],
+         now: float) -> dict[str, Any]:
+    """Seal pipeline run ``run_id`` (job name -> job id) once every one of its jobs is entered (``entered(job_id)``):
+    from then on its jobs line up. The answer to the client's last order."""
+    missing = sorted(name for name, job_id in jobs.items() if not entered(job_id))
+    if missing:
+        return {"error": f"pipeline run {run_id} cannot start: its jobs {', '.join(missing)} were never entered"}
+    if not store.put(f"pipeline/{run_id}", json.dumps({"jobs": jobs, "at": now}).encode(), only_if_absent=True):
+        return {"exists": run_id}
+    return {"sealed": run_id, "jobs": jobs}
+
+
+def run_of(store: KeyValue, run_id: str) -> dict[str, Any] | None:
+    """What the store keeps of sealed pipeline run ``run_id``: its jobs by name (None: no such run)."""
+    raw = store.get(f"pipeline/{run_id}")
+    return json.loads(raw) if raw else None
+
+
+def is_sealed(store: KeyValue, run_id: str | None) -> bool:
+    """Whether a job of run ``run_id`` (None: of no pipeline) may line up."""
+    return run_id is None or store.get(f"pipeline/{run_id}") is not None
+
+
+def note_not_run(store: KeyValue, job_id: str, reason: str) -> None:
+    """Say that job ``job_id`` ended without running because of the jobs it ran after: the jobs after it say why."""
+    store.put(f"notrun/{job_id}", json.dumps({"reason": reason}).encode())
+
+
+def dependency_state(store: KeyValue, job_id: str, waiting_ids: set[str],
+                     next_attempt_of: Callable[[str], str | None]) -> tuple[str, str]:
+    """Where job ``job_id``, which another job runs after, stands: SUCCEEDED, PENDING (waiting, running, or to be
+    submitted again) or FAILED for good, with why in words.
+
+    A job lost whole and submitted again is followed to its last attempt.
+    """
+    seen: set[str] = set()
+    current = job_id
+    while current not in seen:
+        seen.add(current)
+        if current in waiting_ids or store.get(f"retry/{current}") is not None:
+            return PENDING, f"{current} waits"
+        raw = store.get(f"notrun/{current}")
+        if raw:
+            return FAILED, f"{current} was not run ({json.loads(raw).get('reason')})"
+        info = ray_job_info(store, current)
+        if info is None:
+            return FAILED, f"{current} is gone from Ray's job table"
+        status = str(info.get("status") or "")
+        if status == "SUCCEEDED":
+            return SUCCEEDED, ""
+        if status in ("PENDING", "RUNNING"):
+            return PENDING, f"{current} is {status}"
+        following = next_attempt_of(current)
+        if following is not None:
+            current = following
+            continue
+        message = str(info.get("message") or "").strip().splitlines()
+        said = f": {message[-1][:200]}" if message else ""
+        return FAILED, f"{current} {'was stopped' if status == 'STOPPED' else 'failed'}{said}"
+    return FAILED, f"{job_id}'s attempts run in a circle"
+
+
+def blocked_by(store: KeyValue, entry: dict[str, Any], waiting_ids: set[str],
+               next_attempt_of: Callable[[str], str | None]) -> tuple[str, str]:
+    """Whether a waiting job may line up by the jobs it runs after: ("", "") when all SUCCEEDED; (PENDING, why) while
+    one of them has yet to; (FAILED, why) when one of them never will."""
+    waits = []
+    for other in entry.get("after") or []:
+        state, why = dependency_state(store, str(other), waiting_ids, next_attempt_of)
+        if state == FAILED:
+            return FAILED, f"not run: {why}"
+        if state == PENDING:
+            waits.append(why)
+    return (PENDING, "runs after " + "; ".join(waits)) if waits else ("", "")
+
+
+__all__ = ["FAILED", "PENDING", "SUCCEEDED", "UNSEALED_KEPT_S", "blocked_by", "dependency_state", "is_sealed",
+           "note_not_run", "run_of", "seal"]

@@ -1,0 +1,171 @@
+"""A pipeline run in the queue, decided by its keeper over a store that behaves as the cluster's does, with Ray's job
+table beside it: jobs line up once the run is sealed and every job they run after SUCCEEDED; one that never will
+ends without running, and so do the jobs after it. tests/test_pipeline_file.py reads the file; here every
+interleaving is set up by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayjobs_agent import queueing as q
+from rayjobs_agent.queue import keeper as kp, pipelines as pl, store as qs
+from rayjobs_agent.wire import METADATA_SPEC_HASH
+from tests.support.queue_store import DictStore, FakeRayJobs
+from tests.test_queue_orders import Clock
+
+RUN = "nightly-0a1b2c3d"
+
+
+def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[kp.Keeper, FakeRayJobs, list[str]]:
+    jobs, said = FakeRayJobs(store), []
+    jobs.clock = clock = clock or Clock()
+    return kp.Keeper(store, jobs, clock=clock, say=said.append), jobs, said
+
+
+def _job(name: str) -> str:
+    return f"{RUN}-{name}"
+
+
+def _enter(store: DictStore, name: str, after: list[str], *, at_ms: float, queue: str = "team-a",
+           priority: int = 0, run: str = RUN) -> None:
+    job_id = f"{run}-{name}"
+    order = {"verb": "enqueue", "queue": queue, "id": job_id, "name": name, "priority": priority,
+             "needs": {"CPU": 1.0}, "pipeline": run, "pipeline_job": name,
+             "after": [f"{run}-{other}" for other in after],
+             "request": {"submission_id": job_id, "entrypoint": "python -m rayjobs_agent.record -- 'true'",
+                         "metadata": {METADATA_SPEC_HASH: "hash"}}}
+    store.order(q.enqueue_order_id(job_id), order, start_time_ms=at_ms, metadata={"rayjobs.enqueues": queue})
+
+
+def _seal(store: DictStore, names: list[str], *, at_ms: float, run: str = RUN) -> str:
+    order_id = f"rayjobs-order-seal-{run}"
+    store.order(order_id, {"verb": "seal", "run": run, "jobs": {name: f"{run}-{name}" for name in names}},
+                start_time_ms=at_ms)
+    return order_id
+
+
+def _diamond(store: DictStore, *, seal: bool = True) -> None:
+    # prep → train-a, train-b → evaluate; entered in an order that puts the dependants first.
+    _enter(store, "evaluate", ["train-a", "train-b"], at_ms=1_000_000, priority=5)
+    _enter(store, "train-a", ["prep"], at_ms=1_000_001, priority=5)
+    _enter(store, "train-b", ["prep"], at_ms=1_000_002)
+    _enter(store, "prep", [], at_ms=1_000_003)
+    if seal:
+        _seal(store, ["prep", "train-a", "train-b", "evaluate"], at_ms=1_000_004)
+
+
+def test_a_job_runs_only_after_every_job_it_runs_after_succeeded_and_the_ones_waiting_on_others_hold_up_no_one():
+    store = DictStore()
+    qs.set_limits(store, "team-a", 1)
+    _diamond(store)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    # evaluate and train-a come first by priority, yet wait on others: prep, last in order, takes the slot.
+    assert jobs.ids() == [_job("prep")]
+    (shown,) = keeper.step()["queues"]
+    reasons = {row["id"]: row["reason"] for row in shown["waiting"]}
+    assert reasons[_job("train-a")] == f"runs after {_job('prep')} is RUNNING"
+    assert reasons[_job("evaluate")] == f"runs after {_job('train-a')} waits; {_job('train-b')} waits"
+    jobs.settle(_job("prep"), "SUCCEEDED", "done")
+    keeper.step()
+    assert jobs.ids() == [_job("prep"), _job("train-a")]  # the limit holds: one at a time, by priority
+    jobs.settle(_job("train-a"), "SUCCEEDED", "done")
+    keeper.step()
+    assert jobs.ids()[-1] == _job("train-b"), "evaluate still waits on train-b"
+    jobs.settle(_job("train-b"), "SUCCEEDED", "done")
+    keeper.step()
+    assert jobs.ids()[-1] == _job("evaluate")
+
+
+def test_the_jobs_of_a_run_never_sealed_wait_unseen_and_end_without_running_once_their_client_is_long_gone():
+    store, clock = DictStore(), Clock()
+    _diamond(store, seal=False)
+    keeper, jobs, said = _keeper(store, clock)
+    keeper.step()
+    assert jobs.ids() == [], "no half a pipeline runs"
+    clock.now += pl.UNSEALED_KEPT_S + 1
+    keeper.step()
+    outcomes = {request["submission_id"]: q.Admission.from_environment(request["runtime_env"]["env_vars"])
+                for request in jobs.submitted}
+    assert set(outcomes) == {_job(name) for name in ("prep", "train-a", "train-b", "evaluate")}
+    assert {admission.outcome for admission in outcomes.values()} == {"FAILED"}
+    assert "was never started" in outcomes[_job("prep")].reason
+    assert store.keys("waiting/") == []
+
+
+def test_a_seal_that_names_a_job_never_entered_is_refused_and_lets_nothing_run():
+    store = DictStore()
+    _enter(store, "prep", [], at_ms=1_000_000)
+    order_id = _seal(store, ["prep", "train"], at_ms=1_000_001)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert "its jobs train were never entered" in jobs.answer_to(order_id)["error"]
+    assert jobs.ids() == []
+
+
+@pytest.mark.parametrize("ending, said", [("FAILED", "prep failed: exit 3"), ("STOPPED", "prep was stopped"),
+                                          (None, "is gone from Ray's job table")])
+def test_when_a_job_fails_is_stopped_or_deleted_every_job_after_it_ends_without_running_and_says_why(ending, said):
+    store = DictStore()
+    _diamond(store)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.ids() == [_job("prep")]
+    if ending is None:
+        jobs.delete(_job("prep"))
+    else:
+        jobs.settle(_job("prep"), ending, "exit 3")
+    for _ in range(3):  # the chain ends one layer a step at most
+        keeper.step()
+    stand_ins = {request["submission_id"]: q.Admission.from_environment(request["runtime_env"]["env_vars"])
+                 for request in jobs.submitted[1:]}
+    assert set(stand_ins) == {_job("train-a"), _job("train-b"), _job("evaluate")}
+    assert all(admission.outcome == "FAILED" for admission in stand_ins.values())
+    assert said.replace("prep", _job("prep")) in stand_ins[_job("train-a")].reason
+    assert stand_ins[_job("evaluate")].reason.startswith(f"not run: {_job('train-a')} was not run (not run: ")
+    assert store.keys("waiting/") == []
+
+
+def test_a_job_lost_whole_and_submitted_again_is_followed_to_its_last_attempt():
+    store = DictStore()
+    _enter(store, "prep", [], at_ms=1_000_000)
+    _enter(store, "train", ["prep"], at_ms=1_000_001)
+    _seal(store, ["prep", "train"], at_ms=1_000_002)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    store.set_job_status(_job("prep"), "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED")
+    store.put(f"lost/{_job('prep')}", b'{"retry": true, "next": "' + f"{_job('prep')}-attempt2".encode() + b'"}')
+    store.set_job_status(f"{_job('prep')}-attempt2", "RUNNING")
+    keeper.step()
+    assert _job("train") not in jobs.ids(), "its dependency's next attempt still runs"
+    store.set_job_status(f"{_job('prep')}-attempt2", "SUCCEEDED")
+    keeper.step()
+    assert jobs.ids()[-1] == _job("train")
+
+
+def test_two_jobs_whose_last_dependency_succeeds_at_once_with_one_slot_free_take_it_one_at_a_time():
+    store = DictStore()
+    qs.set_limits(store, "team-a", 2)
+    _enter(store, "prep", [], at_ms=1_000_000)
+    _enter(store, "a", ["prep"], at_ms=1_000_001)
+    _enter(store, "b", ["prep"], at_ms=1_000_002)
+    _enter(store, "hold", [], at_ms=1_000_003)
+    _seal(store, ["prep", "a", "b", "hold"], at_ms=1_000_004)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert jobs.ids() == [_job("prep"), _job("hold")]
+    jobs.settle(_job("prep"), "SUCCEEDED", "done")
+    keeper.step()
+    assert jobs.ids()[2:] == [_job("a")], "one slot freed: one job in"
+    jobs.settle(_job("a"), "SUCCEEDED", "done")
+    keeper.step()
+    assert jobs.ids()[3:] == [_job("b")]
+
+
+def test_a_seal_with_an_id_that_could_be_read_as_another_key_is_refused():
+    store = DictStore()
+    store.order("rayjobs-order-seal-x", {"verb": "seal", "run": "x/../y", "jobs": {"a": "x"}}, start_time_ms=1)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert "error" in jobs.answer_to("rayjobs-order-seal-x")
+    assert store.keys("pipeline/") == []
