@@ -16,10 +16,10 @@ from jobs.queueing import queue_metadata
 from jobs.retry import retry_policy
 from jobs.secrets import masked_runtime_env
 from jobs.workload_contract import workload_needs
-from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH
+from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH, default_run_dir, run_of_this_submission
 from rayjobs_agent.storage_location import uri_scheme
 from rayjobs_agent.vocabulary import EVENT_MARKER
-from rayjobs_agent.wire import (METADATA_NAME, METADATA_RERUN_OF, METADATA_SECRETS, METADATA_SPEC_HASH, NOTIFY_ENV_VAR,
+from rayjobs_agent.wire import (RAY_JOB_CONFIG_ENV_VAR, RUN_PER_SUBMISSION_ENV_VAR, SUBMISSION_ID_KEY, METADATA_NAME, METADATA_RERUN_OF, METADATA_SECRETS, METADATA_SPEC_HASH, NOTIFY_ENV_VAR,
                                 PROGRESS_CALLBACK, RECORD_COMMAND, RECORD_ENV_VAR, RETRY_ENV_VAR, SWEEP_ENV_VAR,
                                 TRACKING_CALLBACK, WATCH_ENV_VAR,
                                 TRACKING_ENV_VAR, TRAIN_CALLBACKS_ENV_VAR, WORKLOAD_ENV_VAR, ray_env_json)
@@ -189,6 +189,22 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
         env_vars[NOTIFY_ENV_VAR] = job_notify_settings(spec.notify, spec.max_retries + 1)
     # Ray would expand the spec's `echo $API_TOKEN` on the cluster, and the record would hold the token.
     env_vars[RECORD_ENV_VAR] = ray_env_json(config)
+
+
+def run_folder(loaded: LoadedSpec, job_id: str, *, per_submission: bool = False) -> str:
+    """Where job ``job_id`` of this spec keeps its run (its record, and a workload's outputs): by the agent's own
+    rules, so that the client can tell a job of a pipeline where the jobs it runs after keep theirs.
+
+    ``per_submission``: the job runs with ``RAYJOBS_RUN_PER_SUBMISSION`` (each pipeline run is a run of its own).
+    """
+    run_dir = workload_needs(loaded.workload).run_location
+    if run_dir is not None:
+        environ = {RAY_JOB_CONFIG_ENV_VAR: json.dumps({"metadata": {SUBMISSION_ID_KEY: job_id}})}
+        if per_submission:
+            environ[RUN_PER_SUBMISSION_ENV_VAR] = "1"
+        return run_of_this_submission(run_dir, environ)
+    return default_run_dir({"base": loaded.spec.record_path or DEFAULT_RECORD_PATH, "name": loaded.spec.name},
+                           {SUBMISSION_ID_KEY: job_id})
 
 
 def user_entrypoint(entrypoint: str) -> str:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .wire import (METADATA_AGENT_VERSION, METADATA_NAME, RAY_JOB_CONFIG_ENV_VAR, SUBMISSION_ID_KEY, ray_env_json)
+from .wire import (JOB_ID_PATTERN, METADATA_AGENT_VERSION, METADATA_NAME, RAY_JOB_CONFIG_ENV_VAR, SUBMISSION_ID_KEY, ray_env_json)
 
 NAMESPACE = b"rayjobs-queue"
 
@@ -106,6 +106,15 @@ def checked_queue_name(name: str) -> str:
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise QueueNameError(f"{name!r} cannot name a queue: use {QUEUE_NAME_RULE}")
     return name
+
+def order_problem(order: Mapping[str, Any]) -> str | None:
+    """What makes an order one no keeper carries out: a job or run id it names that is no id rayjobs takes (an id
+    is a key of the store, ``waiting/QUEUE/ID``: one with a "/" would be read as another key). None: none."""
+    named = [order.get("id")] if order.get("verb") in ("enqueue", "stop", "withdraw") else []
+    if order.get("verb") == "seal":
+        named = [order.get("run"), *(order.get("jobs") or {}).values()]
+    bad = [str(found)[:200] for found in named if re.match(JOB_ID_PATTERN, str(found)) is None]
+    return f"{bad[0]!r} is no job id rayjobs takes" if bad else None
 
 def enqueue_order_id(job_id: str) -> str:
     """The id of the order job that enters job ``job_id`` into its queue (it holds the id until the job is in Ray)."""

@@ -44,10 +44,11 @@ from .queueing import Admission, submission_id_from
 from .record_layout import RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
 from .record_store import reason
 from .resources import ResourceSampler, local_addresses
-from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, PARENT_KEY, Recorder, open_own_log, say
+from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, Recorder, open_own_log, say
 from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry, retries_whole_jobs
 from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
 from .vocabulary import RETRY_STARTED, RETRY_WAITING, EventKind
+from .wire import METADATA_PARENT as PARENT_KEY
 from .wire import RECORD_COMMAND
 
 __all__ = ["ATTEMPT_KEY", "JOB_CONFIG_ENV_VAR", "PARENT_KEY", "RECORD_COMMAND", "RECORD_DIR", "RECORD_ENV_VAR",

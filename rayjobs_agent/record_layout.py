@@ -13,8 +13,10 @@ reader of an older major says so rather than misread it. A record without ``sche
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Mapping, NamedTuple
 
+from .wire import METADATA_PARENT as PARENT_KEY
 from .wire import RAY_JOB_CONFIG_ENV_VAR, RECORD_ENV_VAR, RUN_PER_SUBMISSION_ENV_VAR, SUBMISSION_ID_KEY
 
 # Where a spec with neither record_path nor storage_path keeps its runs (on the node that runs the job).
@@ -35,6 +37,13 @@ FORMAT_VERSION = 1
 ATTEMPTS_FIELD = "attempts"
 RERUN_OF_FIELD = "rerun_of"
 RERUNS_FIELD = "reruns"
+
+
+def default_run_dir(config: Mapping[str, Any], job_metadata: Mapping[str, Any]) -> str:
+    """``<base>/<name>-<first submission id>`` for a job whose workload names no run folder: a retried attempt
+    (``rayjobs.parent``) joins the first one's folder."""
+    first = job_metadata.get(PARENT_KEY) or job_metadata.get(SUBMISSION_ID_KEY) or f"local-{os.getpid()}"
+    return f"{str(config['base']).rstrip('/')}/{config.get('name') or 'job'}-{first}"
 
 
 def run_of_this_submission(name: str, environ: Mapping[str, str]) -> str:

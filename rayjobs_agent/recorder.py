@@ -23,13 +23,12 @@ from typing import Any
 
 from .record_layout import (ATTEMPTS_FIELD, EVENT_PART_SUFFIX, FORMAT_FIELD, FORMAT_VERSION, LOG_PART_SUFFIX,
                             RECORD_DIR, RECORD_ENV_VAR, RUN_FILE, SCHEMA_VERSION, SCHEMA_VERSION_FIELD, event_folder,
-                            log_folder, run_of_this_submission)
+                            default_run_dir, log_folder, run_of_this_submission)
 from .record_parts import DriverLog, LineBuffer, PartedFile
 from .record_store import Store, Uploader, reason
 from .resources import ResourceUsage
 from .vocabulary import EVENT_MARKER, EventKind, kind_of
 from .wire import METADATA_ATTEMPT as ATTEMPT_KEY
-from .wire import METADATA_PARENT as PARENT_KEY
 from .wire import RAY_JOB_CONFIG_ENV_VAR as JOB_CONFIG_ENV_VAR
 from .wire import OWN_LINE_PREFIX, SUBMISSION_ID_KEY
 
@@ -354,12 +353,6 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-def default_run_dir(config: dict[str, Any], job_metadata: dict[str, Any]) -> str:
-    """``<base>/<name>-<first submission id>``: a retried attempt (``rayjobs.parent``) joins the first one's folder."""
-    first = job_metadata.get(PARENT_KEY) or job_metadata.get(SUBMISSION_ID_KEY) or f"local-{os.getpid()}"
-    return f"{str(config['base']).rstrip('/')}/{config.get('name') or 'job'}-{first}"
 
 
 def open_own_log(environ: Mapping[str, str]) -> DriverLog | None:

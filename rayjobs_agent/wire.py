@@ -43,6 +43,10 @@ NOTIFY_ENV_VAR = "RAYJOBS_NOTIFY_SECRET"
 # its submission too (``record_layout.run_of_this_submission``), by the workload and by the record alike.
 RUN_PER_SUBMISSION_ENV_VAR = "RAYJOBS_RUN_PER_SUBMISSION"
 
+# Set on a job of a pipeline: the run folders of the jobs it runs after, as JSON ({name: folder}); and the same, one
+# variable each, ``RAYJOBS_AFTER_<NAME>`` (the job's name in capitals, "-" as "_"), for a shell's entrypoint.
+AFTER_ENV_VAR = "RAYJOBS_AFTER"
+
 # Job metadata rayjobs adds to a submission.
 METADATA_NAME = "rayjobs.name"
 METADATA_SPEC_HASH = "rayjobs.spec_hash"
@@ -55,6 +59,12 @@ METADATA_PRIORITY = "rayjobs.priority"
 METADATA_ENQUEUES = "rayjobs.enqueues"  # on a queue's helper job: the queue it enters a job into
 METADATA_QUEUED_ID = "rayjobs.queued_id"  # and that job's id
 METADATA_AGENT_VERSION = "rayjobs.agent_version"  # on an order job: the code of the client's agent package
+METADATA_PIPELINE = "rayjobs.pipeline"  # the pipeline run a job is part of
+
+def after_variable(name: str) -> str:
+    """The variable that holds the run folder of job ``name``, for the jobs that run after it in a pipeline."""
+    return f"{AFTER_ENV_VAR}_{name.upper().replace('-', '_')}"
+
 
 def ray_env_json(document: Any) -> str:
     """``document`` as JSON for a variable that Ray sets: Ray expands ``$NAME`` in every variable's value on the
@@ -62,7 +72,7 @@ def ray_env_json(document: Any) -> str:
     return json.dumps(document, sort_keys=True, default=str).replace("$", "\\u0024")
 
 
-__all__ = ["METADATA_AGENT_VERSION", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "ray_env_json"]
+__all__ = ["AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "ray_env_json"]
 
 # How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
 # (which the follower shows among its own, apart from the job's output).

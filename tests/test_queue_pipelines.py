@@ -39,8 +39,8 @@ def _enter(store: DictStore, name: str, after: list[str], *, at_ms: float, queue
 
 def _seal(store: DictStore, names: list[str], *, at_ms: float, run: str = RUN) -> str:
     order_id = f"rayjobs-order-seal-{run}"
-    store.order(order_id, {"verb": "seal", "run": run, "jobs": {name: f"{run}-{name}" for name in names}},
-                start_time_ms=at_ms)
+    store.order(order_id, {"verb": "seal", "run": run, "jobs": {name: f"{run}-{name}" for name in names},
+                           "after": {}}, start_time_ms=at_ms)
     return order_id
 
 
@@ -103,7 +103,7 @@ def test_a_seal_that_names_a_job_never_entered_is_refused_and_lets_nothing_run()
     assert jobs.ids() == []
 
 
-@pytest.mark.parametrize("ending, said", [("FAILED", "prep failed: exit 3"), ("STOPPED", "prep was stopped"),
+@pytest.mark.parametrize("ending, said", [("FAILED", "prep failed: exit 3"), ("STOPPED", "prep was stopped: exit 3"),
                                           (None, "is gone from Ray's job table")])
 def test_when_a_job_fails_is_stopped_or_deleted_every_job_after_it_ends_without_running_and_says_why(ending, said):
     store = DictStore()

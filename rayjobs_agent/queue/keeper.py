@@ -32,17 +32,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from typing import Any, Callable, Mapping
 
-from ..queueing import (ADMISSION_ENV_VAR, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE, Admission,
+from ..queueing import (ADMISSION_ENV_VAR, order_problem, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE, Admission,
                         agent_version, answer_text, checked_queue_name, entered_job, order_from)
-from ..wire import JOB_ID_PATTERN, METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
+from ..wire import METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
 from .lost_jobs import WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
-from .pipelines import UNSEALED_KEPT_S, blocked_by, is_sealed, note_not_run, seal
+from .pipelines import UNSEALED_KEPT_S, blocked_by, forget_old_runs, is_sealed, note_not_run, recent_runs, seal_order
 from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, GcsKeyValue, KeyValue,
                     Slot, claim, describe, enqueue, enqueues_in_flight, finished_orders, free_slot, held, max_running, not_yet_placed,
@@ -156,7 +155,8 @@ class Keeper:
             self._cleaned_at = now
             self._clean(now)
         return {"at": now, "keeper": {"version": self.version, "started": self.started},
-                "queues": describe(self.store, now, reasons=reasons), "retries": self.lost.decisions(now)}
+                "queues": describe(self.store, now, reasons=reasons), "retries": self.lost.decisions(now),
+                "pipelines": recent_runs(self.store, now)}
 
     def watched_keys(self) -> list[str]:
         """What a step depends on: the store's keys and the order jobs in Ray's table."""
@@ -212,10 +212,9 @@ class Keeper:
         if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
             return {"error": f"an order of format {order.get('format')!r}; this keeper reads {ORDER_FORMAT}"}
         verb = order.get("verb")
-        if verb in ("enqueue", "stop") and re.match(JOB_ID_PATTERN, str(order.get("id"))) is None:
-            # An id is a key of the store (``waiting/QUEUE/ID``): one with a "/" would be read as another key.
-            return {"error": f"{str(order.get('id'))[:200]!r} is no job id rayjobs takes"} if verb == "enqueue" \
-                else {"unknown": str(order.get("id"))[:200]}
+        problem = order_problem(order)
+        if problem is not None:
+            return {"unknown": str(order.get("id"))[:200]} if verb == "stop" else {"error": problem}
         if verb == "enqueue":
             if entered_job(order_id) != str(order.get("id")):
                 return {"error": f"order {order_id} does not enter job {order.get('id')!r}"}
@@ -228,11 +227,7 @@ class Keeper:
             set_limits(self.store, queue, None if limit is None else int(limit))
             return describe(self.store, now, queue)
         if verb == "seal":
-            jobs = {str(name): str(job) for name, job in (order.get("jobs") or {}).items()}
-            if not all(re.match(JOB_ID_PATTERN, job) for job in [str(order.get("run")), *jobs.values()]):
-                return {"error": "a pipeline run or job id rayjobs does not take"}
-            waiting_ids = {key.rpartition("/")[2] for key in self.store.keys("waiting/")}
-            return seal(self.store, str(order["run"]), jobs, waiting_ids.__contains__, now)
+            return seal_order(self.store, order, now)
         if verb == "ensure":
             return {"keeper": self.version}
         if verb == "withdraw":
@@ -466,6 +461,7 @@ class Keeper:
             except Exception:  # noqa: BLE001 - left for the next round
                 pass
         self.lost.forget_deleted()
+        forget_old_runs(self.store, now)
 
 class KeeperActor:
     """The detached actor around :class:`Keeper`: its loop runs in a thread, its snapshot goes to the head's log folder."""

@@ -13,8 +13,9 @@ import time
 from typing import Mapping
 
 from ..pinning import ADDRESS_VARIABLE
-from ..queueing import ORDER_FORMAT, answer, checked_queue_name, order_from, submission_id_from
+from ..queueing import ORDER_FORMAT, answer, checked_queue_name, order_from, order_problem, submission_id_from
 from .keeper import ensure_keeper
+from .pipelines import seal_order
 from .store import GcsKeyValue, describe, enqueue, ray_job_info, set_limits
 
 def helper(environ: Mapping[str, str]) -> int:
@@ -22,8 +23,9 @@ def helper(environ: Mapping[str, str]) -> int:
     the store, and a keeper is started, which carries it out once this job has ended.
 
     The order (``queueing.order_from``) is a JSON object with ``verb``: ``enqueue`` (``queue``, ``id``, ``name``,
-    ``priority``, ``needs``, ``request``, ``packages``, ``agent_modules``), ``stop`` (``id``), ``set``
-    (``queue``, ``max_running``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
+    ``priority``, ``needs``, ``request``, ``packages``, ``agent_modules``; a pipeline's job also ``pipeline``,
+    ``pipeline_job``, ``after``), ``stop`` (``id``), ``set`` (``queue``, ``max_running``), ``seal`` (``run``, ``jobs``,
+    ``after``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
     is a constant command.
     """
     order = order_from(environ)
@@ -32,6 +34,10 @@ def helper(environ: Mapping[str, str]) -> int:
     verb = order.get("verb")
     if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
         answer({"error": f"an order of format {order.get('format')!r}; this code reads {ORDER_FORMAT}"})
+        return 2
+    problem = order_problem(order)
+    if problem is not None:
+        answer({"unknown": str(order.get("id"))[:200]} if verb == "stop" else {"error": problem})
         return 2
     if verb == "enqueue":
         # The order job's own submission time, by the head's job manager: the same clock as every other entry's.
@@ -47,6 +53,8 @@ def helper(environ: Mapping[str, str]) -> int:
         result = describe(store, now, queue)
     elif verb == "ensure":
         result = {"keeper": "starting"}
+    elif verb == "seal":
+        result = seal_order(store, order, now)
     elif verb == "withdraw":
         result = {"withdrawn": str(order["id"])}  # its id alone does the work (``Keeper.carry_out``)
     else:

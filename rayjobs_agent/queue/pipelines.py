@@ -16,7 +16,7 @@ Standard library only.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .store import KeyValue, ray_job_info
 
@@ -24,19 +24,33 @@ from .store import KeyValue, ray_job_info
 # the last entry, so a run still unsealed this long after its first entry lost its client.
 UNSEALED_KEPT_S = 600.0
 
+# How long a sealed run shows in the keeper's snapshot (``rayjobs status RUN``), and stays in the store at all.
+RUN_SHOWN_S = 7 * 24 * 3600.0
+RUN_KEPT_S = 30 * 24 * 3600.0
+
 SUCCEEDED, PENDING, FAILED = "succeeded", "pending", "failed"
 
 
-def seal(store: KeyValue, run_id: str, jobs: dict[str, str], entered: Callable[[str], bool],
-         now: float) -> dict[str, Any]:
-    """Seal pipeline run ``run_id`` (job name -> job id) once every one of its jobs is entered (``entered(job_id)``):
-    from then on its jobs line up. The answer to the client's last order."""
+def seal(store: KeyValue, run_id: str, jobs: dict[str, str], after: dict[str, list[str]],
+         entered: Callable[[str], bool], now: float) -> dict[str, Any]:
+    """Seal pipeline run ``run_id`` (job name -> job id; name -> the names it runs after) once every one of its jobs
+    is entered (``entered(job_id)``): from then on its jobs line up. The answer to the client's last order."""
     missing = sorted(name for name, job_id in jobs.items() if not entered(job_id))
     if missing:
         return {"error": f"pipeline run {run_id} cannot start: its jobs {', '.join(missing)} were never entered"}
-    if not store.put(f"pipeline/{run_id}", json.dumps({"jobs": jobs, "at": now}).encode(), only_if_absent=True):
+    run = {"jobs": jobs, "after": after, "at": now}
+    if not store.put(f"pipeline/{run_id}", json.dumps(run).encode(), only_if_absent=True):
         return {"exists": run_id}
     return {"sealed": run_id, "jobs": jobs}
+
+
+def seal_order(store: KeyValue, order: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """Carry out a client's order to seal a run (``run``, ``jobs``: name -> id, ``after``: name -> names), whoever
+    reads it: the keeper, or the order's own job when no keeper was alive."""
+    jobs = {str(name): str(job) for name, job in (order.get("jobs") or {}).items()}
+    after = {str(name): [str(other) for other in before] for name, before in (order.get("after") or {}).items()}
+    waiting_ids = {key.rpartition("/")[2] for key in store.keys("waiting/")}
+    return seal(store, str(order["run"]), jobs, after, waiting_ids.__contains__, now)
 
 
 def run_of(store: KeyValue, run_id: str) -> dict[str, Any] | None:
@@ -48,6 +62,26 @@ def run_of(store: KeyValue, run_id: str) -> dict[str, Any] | None:
 def is_sealed(store: KeyValue, run_id: str | None) -> bool:
     """Whether a job of run ``run_id`` (None: of no pipeline) may line up."""
     return run_id is None or store.get(f"pipeline/{run_id}") is not None
+
+
+def recent_runs(store: KeyValue, now: float) -> dict[str, Any]:
+    """The runs sealed within :data:`RUN_SHOWN_S`, for the keeper's snapshot: each one's jobs and graph."""
+    runs = {}
+    for key, raw in store.multi_get(store.keys("pipeline/")).items():
+        run = json.loads(raw)
+        if now - float(run.get("at") or now) <= RUN_SHOWN_S:
+            runs[key.partition("/")[2]] = run
+    return runs
+
+
+def forget_old_runs(store: KeyValue, now: float) -> None:
+    """Drop runs sealed longer ago than :data:`RUN_KEPT_S`, with what the store says of their jobs that never ran."""
+    for key, raw in store.multi_get(store.keys("pipeline/")).items():
+        run = json.loads(raw)
+        if now - float(run.get("at") or now) > RUN_KEPT_S:
+            for job_id in (run.get("jobs") or {}).values():
+                store.delete(f"notrun/{job_id}")
+            store.delete(key)
 
 
 def note_not_run(store: KeyValue, job_id: str, reason: str) -> None:
@@ -83,8 +117,9 @@ def dependency_state(store: KeyValue, job_id: str, waiting_ids: set[str],
         if following is not None:
             current = following
             continue
-        message = str(info.get("message") or "").strip().splitlines()
-        said = f": {message[-1][:200]}" if message else ""
+        # Ray's message for a failed entrypoint is its exit code, then the log's tail: the first line says it.
+        first = (str(info.get("message") or "").strip().splitlines() or [""])[0].split(", last available logs")[0]
+        said = f": {first[:200]}" if first else ""
         return FAILED, f"{current} {'was stopped' if status == 'STOPPED' else 'failed'}{said}"
     return FAILED, f"{job_id}'s attempts run in a circle"
 
@@ -104,4 +139,4 @@ def blocked_by(store: KeyValue, entry: dict[str, Any], waiting_ids: set[str],
 
 
 __all__ = ["FAILED", "PENDING", "SUCCEEDED", "UNSEALED_KEPT_S", "blocked_by", "dependency_state", "is_sealed",
-           "note_not_run", "run_of", "seal"]
+           "forget_old_runs", "note_not_run", "recent_runs", "run_of", "seal", "seal_order"]

@@ -29,7 +29,8 @@ from runner.cli.options import (ConnectionOptions, GiveUpOption, JobIdArgument, 
                                 SubmitFlags, check_output, handles_errors, with_connection_options,
                                 with_submit_flags)
 from runner.cli.options import fail as _fail, say as _say
-from runner.errors import BadInput, ExitCode
+from runner.cli.pipelines import is_pipeline_path, show_pipeline, stop_pipeline, submit_pipeline_file
+from runner.errors import BadInput, ExitCode, JobNotFound
 
 if TYPE_CHECKING:
     from jobs.loader import LoadedSpec
@@ -69,6 +70,9 @@ def submit(
     from jobs.loader import load_spec
 
     check_output(flags.output)
+    if is_pipeline_path(Path(spec_file)):
+        submit_pipeline_file(Path(spec_file), set_ or [], connection, flags)
+        return
     try:
         loaded = load_spec(Path(spec_file), set_ or [])
     except KeyboardInterrupt:
@@ -190,7 +194,15 @@ def status(
     from runner.follow.queued import queued_text
 
     check_output(output)
-    client, info, progress, failure = _job_and_its_log(connection, job_id)
+    try:
+        client, info, progress, failure = _job_and_its_log(connection, job_id)
+    except JobNotFound:
+        from runner.client import jobs_api
+
+        if not show_pipeline(jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S), job_id,
+                             output):
+            raise
+        return
     queued = info.get("queue")
     diagnosis = diagnosis_of(progress, failure) if info.get("status") == JobStatus.FAILED else None
     train_runs, train_runs_error = _train_runs(client, info, progress)
@@ -314,7 +326,12 @@ def stop(
     from runner.client.jobs_api import wait_until_ended
 
     client = jobs_api.open_client(connection.resolve(), retry_for_s=jobs_api.ONE_SHOT_RETRY_S)
-    stopped = stop_job(client, job_id)
+    try:
+        stopped = stop_job(client, job_id)
+    except JobNotFound:
+        if stop_pipeline(client, job_id):
+            return
+        raise
     if stopped == "ended":
         info = client.get_job(job_id)
         _say(f"job {job_id} had already ended: {info.get('status')}")

@@ -122,7 +122,8 @@ class ClusterQueue:
         return ((self.snapshot() or {}).get("retries") or {}).get(job_id)
 
     def enqueue(self, request: dict[str, Any], *, queue: str, priority: int, needs: dict[str, float], name: str,
-                agent_modules: list[str], wait: bool = True, grows: list[str] | None = None) -> dict[str, Any]:
+                agent_modules: list[str], wait: bool = True, grows: list[str] | None = None,
+                pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
         """Enter job request ``request`` (its body as Ray's client sends it, packages uploaded) into ``queue``.
 
         The order job that carries it has the id ``rayjobs-order-enqueue-ID``, which Ray takes once: of two clients
@@ -131,6 +132,8 @@ class ClusterQueue:
         Args:
             wait: wait for the keeper's answer (the job's place); without it, return once the order is taken.
             grows: the resources the job takes more of when more are free (``jobs.queueing.queue_grows``).
+            pipeline: for a job of a pipeline run, ``{"run", "job", "after"}`` (the run's id, the job's name in it,
+                the ids of the jobs it runs after): it lines up once :meth:`seal` sealed the run.
 
         Returns:
             ``{"queued", "position", …}`` (``{"queued"}`` alone without ``wait``), or
@@ -144,6 +147,8 @@ class ClusterQueue:
         order = {"verb": "enqueue", "queue": queue, "id": job_id, "name": name, "priority": priority,
                  "needs": needs, "grows": list(grows or []), "request": request, "packages": packages,
                  "agent_modules": agent_modules}
+        if pipeline is not None:
+            order.update(pipeline=pipeline["run"], pipeline_job=pipeline["job"], after=list(pipeline["after"]))
         metadata = {METADATA_ENQUEUES: queue, METADATA_PRIORITY: str(priority), METADATA_QUEUED_ID: job_id,
                     METADATA_SPEC_HASH: str((request.get("metadata") or {}).get(METADATA_SPEC_HASH) or "")}
         order_id = enqueue_order_id(job_id)
@@ -196,6 +201,20 @@ class ClusterQueue:
             return
         if is_terminal(order.get("status")):
             self.api.delete_job(enqueue_order_id(job_id))
+
+    def seal(self, run_id: str, jobs: dict[str, str], after: dict[str, list[str]]) -> dict[str, Any]:
+        """Seal pipeline run ``run_id`` (job name -> job id; name -> the names it runs after), every job of it
+        entered: its jobs line up from now on. The keeper's answer: ``{"sealed", "jobs"}``, or ``{"error"}`` naming
+        the jobs never entered."""
+        order_id = f"{ORDER_PREFIX}seal-{run_id}"
+        self._send({"verb": "seal", "run": run_id, "jobs": jobs, "after": after}, order_id)
+        return self.answer(order_id)
+
+    def pipeline(self, run_id: str, snapshot: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Pipeline run ``run_id`` as the keeper last published it: ``{"jobs": {name: id}, "after": {name: [name]}}``
+        (None: no such run, or not sealed)."""
+        snapshot = snapshot if snapshot is not None else self.snapshot()
+        return ((snapshot or {}).get("pipelines") or {}).get(run_id)
 
     def ensure_keeper(self) -> None:
         """Make sure the cluster has a keeper, without waiting: it submits again the jobs lost whole that their spec

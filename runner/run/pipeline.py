@@ -1,0 +1,161 @@
+"""A pipeline's run on this side: its jobs sent to the cluster's queue as one run, and followed as one.
+
+Every job is entered into its queue (its spec's, or a queue named after the pipeline) with the ids of the jobs it runs
+after and the run folders they will keep, and nothing lines up until the last order seals the run: a client that
+dies half-way leaves nothing to run. From then on the run is the cluster's (``rayjobs_agent/queue/pipelines.py``):
+the client may go away, and following it only reads what the keeper and Ray's job table say.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from jobs.pipeline import job_id as pipeline_job_id
+from jobs.queueing import queue_grows, queue_needs
+from jobs.submission import AGENT_PACKAGE_DIR, build_submission, run_folder
+from rayjobs_agent.wire import (AFTER_ENV_VAR, METADATA_PIPELINE, RUN_PER_SUBMISSION_ENV_VAR, after_variable,
+                                ray_env_json)
+from runner.client.queue import ClusterQueue
+from runner.client.submission import working_dir_size
+from runner.errors import ExitCode, RayJobsError
+from runner.run.code_upload import code_destination, upload_code
+
+if TYPE_CHECKING:
+    from jobs.pipeline import LoadedPipeline
+    from runner.client.jobs_api import JobsApi
+
+POLL_S = 2.0
+ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class PipelineNotStarted(RayJobsError):
+    """The keeper refused to seal the run: one of its jobs was never entered (nothing of it runs)."""
+
+    exit_code = ExitCode.FAILED
+
+
+@dataclass
+class SubmittedPipeline:
+    """A pipeline run sent to the cluster: its id, and each job's id and the names it runs after."""
+
+    run_id: str
+    jobs: dict[str, str]
+    after: dict[str, list[str]] = field(default_factory=dict)
+
+
+def submit_pipeline(client: JobsApi, loaded: LoadedPipeline, say: Callable[[str], None]) -> SubmittedPipeline:
+    """Enter every job of ``loaded`` into its queue as one new run, then seal the run; what was submitted.
+
+    Raises:
+        PipelineNotStarted: the keeper found a job of the run missing (nothing of it runs).
+        RayJobsError: the cluster could not be reached, or refused a request.
+    """
+    run_id = f"{loaded.name}-{secrets.token_hex(4)}"
+    ids = {name: pipeline_job_id(run_id, name) for name in loaded.jobs}
+    folders = {name: run_folder(spec, ids[name], per_submission=True) for name, spec in loaded.jobs.items()}
+    queue = ClusterQueue(client)
+    for name in loaded.order:
+        spec = loaded.jobs[name]
+        submission = build_submission(spec)
+        submission["submission_id"] = ids[name]
+        submission.setdefault("metadata", {})[METADATA_PIPELINE] = run_id
+        env_vars = submission.setdefault("runtime_env", {}).setdefault("env_vars", {})
+        # Each run of the pipeline is a run of its own: its jobs' run folders are named after their ids.
+        env_vars[RUN_PER_SUBMISSION_ENV_VAR] = "1"
+        before = loaded.after[name]
+        if before:
+            env_vars[AFTER_ENV_VAR] = ray_env_json({other: folders[other] for other in before})
+            env_vars.update({after_variable(other): folders[other] for other in before})
+        local_modules = list(submission["runtime_env"].get("py_modules") or [])
+        destination = code_destination(spec, submission, working_dir_size)
+        if destination is not None:
+            submission = upload_code(submission, destination, say)
+        request = client.prepare(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
+        sent_modules = (request.get("runtime_env") or {}).get("py_modules") or []
+        agent_modules = [sent for local, sent in zip(local_modules, sent_modules) if local == str(AGENT_PACKAGE_DIR)]
+        answer = queue.enqueue(request, queue=spec.spec.queue or loaded.name, priority=spec.spec.priority,
+                               needs=queue_needs(spec), name=spec.spec.name, agent_modules=agent_modules, wait=False,
+                               grows=queue_grows(spec),
+                               pipeline={"run": run_id, "job": name, "after": [ids[other] for other in before]})
+        if "exists" in answer:  # ids carry a fresh random part: only a run submitted twice at once could meet one
+            raise PipelineNotStarted(f"job id {ids[name]} is taken already; submit the pipeline again")
+    sealed = queue.seal(run_id, ids, loaded.after)
+    if "error" in sealed:
+        raise PipelineNotStarted(f"pipeline {loaded.name} did not start: {sealed['error']}")
+    say(f"submitted pipeline {loaded.name} as {run_id}: {len(ids)} jobs ({', '.join(loaded.order)}) to "
+        f"{client.address}")
+    return SubmittedPipeline(run_id, ids, dict(loaded.after))
+
+
+def job_states(client: JobsApi, submitted: SubmittedPipeline) -> dict[str, str]:
+    """Each job's state in words, as the keeper and Ray's job table say it now: ``waiting (why)``, ``RUNNING``,
+    ``SUCCEEDED``, ``not run (why)``, …"""
+    snapshot = ClusterQueue(client).snapshot() or {}
+    waiting = {job["id"]: job for queue in snapshot.get("queues") or [] for job in queue.get("waiting") or []}
+    in_ray = {job.get("submission_id"): job for job in client.list_jobs()}
+    states = {}
+    for name, job_id in submitted.jobs.items():
+        current = _last_attempt(job_id, in_ray)
+        if job_id in waiting:
+            reason = waiting[job_id].get("reason") or f"position {waiting[job_id].get('position')}"
+            states[name] = f"waiting ({reason})"
+        elif current is None:
+            states[name] = "being entered"
+        else:
+            status = str(current.get("status"))
+            not_run = _not_run_reason(current)
+            states[name] = f"not run ({not_run})" if not_run else status
+    return states
+
+
+def follow_pipeline(client: JobsApi, submitted: SubmittedPipeline, say: Callable[[str], None], *,
+                    poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep) -> ExitCode:
+    """Say each job's state whenever it changes until every job has ended; the pipeline's exit code: 0 when every job
+    SUCCEEDED, else that of the first job (in order) that did not."""
+    said: dict[str, str] = {}
+    while True:
+        states = job_states(client, submitted)
+        for name in submitted.jobs:
+            if states[name] != said.get(name):
+                say(f"{submitted.run_id}: {name} {states[name]}")
+        said = states
+        if all(_ended(state) for state in states.values()):
+            break
+        sleep(poll_s)
+    for name in submitted.jobs:
+        if states[name] != "SUCCEEDED":
+            return ExitCode.STOPPED if states[name] == "STOPPED" else ExitCode.FAILED
+    return ExitCode.SUCCEEDED
+
+
+def _ended(state: str) -> bool:
+    return state in ENDED or state.startswith("not run")
+
+
+def _last_attempt(job_id: str, in_ray: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The job's record in Ray's table, or that of its last attempt when the keeper submitted one after a loss."""
+    current = in_ray.get(job_id)
+    attempt = 2
+    while f"{job_id}-attempt{attempt}" in in_ray:
+        current = in_ray[f"{job_id}-attempt{attempt}"]
+        attempt += 1
+    return current
+
+
+def _not_run_reason(job: dict[str, Any]) -> str | None:
+    """Why a job ended without running, when its stand-in says it did for a job it ran after."""
+    from rayjobs_agent.queueing import Admission
+
+    try:
+        admission = Admission.from_environment(((job.get("runtime_env") or {}).get("env_vars")) or {})
+    except (ValueError, TypeError, KeyError):
+        return None
+    if admission is None or not admission.outcome or not admission.reason.startswith("not run: "):
+        return None
+    return admission.reason.removeprefix("not run: ")
+
+
+__all__ = ["PipelineNotStarted", "SubmittedPipeline", "follow_pipeline", "job_states", "submit_pipeline"]

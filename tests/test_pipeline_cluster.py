@@ -1,0 +1,68 @@
+"""A pipeline run on the session cluster, through the real `rayjobs` command: its jobs run in the graph's order, each
+knowing where the jobs it ran after kept their runs; a job that fails ends the jobs after it without running; the run
+is the cluster's, so a client may leave and `status`/`stop` find it by its id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.cli import direct_api
+from tests.support.waiting import HANG_GUARD_S, wait_for_condition
+
+READS_PREP = ("python -c \"import json, os, pathlib; folder = pathlib.Path(os.environ['RAYJOBS_AFTER_PREP']); "
+              "print('prep was', json.loads((folder / 'run.json').read_text())['status'])\"")
+
+
+def _pipeline(folder: Path, prep_entrypoint: str) -> Path:
+    records = folder / "records"
+    for name, entrypoint in (("prep", prep_entrypoint), ("train", READS_PREP),
+                             ("evaluate", "python -c \"print('evaluated')\"")):
+        (folder / f"{name}.yaml").write_text(f"name: {name}\nentrypoint: {json.dumps(entrypoint)}\n"
+                                             f"record_path: {records}\n")
+    path = folder / "pipeline.yaml"
+    path.write_text("pipeline: chain\njobs:\n"
+                    "  evaluate:\n    spec: evaluate.yaml\n    after: [train]\n"
+                    "  train:\n    spec: train.yaml\n    after: [prep]\n"
+                    "  prep:\n    spec: prep.yaml\n")
+    return path
+
+
+def test_a_pipeline_runs_its_jobs_in_order_each_reading_where_the_one_before_kept_its_run(rayjobs_cli, ray_cluster,
+                                                                                        tmp_path):
+    result = rayjobs_cli("submit", str(_pipeline(tmp_path, "python -c \"print('prepared')\"")))
+    assert result.returncode == 0, result.stderr
+    run_id = result.stderr.split("submitted pipeline chain as ", 1)[1].split(":", 1)[0]
+    api = direct_api(ray_cluster)
+    started = {name: float(api.get_job(f"{run_id}-{name}")["start_time"]) for name in ("prep", "train", "evaluate")}
+    ended = {name: float(api.get_job(f"{run_id}-{name}")["end_time"]) for name in ("prep", "train", "evaluate")}
+    assert ended["prep"] <= started["train"] and ended["train"] <= started["evaluate"]
+    assert "prep was SUCCEEDED" in api.job_log(f"{run_id}-train")
+    for name in ("prep", "train", "evaluate"):
+        assert f"{run_id}: {name} SUCCEEDED" in result.stderr, result.stderr
+    status = rayjobs_cli("status", run_id, "--output", "json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["states"] == {"prep": "SUCCEEDED", "train": "SUCCEEDED", "evaluate": "SUCCEEDED"}
+
+
+def test_a_job_that_fails_ends_every_job_after_it_without_running_and_the_run_exits_failed(rayjobs_cli, ray_cluster,
+                                                                                          tmp_path):
+    submitted = rayjobs_cli("submit", str(_pipeline(tmp_path, "python -c \"raise SystemExit(3)\"")), "--no-wait")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    api = direct_api(ray_cluster)
+
+    def ended() -> dict | None:
+        shown = rayjobs_cli("status", run_id, "--output", "json")
+        states = json.loads(shown.stdout)["states"] if shown.stdout.strip() else {}
+        return states if states and all(state in ("SUCCEEDED", "FAILED", "STOPPED") or state.startswith("not run")
+                                        for state in states.values()) else None
+
+    states = wait_for_condition(ended, timeout_s=HANG_GUARD_S, interval_s=1)
+    assert states["prep"] == "FAILED"
+    assert states["train"] == f"not run ({run_id}-prep failed: Job entrypoint command failed with exit code 3)", states
+    assert states["evaluate"].startswith(f"not run ({run_id}-train was not run"), states
+    for name in ("train", "evaluate"):
+        printed = api.job_log(f"{run_id}-{name}").splitlines()
+        assert not [line for line in printed if line.startswith("prep was") or line == "evaluated"], printed
+    assert rayjobs_cli("status", run_id).returncode == 1
