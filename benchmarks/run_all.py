@@ -158,6 +158,10 @@ BENCHMARKS = [
     Benchmark("queue_admission", [
         Run("queue_admission.py", ["--rounds", "2", "--waiting", "200"], ["--rounds", "1", "--waiting", "4"]),
     ], 9, CLIENT),
+    Benchmark("pipeline_submission", [
+        Run("pipeline_submission.py", ["--rounds", "3", "--jobs", "10", "--waiting", "200"],
+            ["--rounds", "1", "--jobs", "3", "--waiting", "5"]),
+    ], 4, (*CLIENT, "benchmarks/queue_admission.py")),
     Benchmark("follower_events", [
         # 500 events in 75 s: twelve times the rate of 2,000 events over a 30-minute run.
         Run("follower_events.py", ["--events", "500", "--seconds", "75"], ["--events", "50", "--seconds", "5"]),

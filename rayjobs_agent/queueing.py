@@ -107,6 +107,24 @@ def checked_queue_name(name: str) -> str:
         raise QueueNameError(f"{name!r} cannot name a queue: use {QUEUE_NAME_RULE}")
     return name
 
+# A resource a queue's quota names: Ray's own (CPU, GPU, memory) or a custom one, never text a shell would read.
+RESOURCE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+
+def quota_problem(quota: Mapping[str, Any]) -> str | None:
+    """What is wrong with a queue's quota (resource name -> the most its running jobs hold together), or None."""
+    for name, amount in quota.items():
+        if not isinstance(name, str) or not RESOURCE_NAME.fullmatch(name):
+            return (f"{str(name)[:80]!r} cannot name a resource: use a letter, then up to 63 letters, digits or "
+                    "'_', '.', ':', '-'")
+        try:
+            value = float(amount)
+        except (TypeError, ValueError):
+            return f"the quota of {name} is {amount!r}, not a number"
+        if not value > 0 or value == float("inf"):
+            return (f"a quota of {amount} {name} lets no job in (or every one): give a positive number, or remove "
+                    "the queue's limits with --no-limit")
+    return None
+
 def order_problem(order: Mapping[str, Any]) -> str | None:
     """What makes an order one no keeper carries out: a job or run id it names that is no id rayjobs takes (an id
     is a key of the store, ``waiting/QUEUE/ID``: one with a "/" would be read as another key). None: none."""
@@ -114,7 +132,11 @@ def order_problem(order: Mapping[str, Any]) -> str | None:
     if order.get("verb") == "seal":
         named = [order.get("run"), *(order.get("jobs") or {}).values()]
     bad = [str(found)[:200] for found in named if re.match(JOB_ID_PATTERN, str(found)) is None]
-    return f"{bad[0]!r} is no job id rayjobs takes" if bad else None
+    if bad:
+        return f"{bad[0]!r} is no job id rayjobs takes"
+    if order.get("verb") == "set" and isinstance(order.get("quota"), Mapping):
+        return quota_problem(order["quota"])
+    return None
 
 def enqueue_order_id(job_id: str) -> str:
     """The id of the order job that enters job ``job_id`` into its queue (it holds the id until the job is in Ray)."""

@@ -66,3 +66,35 @@ def test_a_job_that_fails_ends_every_job_after_it_without_running_and_the_run_ex
         printed = api.job_log(f"{run_id}-{name}").splitlines()
         assert not [line for line in printed if line.startswith("prep was") or line == "evaluated"], printed
     assert rayjobs_cli("status", run_id).returncode == 1
+
+
+def test_the_worked_example_trains_two_settings_on_what_prep_wrote_and_names_the_better(rayjobs_cli, ray_cluster,
+                                                                                       tmp_path):
+    # specs/pipelines/quickstart-lr.yaml at tiny sizes: the same graph, jobs and specs, with overrides for a test.
+    repo = Path(__file__).resolve().parents[1]
+    tiny = [f"workload.data.output_dir={tmp_path / 'data'}", f"workload.storage_path={tmp_path / 'runs'}",
+            "workload.data.synthetic_per_class=6", "workload.data.image_size=16", "workload.train.epochs=1",
+            "workload.train.batch_size=8"]
+    example = (repo / "specs" / "pipelines" / "quickstart-lr.yaml").read_text()
+    assert "set: [\"workload.stages=[preprocess]\"]" in example
+    jobs = {"prep": ("quickstart.yaml", [], ["workload.stages=[preprocess]"]),
+            "train-fast": ("quickstart.yaml", ["prep"], ["workload.stages=[train]", "workload.train.lr=0.003"]),
+            "train-slow": ("quickstart.yaml", ["prep"], ["workload.stages=[train]", "workload.train.lr=0.0005"]),
+            "compare": ("pipelines/compare.yaml", ["train-fast", "train-slow"], [])}
+    lines = ["pipeline: quickstart-lr", "jobs:"]
+    for name, (spec, after, overrides) in jobs.items():
+        overrides = overrides + (tiny if spec == "quickstart.yaml" else [])
+        lines += [f"  {name}:", f"    spec: {repo / 'specs' / spec}", f"    after: {json.dumps(after)}",
+                  f"    set: {json.dumps(overrides)}"]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("\n".join(lines) + "\n")
+
+    result = rayjobs_cli("submit", str(path))
+    assert result.returncode == 0, result.stderr
+    run_id = result.stderr.split("submitted pipeline quickstart-lr as ", 1)[1].split(":", 1)[0]
+    compared = direct_api(ray_cluster).job_log(f"{run_id}-compare")
+    best = [line for line in compared.splitlines() if line.startswith("best: ")]
+    assert best and best[0].split()[1] in ("train-fast", "train-slow"), compared
+    # Each training is a run of its own, named after its job: the two settings never share a folder.
+    runs = sorted(folder.name for folder in (tmp_path / "runs").iterdir())
+    assert runs == sorted(f"quickstart-{run_id}-{name}" for name in ("prep", "train-fast", "train-slow")), runs

@@ -90,3 +90,35 @@ def test_graphs_of_hundreds_of_jobs_are_ordered_and_a_cycle_through_all_of_them_
 def test_a_pipeline_is_told_from_a_spec_by_its_fields():
     assert is_pipeline_file({"pipeline": "p", "jobs": {}})
     assert not is_pipeline_file({"name": "x", "entrypoint": "y"})
+
+
+def test_a_pipeline_is_never_exported_to_kuberay_half_way(tmp_path):
+    from tests.support.cli import rayjobs_in_process
+
+    path = write_pipeline(tmp_path, "pipeline: p\njobs:\n  prep:\n    spec: step.yaml\n"
+                          "  train:\n    spec: step.yaml\n    after: [prep]\n")
+    result = rayjobs_in_process("export", "kuberay", str(path))
+    assert result.returncode == 2
+    assert "is a pipeline: KubeRay has no dependencies between RayJobs" in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_pipelines_dry_run_shows_each_job_its_queue_and_what_it_runs_after_and_sends_nothing(tmp_path):
+    from tests.support.cli import rayjobs_in_process
+
+    path = write_pipeline(tmp_path, "pipeline: p\njobs:\n  train:\n    spec: step.yaml\n    after: [prep]\n"
+                          "  prep:\n    spec: step.yaml\n")
+    result = rayjobs_in_process("submit", str(path), "--dry-run", "--address", "http://127.0.0.1:9")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"prep: {tmp_path / 'step.yaml'} in queue p",
+                                          f"train: {tmp_path / 'step.yaml'} in queue p, after prep"]
+
+
+def test_the_shipped_pipelines_are_valid():
+    shipped = sorted((Path(__file__).resolve().parents[1] / "specs" / "pipelines").glob("*.yaml"))
+    pipelines = [path for path in shipped if path.read_text().lstrip("# \n").find("pipeline:") >= 0
+                 and "jobs:" in path.read_text()]
+    assert pipelines, "the project ships an example pipeline"
+    for path in pipelines:
+        loaded = load_pipeline(path)
+        assert loaded.order[0] == "prep" and loaded.order[-1] == "compare"

@@ -37,15 +37,16 @@ import time
 from typing import Any, Callable, Mapping
 
 from ..queueing import (ADMISSION_ENV_VAR, order_problem, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE, Admission,
-                        agent_version, answer_text, checked_queue_name, entered_job, order_from)
+                        agent_version, answer_text, entered_job, order_from)
 from ..wire import METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
 from .lost_jobs import WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
 from .pipelines import UNSEALED_KEPT_S, blocked_by, forget_old_runs, is_sealed, note_not_run, recent_runs, seal_order
 from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
-from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, GcsKeyValue, KeyValue,
-                    Slot, claim, describe, enqueue, enqueues_in_flight, finished_orders, free_slot, held, max_running, not_yet_placed,
-                    order_key, queues_in, ray_job_info, ray_jobs, release, set_limits, shortfall, slots, waiting)
+from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, claim, describe, enqueue,
+                    enqueues_in_flight, finished_orders, free_slot, GcsKeyValue, held, KeyValue, max_running,
+                    not_yet_placed, order_key, over_quota, queues_in, quota, quota_use, ray_job_info, ray_jobs,
+                    release, set_order, shortfall, Slot, slots, waiting)
 
 KEEPER_NAME = "rayjobs-queue-keeper"
 
@@ -146,7 +147,9 @@ class Keeper:
             self._watched_at = now
             self.lost.watch(now)
         reasons: dict[str, str] = {}
-        for queue in queues_in(self.store):
+        # Across queues, the queue whose first job was submitted first goes first: of jobs that fit the cluster, the
+        # earlier one is let in, whatever its queue's name.
+        for queue in sorted(queues_in(self.store), key=lambda name: self._first_submitted(name)):
             reasons.update(self._admit(queue, now))
         if now - self._pinned_at >= PIN_EVERY_S:
             self._pin_packages()
@@ -222,10 +225,7 @@ class Keeper:
         if verb == "stop":
             return self.stop(str(order["id"]), now)
         if verb == "set":
-            queue = checked_queue_name(order["queue"])
-            limit = order.get("max_running")
-            set_limits(self.store, queue, None if limit is None else int(limit))
-            return describe(self.store, now, queue)
+            return set_order(self.store, order, now)
         if verb == "seal":
             return seal_order(self.store, order, now)
         if verb == "ensure":
@@ -297,7 +297,7 @@ class Keeper:
             slot_map = slots(self.store, queue, now)
             slot = free_slot(slot_map, max_running(self.store, queue))
             assert slot is not None  # _why_not_now read the same limit
-            granted, needs = self._grant(job_id, entry, now)
+            granted, needs = self._grant(queue, job_id, entry, now)
             holder = {"id": job_id, "name": entry.get("name"), "since": now, "needs": needs}
             generation = claim(self.store, queue, slot, holder, self.pause)
             if generation is None:
@@ -307,6 +307,10 @@ class Keeper:
             entry = {**entry, "needs": holder["needs"]}
             if not self._submit(queue, job_id, entry, admission, slot):
                 return {**passed_over, job_id: f"Ray did not take its request yet; trying again in {RETRY_SUBMIT_S:g}s"}
+
+    def _first_submitted(self, queue: str) -> tuple[float, str]:
+        entries = waiting(self.store, queue)
+        return (min(float(entry.get("submitted") or 0.0) for _, entry in entries) if entries else float("inf"), queue)
 
     def _lined_up(self, queue: str, entries: list[tuple[str, dict[str, Any]]], passed_over: dict[str, str],
                   now: float) -> list[tuple[str, dict[str, Any]]]:
@@ -347,6 +351,11 @@ class Keeper:
         if limit is not None and running >= limit:
             return f"{running} of {limit} running in queue {queue}"
         needs = entry.get("needs") or {}
+        most = quota(self.store, queue)
+        if most:
+            over = over_quota(queue, needs, quota_use(held(slots(self.store, queue, now))), most)
+            if over:
+                return over
         if needs:
             every_queue = {name: slots(self.store, name, now) for name in queues_in(self.store)}
             # What is promised is read before what is free: a placement seen in between counts as both, never as
@@ -362,12 +371,13 @@ class Keeper:
             return f"{earlier[0]}, submitted just before it, is still being queued"
         return ""
 
-    def _grant(self, job_id: str, entry: Mapping[str, Any], now: float) -> tuple[dict[str, float], dict[str, float]]:
+    def _grant(self, queue: str, job_id: str, entry: Mapping[str, Any],
+               now: float) -> tuple[dict[str, float], dict[str, float]]:
         """What the workers of a job that takes what is free (``grows``: an ``auto`` layout's CPUs) are let in with,
         and what the job then holds in all (its grant and its entrypoint's own, counted as its own while it runs).
 
-        The grant is every whole unit free now, less what the jobs let in before it have not placed yet and what
-        its own entrypoint will hold, and never less than its workers need to start.
+        The grant is every whole unit free now (and within its queue's quota), less what the jobs let in before it
+        have not placed yet and what its own entrypoint will hold, and never less than its workers need to start.
         """
         needs = dict(entry.get("needs") or {})
         grows = entry.get("grows") or []
@@ -380,10 +390,14 @@ class Keeper:
         entrypoint = {"CPU": float(request.get("entrypoint_num_cpus") or 0),
                       "GPU": float(request.get("entrypoint_num_gpus") or 0),
                       **{name: float(amount) for name, amount in (request.get("entrypoint_resources") or {}).items()}}
+        most = quota(self.store, queue)
+        used = quota_use(held(slots(self.store, queue, now))) if most else {}
         granted = {}
         for name in grows:
             least = float(needs.get(name, 0.0)) - entrypoint.get(name, 0.0)
             takes = float(int(free.get(name, 0.0) - pending.get(name, 0.0) - entrypoint.get(name, 0.0) + 1e-9))
+            if name in most:  # the queue's quota caps what is free to it
+                takes = min(takes, float(int(most[name] - used.get(name, 0.0) - entrypoint.get(name, 0.0) + 1e-9)))
             granted[name] = max(least, takes)
             needs[name] = granted[name] + entrypoint.get(name, 0.0)
         return granted, needs

@@ -13,10 +13,10 @@ import time
 from typing import Mapping
 
 from ..pinning import ADDRESS_VARIABLE
-from ..queueing import ORDER_FORMAT, answer, checked_queue_name, order_from, order_problem, submission_id_from
+from ..queueing import ORDER_FORMAT, answer, order_from, order_problem, submission_id_from
 from .keeper import ensure_keeper
 from .pipelines import seal_order
-from .store import GcsKeyValue, describe, enqueue, ray_job_info, set_limits
+from .store import GcsKeyValue, enqueue, ray_job_info, set_order
 
 def helper(environ: Mapping[str, str]) -> int:
     """What an order job does when it runs (no keeper was alive to read it): what the order asks is written into
@@ -24,7 +24,7 @@ def helper(environ: Mapping[str, str]) -> int:
 
     The order (``queueing.order_from``) is a JSON object with ``verb``: ``enqueue`` (``queue``, ``id``, ``name``,
     ``priority``, ``needs``, ``request``, ``packages``, ``agent_modules``; a pipeline's job also ``pipeline``,
-    ``pipeline_job``, ``after``), ``stop`` (``id``), ``set`` (``queue``, ``max_running``), ``seal`` (``run``, ``jobs``,
+    ``pipeline_job``, ``after``), ``stop`` (``id``), ``set`` (``queue``, ``max_running``, ``quota``), ``seal`` (``run``, ``jobs``,
     ``after``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
     is a constant command.
     """
@@ -47,10 +47,7 @@ def helper(environ: Mapping[str, str]) -> int:
         store.put(f"stop/{order['id']}", json.dumps({"at": now}).encode())
         result = {"stopping": str(order["id"])}
     elif verb == "set":
-        queue = checked_queue_name(order["queue"])
-        limit = order.get("max_running")
-        set_limits(store, queue, None if limit is None else int(limit))
-        result = describe(store, now, queue)
+        result = set_order(store, order, now)
     elif verb == "ensure":
         result = {"keeper": "starting"}
     elif verb == "seal":

@@ -2,7 +2,7 @@
 
 The store's namespace is ``rayjobs-queue``::
 
-    limits/QUEUE                   {"max_running": N}, set by ``rayjobs queue set``
+    limits/QUEUE                   {"max_running": N, "quota": {RESOURCE: AMOUNT}}, set by ``rayjobs queue set``
     waiting/QUEUE/ID               the job request of job ID, its priority, submission time and needs
     request/ID                     job ID's request, as Ray's job API takes it
     slot/QUEUE/I/GENERATION        {"id", "since", "needs"}: job ID runs in slot I (I < the limit)
@@ -146,20 +146,61 @@ class Slot:
     generation: int
     holder: dict[str, Any] | None = None
 
+def limits(store: KeyValue, queue: str) -> dict[str, Any]:
+    """The queue's limits on the cluster: ``max_running`` (jobs at once) and ``quota`` (resource name -> the most
+    its running jobs hold together); either may be absent."""
+    raw = store.get(f"limits/{queue}")
+    return json.loads(raw) if raw else {}
+
 def max_running(store: KeyValue, queue: str) -> int | None:
     """The queue's limit on jobs running at once (None: no limit set on the cluster)."""
-    raw = store.get(f"limits/{queue}")
-    if not raw:
-        return None
-    value = json.loads(raw).get("max_running")
+    value = limits(store, queue).get("max_running")
     return int(value) if value is not None else None
 
-def set_limits(store: KeyValue, queue: str, max_running_jobs: int | None) -> None:
-    """Set the queue's limit on the cluster (None removes it)."""
-    if max_running_jobs is None:
+def quota(store: KeyValue, queue: str) -> dict[str, float]:
+    """The queue's quota: resource name -> the most its running jobs may hold together (empty: none)."""
+    return {str(name): float(amount) for name, amount in (limits(store, queue).get("quota") or {}).items()}
+
+def set_limits(store: KeyValue, queue: str, max_running_jobs: int | None,
+               quota_given: Mapping[str, float] | None = None) -> None:
+    """Change the queue's limits on the cluster: what is given replaces its old value, the rest is kept; neither
+    given removes every limit."""
+    if max_running_jobs is None and not quota_given:
         store.delete(f"limits/{queue}")
-    else:
-        store.put(f"limits/{queue}", json.dumps({"max_running": max_running_jobs}).encode())
+        return
+    found = limits(store, queue)
+    if max_running_jobs is not None:
+        found["max_running"] = int(max_running_jobs)
+    if quota_given:
+        found["quota"] = {**(found.get("quota") or {}), **{str(name): float(amount)
+                                                           for name, amount in quota_given.items()}}
+    store.put(f"limits/{queue}", json.dumps(found).encode())
+
+def set_order(store: KeyValue, order: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+    """Carry out a client's order to change a queue's limits (``queue``, ``max_running``, ``quota``), whoever reads
+    it: the keeper, or the order's own job when no keeper was alive; the queue as it is then."""
+    queue = checked_queue_name(order["queue"])
+    limit = order.get("max_running")
+    set_limits(store, queue, None if limit is None else int(limit), order.get("quota") or None)
+    return describe(store, now, queue)
+
+def quota_use(holders: Mapping[int, Mapping[str, Any]]) -> dict[str, float]:
+    """What the jobs holding a queue's slots hold together, by what each was let in with (its grant included)."""
+    used: dict[str, float] = {}
+    for holder in holders.values():
+        for name, amount in (holder.get("needs") or {}).items():
+            used[name] = used.get(name, 0.0) + float(amount)
+    return used
+
+def over_quota(queue: str, needs: Mapping[str, float], used: Mapping[str, float],
+               limit: Mapping[str, float]) -> str:
+    """Why a job needing ``needs`` may not start now in ``queue`` by its quota ("" when it may)."""
+    for name, most in sorted(limit.items()):
+        wanted = float(needs.get(name, 0.0))
+        if wanted and used.get(name, 0.0) + wanted > most + 1e-9:
+            return (f"queue {queue} holds {used.get(name, 0.0):g} of its {most:g} {name}, and this job needs "
+                    f"{wanted:g} more")
+    return ""
 
 def ray_job_info(store: KeyValue, job_id: str) -> dict[str, Any] | None:
     """The record Ray's job manager keeps of submission ``job_id`` (None when it has none)."""
@@ -353,7 +394,10 @@ def describe(store: KeyValue, now: float, queue: str | None = None,
             listed.append({"id": job_id, "name": entry.get("name"), "position": position,
                            "priority": entry.get("priority", 0), "submitted": entry.get("submitted"),
                            "needs": entry.get("needs") or {}, "spec_hash": entry.get("spec_hash"), "reason": reason})
-        found.append({"queue": name, "max_running": limit, "running": running, "waiting": listed})
+        shown = {"queue": name, "max_running": limit, "running": running, "waiting": listed}
+        if (most := quota(store, name)):
+            shown.update(quota=most, used=quota_use(holders))
+        found.append(shown)
     return found
 
 

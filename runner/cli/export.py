@@ -66,6 +66,14 @@ def kuberay(
                        "so give both (e.g. --schedule \"0 3 * * *\" --time-zone Europe/Paris) or neither")
     if upload_to is not None:
         upload_destination(upload_to)
+    from pathlib import Path
+
+    from runner.cli.pipelines import is_pipeline_path
+
+    if is_pipeline_path(Path(spec_file)):
+        raise BadInput(f"{spec_file} is a pipeline: KubeRay has no dependencies between RayJobs, so it is not exported "
+                       "(half a pipeline would run its jobs in any order). Export each job's spec on its own and "
+                       "order them with your workflow tool, or run the pipeline on a Ray cluster with `rayjobs submit`")
     loaded = load_spec(spec_file, set_ or [])
     # On Kubernetes, Kueue queues the RayJob itself (the labels build_rayjob adds): the job does not also wait
     # in a queue of its own cluster.

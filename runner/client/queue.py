@@ -227,10 +227,16 @@ class ClusterQueue:
         self._send({"verb": "stop", "id": job_id}, order_id)
         return self.answer(order_id)
 
-    def set_limit(self, queue: str, max_running: int | None) -> list[dict[str, Any]]:
-        """Set (None: remove) ``queue``'s limit on the cluster; the queue as it is now."""
+    def set_limit(self, queue: str, max_running: int | None,
+                  quota: dict[str, float] | None = None) -> list[dict[str, Any]]:
+        """Change ``queue``'s limits on the cluster: its jobs at once and its quota (resource name -> the most its
+        running jobs hold together), each kept when not given; neither given removes every limit. The queue as it
+        is now."""
         order_id = f"{ORDER_PREFIX}set-{uuid.uuid4().hex[:16]}"
-        self._send({"verb": "set", "queue": queue, "max_running": max_running}, order_id)
+        order: dict[str, Any] = {"verb": "set", "queue": queue, "max_running": max_running}
+        if quota:
+            order["quota"] = quota
+        self._send(order, order_id)
         return self.answer(order_id)
 
     def _send(self, order: dict[str, Any], order_id: str, metadata: dict[str, str] | None = None,

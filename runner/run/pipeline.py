@@ -22,6 +22,7 @@ from runner.client.queue import ClusterQueue
 from runner.client.submission import working_dir_size
 from runner.errors import ExitCode, RayJobsError
 from runner.run.code_upload import code_destination, upload_code
+from runner.run.preflight import check_queue_fits
 
 if TYPE_CHECKING:
     from jobs.pipeline import LoadedPipeline
@@ -57,6 +58,9 @@ def submit_pipeline(client: JobsApi, loaded: LoadedPipeline, say: Callable[[str]
     ids = {name: pipeline_job_id(run_id, name) for name in loaded.jobs}
     folders = {name: run_folder(spec, ids[name], per_submission=True) for name, spec in loaded.jobs.items()}
     queue = ClusterQueue(client)
+    for name in loaded.order:  # every job is checked before any is sent: nothing of a run that cannot start goes out
+        check_queue_fits(client, queue_needs(loaded.jobs[name]), loaded.jobs[name].spec.queue or loaded.name,
+                         warn=lambda text: say(f"warning: {text}"))
     for name in loaded.order:
         spec = loaded.jobs[name]
         submission = build_submission(spec)

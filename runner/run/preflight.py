@@ -248,6 +248,23 @@ def entrypoint_note(loaded: Any) -> str | None:
             f"`{loaded.spec.entrypoint}`: unless that runs it, the workload section is ignored")
 
 
+def _check_quota(api: Any, needs: dict[str, float], queue: str) -> None:
+    """Refuse a job that needs more than its queue's whole quota: no share of the cluster it may ever hold fits it."""
+    from runner.client.queue import ClusterQueue
+
+    try:
+        (shown,) = ClusterQueue(api).describe(queue) or [{}]
+    except RayJobsError:
+        return  # a cluster that cannot answer is not a reason to refuse
+    most = shown.get("quota") or {}
+    over = {name: amount for name, amount in needs.items() if name in most and amount > float(most[name]) + 1e-9}
+    if over:
+        raise BadInput(f"the job needs {', '.join(f'{name} {_amount(name, amount)}' for name, amount in over.items())}"
+                       f", more than queue {queue}'s whole quota ({', '.join(f'{name} {_amount(name, most[name])}' for name in over)}), "
+                       f"so it would wait forever. Lower the spec's needs (or the workload's workers), or raise the "
+                       f"quota: rayjobs queue set {queue} --max-cpus N")
+
+
 def check_queue_fits(api: Any, needs: dict[str, float], queue: str, warn: Callable[[str], None]) -> None:
     """Refuse a queued job whose ``needs`` the whole cluster does not have: it would wait in its queue forever.
 
@@ -255,6 +272,7 @@ def check_queue_fits(api: Any, needs: dict[str, float], queue: str, warn: Callab
         BadInput: the cluster's alive nodes together have less of some resource than the job needs, and the
             cluster cannot grow. A cluster that cannot answer is not a reason to refuse.
     """
+    _check_quota(api, needs, queue)
     nodes = _nodes_or_none(api) if needs else None
     if not nodes:
         return
