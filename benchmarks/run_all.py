@@ -132,7 +132,7 @@ BENCHMARKS = [
             timeout_s=2 * 3600),
     ], 40, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py", "benchmarks/plain_torch.py")),
     Benchmark("multinode_training", [
-        Run("multinode_training.py", ["--rounds", "2", "--epochs", "3", *QUICKSTART_FULL_SIZE],
+        Run("multinode_training.py", ["--rounds", "2", "--epochs", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=20"]),
     ], 6, QUICKSTART_END_TO_END),
     Benchmark("quickstart_s3", [
@@ -140,7 +140,7 @@ BENCHMARKS = [
             ["--rounds", "1", "--set", "workload.train.epochs=1", "--set", "workload.data.synthetic_per_class=20"]),
     ], 6, (*QUICKSTART_END_TO_END, "tests/support/s3_server.py")),
     Benchmark("progress_overhead", [
-        Run("progress_overhead.py", ["--rounds", "3", "--epochs", "2", *QUICKSTART_FULL_SIZE],
+        Run("progress_overhead.py", ["--rounds", "2", "--epochs", "2", *QUICKSTART_FULL_SIZE],
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 8, QUICKSTART_END_TO_END),
     Benchmark("sweep_overhead", [
@@ -148,7 +148,7 @@ BENCHMARKS = [
             ["--rounds", "1", "--epochs", "2", "--set", "workload.data.synthetic_per_class=16"]),
     ], 7, QUICKSTART_END_TO_END),
     Benchmark("sweep_real_photos", [
-        Run("sweep_real_photos.py", ["--image-size", "32", "--epochs", "4", "--trials", "3"],
+        Run("sweep_real_photos.py", ["--image-size", "32", "--epochs", "3", "--trials", "3"],
             ["--epochs", "1", "--trials", "2", "--image-size", "24"], timeout_s=3600),
     ], 8, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py")),
     Benchmark("sweep_asha", [
@@ -156,10 +156,10 @@ BENCHMARKS = [
     ], 7, ("jobs", "workloads", "specs/food101.yaml", "benchmarks/learning_quality.py",
             "benchmarks/sweep_real_photos.py")),
     Benchmark("queue_admission", [
-        Run("queue_admission.py", ["--rounds", "2", "--waiting", "200"], ["--rounds", "1", "--waiting", "4"]),
+        Run("queue_admission.py", ["--rounds", "2", "--waiting", "100"], ["--rounds", "1", "--waiting", "4"]),
     ], 9, CLIENT),
     Benchmark("pipeline_submission", [
-        Run("pipeline_submission.py", ["--rounds", "3", "--jobs", "10", "--waiting", "200"],
+        Run("pipeline_submission.py", ["--rounds", "2", "--jobs", "10", "--waiting", "200"],
             ["--rounds", "1", "--jobs", "3", "--waiting", "5"]),
     ], 4, (*CLIENT, "benchmarks/queue_admission.py")),
     Benchmark("follower_events", [
