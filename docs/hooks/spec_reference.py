@@ -107,6 +107,9 @@ class SchemaWalk:
                 found += self.models_in(target["items"], f"{path}[]")
             elif target.get("type") == "object" and isinstance(target.get("additionalProperties"), dict):
                 found += self.models_in(target["additionalProperties"], f"{path}.*")
+            elif target.get("type") == "object" and isinstance(target.get("patternProperties"), dict):
+                for value in target["patternProperties"].values():  # a mapping whose keys must match a pattern
+                    found += self.models_in(value, f"{path}.*")
         return found
 
     def type_of(self, schema: dict[str, Any]) -> str:
@@ -305,6 +308,7 @@ def reference() -> tuple[list[Section], list[str]]:
             section.title += f" ({kind})"
         sections += walk.sections
         undescribed += walk.undescribed
+    sections += pipeline_sections(undescribed)
     # The spec's `workload` is a plain mapping until its kind is known: its examples are the kinds' sections.
     for row in sections[0].rows:
         if row.path == "workload":
@@ -314,6 +318,27 @@ def reference() -> tuple[list[Section], list[str]]:
     problems += [f"EXAMPLES in docs/hooks/spec_reference.py names {path}, which is no field" for path in EXAMPLES
                  if path not in fields]
     return sections, problems
+
+
+def pipeline_sections(undescribed: list[str]) -> list[Section]:
+    """The pipeline file's fields (``jobs.pipeline.PipelineFile``), examples from the shipped pipeline; a field
+    without a description is added to ``undescribed``."""
+    from jobs.pipeline import PipelineFile
+
+    shipped = sorted((REPO_ROOT / "specs" / "pipelines").glob("*.yaml"))
+    examples: dict[str, Any] = {}
+    for path in shipped:
+        document = yaml.safe_load(path.read_text())
+        if isinstance(document, dict) and "pipeline" in document:
+            examples = spec_values(document)
+            break
+    schema = PipelineFile.model_json_schema()
+    walk = SchemaWalk(schema, examples, anchor_prefix="pipeline-")
+    walk.model(schema, "", "A pipeline file", "`rayjobs submit PIPELINE.yaml`: its jobs, each a spec file with its "
+               "overrides and the jobs it runs after ([Pipelines and quotas](pipelines.md)). Paths resolve against "
+               "the pipeline file's directory.")
+    undescribed += walk.undescribed
+    return walk.sections
 
 
 def cell(text: str) -> str:
