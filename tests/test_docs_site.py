@@ -118,7 +118,8 @@ def test_a_field_without_a_description_fails_the_strict_build(tmp_path, monkeypa
     monkeypatch.setattr(runner.cli.specs, "schema_document", schema_with_an_undescribed_field)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text("# A site\n\n[The reference](spec-reference.md)\n")
-    (tmp_path / "docs" / "specs.md").write_text("# Writing a spec\n")  # the reference links to it
+    (tmp_path / "docs" / "specs.md").write_text("# Writing a spec\n")  # the reference links to these two
+    (tmp_path / "docs" / "pipelines.md").write_text("# Pipelines and quotas\n")
     (tmp_path / "mkdocs.yml").write_text(
         f"site_name: t\ndocs_dir: docs\nsite_dir: {tmp_path / 'site'}\n"
         f"hooks:\n  - {REPO_ROOT / 'docs' / 'hooks' / 'spec_reference.py'}\n")
