@@ -13,20 +13,10 @@ import threading
 import pytest
 
 from tests.support.cli import REPO_ROOT
-from tests.support.queue_store import DictStore, FakeRayJobs, enter
+from tests.support.queue_store import Clock, DictStore, FakeRayJobs, enter
 from rayjobs_agent import queueing as q
 from rayjobs_agent.wire import RAY_JOB_CONFIG_ENV_VAR
 from rayjobs_agent.queue import keeper as kp, orders as qo, ray_jobs as rj, store as qs
-
-
-class Clock:
-    """The head's clock, moved by the test."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[kp.Keeper, FakeRayJobs, list[str]]:

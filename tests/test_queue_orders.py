@@ -14,25 +14,12 @@ import pytest
 
 from rayjobs_agent.retries import RetryPolicy
 from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, METADATA_QUEUE, METADATA_SPEC_HASH, RETRY_ENV_VAR
-from tests.support.queue_store import DictStore, FakeRayJobs, enter
+from tests.support.queue_store import Clock, DictStore, FakeRayJobs, enter, keeper_and_jobs
 from rayjobs_agent import queueing as q
 from rayjobs_agent.queue import keeper as kp, lost_jobs as ql, store as qs
 
 
-class Clock:
-    """The head's clock, moved by the test."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[kp.Keeper, FakeRayJobs, list[str]]:
-    jobs, said = FakeRayJobs(store), []
-    jobs.clock = clock = clock or Clock()
-    return kp.Keeper(store, jobs, clock=clock, say=said.append), jobs, said
+_keeper = keeper_and_jobs
 
 
 def _enqueue_order(store: DictStore, job_id: str, *, at_ms: float, queue: str = "team-a", priority: int = 0,

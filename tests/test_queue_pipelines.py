@@ -8,18 +8,14 @@ from __future__ import annotations
 import pytest
 
 from rayjobs_agent import queueing as q
-from rayjobs_agent.queue import keeper as kp, pipelines as pl, store as qs
+from rayjobs_agent.queue import pipelines as pl, store as qs
 from rayjobs_agent.wire import METADATA_SPEC_HASH
-from tests.support.queue_store import DictStore, FakeRayJobs
-from tests.test_queue_orders import Clock
+from tests.support.queue_store import Clock, DictStore, keeper_and_jobs
 
 RUN = "nightly-0a1b2c3d"
 
 
-def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[kp.Keeper, FakeRayJobs, list[str]]:
-    jobs, said = FakeRayJobs(store), []
-    jobs.clock = clock = clock or Clock()
-    return kp.Keeper(store, jobs, clock=clock, say=said.append), jobs, said
+_keeper = keeper_and_jobs
 
 
 def _job(name: str) -> str:

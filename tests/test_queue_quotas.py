@@ -9,7 +9,7 @@ import pytest
 from rayjobs_agent import queueing as q
 from rayjobs_agent.queue import store as qs
 from tests.support.queue_store import DictStore, enter
-from tests.test_queue_orders import _keeper
+from tests.support.queue_store import keeper_and_jobs as _keeper
 
 
 def test_a_quota_of_cpus_lets_in_jobs_while_they_fit_it_and_says_why_the_next_waits():

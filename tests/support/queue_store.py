@@ -15,6 +15,16 @@ from rayjobs_agent.queue import store as qs
 
 
 
+class Clock:
+    """The head's clock, moved by the test."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class DictStore:
     """The key-value store's contract in memory, with Ray's job table beside it (``set_job_status``)."""
 
@@ -135,3 +145,13 @@ def enter(store: DictStore, job_id: str, *, queue: str = "team-a", priority: int
     store.put(f"request/{job_id}", json.dumps({"submission_id": job_id, "entrypoint": f"python -m rayjobs_agent."
                                                f"record -- 'echo {job_id}'", "metadata": {}}).encode())
     store.put(f"waiting/{queue}/{job_id}", json.dumps(entry).encode())
+
+
+def keeper_and_jobs(store: DictStore, clock: Clock | None = None) -> tuple[Any, FakeRayJobs, list[str]]:
+    """A keeper over ``store`` on the head's clock ``clock``, Ray's job API it calls (whose ends that clock stamps),
+    and what it said."""
+    from rayjobs_agent.queue.keeper import Keeper
+
+    jobs, said = FakeRayJobs(store), []
+    jobs.clock = clock = clock or Clock()
+    return Keeper(store, jobs, clock=clock, say=said.append), jobs, said
