@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from jobs.errors import FieldPath, SpecError, did_you_mean
 from jobs.loader import LoadedSpec, Locator, load_spec
@@ -41,7 +41,19 @@ NAME_RULE = "1 to 40 lowercase letters, digits or '-', starting with a letter or
 # Enough for any graph a team writes by hand or generates; past it a file is more likely a mistake.
 MAX_JOBS = 500
 
-JobName = Annotated[str, Field(pattern=NAME_PATTERN, description=f"The job's name in the pipeline: {NAME_RULE}.")]
+# The keeper names a job's next attempt ``ID-attemptN``: a job named so would take the id of another's retry.
+_ATTEMPT_SUFFIX = re.compile(r"-attempt\d+$")
+
+
+def _not_an_attempts_name(name: str) -> str:
+    if _ATTEMPT_SUFFIX.search(name):
+        raise ValueError(f"a job's name may not end like the id of a retried job's next attempt ('-attempt{name.rsplit('attempt', 1)[1]}')")
+    return name
+
+
+JobName = Annotated[str, Field(pattern=NAME_PATTERN, description=f"The job's name in the pipeline: {NAME_RULE}, not "
+                                                                  "ending in -attemptN."),
+                    AfterValidator(_not_an_attempts_name)]
 
 
 class PipelineJob(StrictModel):
@@ -91,8 +103,8 @@ class PipelineError(SpecError):
 
 
 def is_pipeline_file(data: dict[str, Any]) -> bool:
-    """Whether a parsed YAML file is a pipeline (it names a ``pipeline``) rather than a spec."""
-    return "pipeline" in data and "jobs" in data
+    """Whether a parsed YAML file is a pipeline (it names a ``pipeline``, which no spec has) rather than a spec."""
+    return "pipeline" in data
 
 
 def load_pipeline(path: str | Path) -> LoadedPipeline:
@@ -123,7 +135,7 @@ def load_pipeline(path: str | Path) -> LoadedPipeline:
             errors.append(SpecError(str(path), [locate.problem(
                 ("jobs", name, "spec"), f"{job.spec} fixes submission_id {loaded.jobs[name].spec.submission_id!r}; a "
                 "pipeline's job takes its id from the pipeline's run (PIPELINE-RUN-JOB), so that the pipeline can run "
-                "again: remove it, or --set submission_id=null")]))
+                "again: remove it from the spec")]))
     if errors:
         raise PipelineError(errors)
     return loaded

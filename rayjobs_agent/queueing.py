@@ -125,6 +125,22 @@ def quota_problem(quota: Mapping[str, Any]) -> str | None:
                     "the queue's limits with --no-limit")
     return None
 
+def awaits_next_attempt(info: Mapping[str, Any], decided: Mapping[str, Any] | None) -> bool:
+    """Whether a job that ended FAILED (``info``: Ray's record of it) may still run again as the keeper's next
+    attempt: it was lost whole (not its entrypoint's failure) and the keeper has not decided yet (``decided``: its
+    decision, None while there is none), or decided to retry it."""
+    if info.get("status") != "FAILED":
+        return False
+    if decided is not None:
+        return bool(decided.get("retry"))
+    from .retries import ENTRYPOINT_FAILED
+
+    error_type = info.get("error_type")
+    if not error_type or error_type == ENTRYPOINT_FAILED:
+        return False  # its entrypoint ran: the agent beside it decided, and retried it in place if it could
+    admission = json.loads((((info.get("runtime_env") or {}).get("env_vars") or {}).get(ADMISSION_ENV_VAR)) or "{}")
+    return not admission.get("outcome")  # a stand-in (a job that never runs) is never run again
+
 def order_problem(order: Mapping[str, Any]) -> str | None:
     """What makes an order one no keeper carries out: a job or run id it names that is no id rayjobs takes (an id
     is a key of the store, ``waiting/QUEUE/ID``: one with a "/" would be read as another key). None: none."""
@@ -134,8 +150,20 @@ def order_problem(order: Mapping[str, Any]) -> str | None:
     bad = [str(found)[:200] for found in named if re.match(JOB_ID_PATTERN, str(found)) is None]
     if bad:
         return f"{bad[0]!r} is no job id rayjobs takes"
-    if order.get("verb") == "set" and isinstance(order.get("quota"), Mapping):
-        return quota_problem(order["quota"])
+    if order.get("verb") == "set":
+        limit = order.get("max_running")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            return f"a queue's max_running of {limit!r}: give a whole number, 0 or more"
+        if order.get("quota") is not None:
+            return quota_problem(order["quota"]) if isinstance(order["quota"], Mapping) else "a quota is a mapping"
+    if order.get("verb") == "enqueue":
+        for name, amount in dict(order.get("needs") or {}).items():
+            try:
+                value = float(amount)
+            except (TypeError, ValueError):
+                return f"the job needs {amount!r} {name}, not a number"
+            if not 0 <= value < float("inf"):
+                return f"the job needs {amount!r} {name}: an amount is 0 or more, and finite"
     return None
 
 def enqueue_order_id(job_id: str) -> str:

@@ -59,7 +59,8 @@ def run_of_this_submission(name: str, environ: Mapping[str, str]) -> str:
         metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
     except (ValueError, AttributeError):
         metadata = {}
-    submission = str(metadata.get(SUBMISSION_ID_KEY) or "")
+    # A retried attempt (the keeper's next one, after a loss) goes on in its first attempt's folder, as the record does.
+    submission = str(metadata.get(PARENT_KEY) or metadata.get(SUBMISSION_ID_KEY) or "")
     return f"{name.rstrip('/')}-{submission}" if submission else name
 
 

@@ -63,12 +63,13 @@ def test_every_spec_that_fails_is_named_with_its_own_file_and_line_and_the_pipel
     assert "timeout_s" in text and "--set timeout_s=-1" in text
 
 
-@pytest.mark.parametrize("name", ["x; touch /tmp/owned", "$(reboot)", "Prep", "a" * 41, "-x", ""])
+@pytest.mark.parametrize("name", ["x; touch /tmp/owned", "$(reboot)", "Prep", "a" * 41, "-x", "", "prep-attempt2"])
 def test_a_name_a_shell_would_read_or_that_no_job_id_can_hold_is_refused(tmp_path, name):
     path = write_pipeline(tmp_path, f"pipeline: p\njobs:\n  {name!r}:\n    spec: step.yaml\n")
     with pytest.raises(PipelineError) as raised:
         load_pipeline(path)
-    assert "jobs" in str(raised.value) and "should match pattern" in str(raised.value)
+    assert "jobs" in str(raised.value) and ("should match pattern" in str(raised.value)
+                                            or "like the id of a retried job's next attempt" in str(raised.value))
 
 
 def test_a_job_whose_spec_fixes_its_id_is_refused_since_the_pipeline_gives_each_run_its_own(tmp_path):
@@ -89,6 +90,7 @@ def test_graphs_of_hundreds_of_jobs_are_ordered_and_a_cycle_through_all_of_them_
 
 def test_a_pipeline_is_told_from_a_spec_by_its_fields():
     assert is_pipeline_file({"pipeline": "p", "jobs": {}})
+    assert is_pipeline_file({"pipeline": "p", "job": {}}), "a misspelt `jobs` is the pipeline's error, not a spec's"
     assert not is_pipeline_file({"name": "x", "entrypoint": "y"})
 
 

@@ -5,6 +5,8 @@ interleaving is set up by hand."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rayjobs_agent import queueing as q
@@ -95,7 +97,7 @@ def test_a_seal_that_names_a_job_never_entered_is_refused_and_lets_nothing_run()
     order_id = _seal(store, ["prep", "train"], at_ms=1_000_001)
     keeper, jobs, _ = _keeper(store)
     keeper.step()
-    assert "its jobs train were never entered" in jobs.answer_to(order_id)["error"]
+    assert "its jobs train are not waiting in their queues" in jobs.answer_to(order_id)["error"]
     assert jobs.ids() == []
 
 
@@ -165,3 +167,44 @@ def test_a_seal_with_an_id_that_could_be_read_as_another_key_is_refused():
     keeper.step()
     assert "error" in jobs.answer_to("rayjobs-order-seal-x")
     assert store.keys("pipeline/") == []
+
+
+def test_a_job_lost_whole_before_its_keeper_decided_its_retry_keeps_the_jobs_after_it_waiting():
+    store = DictStore()
+    _enter(store, "prep", [], at_ms=1_000_000)
+    _enter(store, "train", ["prep"], at_ms=1_000_001)
+    _seal(store, ["prep", "train"], at_ms=1_000_002)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    # Ray ends it lost a moment before the keeper's next look at lost jobs (every 2 s): nothing is decided yet.
+    store.set_job_status(_job("prep"), "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED")
+    keeper._watched_at = keeper.clock()
+    (shown,) = keeper.step()["queues"]
+    assert jobs.ids() == [_job("prep")], "train neither ran nor ended"
+    assert "the keeper decides whether it runs again" in shown["waiting"][0]["reason"]
+
+
+def test_a_run_still_being_sent_after_its_first_entrys_grace_is_not_given_up():
+    store, clock = DictStore(), Clock()
+    _enter(store, "a", [], at_ms=1_000_000)
+    clock.now += pl.UNSEALED_KEPT_S + 60  # a run of hundreds of jobs, sent slowly
+    _enter(store, "b", ["a"], at_ms=clock.now * 1000)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert jobs.ids() == [] and len(store.keys("waiting/")) == 2, "neither ended: the run is still being sent"
+    _seal(store, ["a", "b"], at_ms=clock.now * 1000 + 1)
+    keeper.step()
+    assert jobs.ids() == [_job("a")]
+
+
+def test_a_retried_jobs_run_folder_is_its_first_attempts_the_one_the_jobs_after_it_were_told():
+    from rayjobs_agent.record_layout import run_of_this_submission
+    from rayjobs_agent.wire import METADATA_PARENT, RAY_JOB_CONFIG_ENV_VAR, RUN_PER_SUBMISSION_ENV_VAR
+
+    def folder(metadata: dict) -> str:
+        return run_of_this_submission("/runs/quickstart", {RUN_PER_SUBMISSION_ENV_VAR: "1",
+                                                           RAY_JOB_CONFIG_ENV_VAR: json.dumps({"metadata": metadata})})
+
+    first = folder({"job_submission_id": _job("prep")})
+    assert first == f"/runs/quickstart-{_job('prep')}"
+    assert folder({"job_submission_id": f"{_job('prep')}-attempt2", METADATA_PARENT: _job("prep")}) == first

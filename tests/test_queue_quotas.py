@@ -72,3 +72,34 @@ def test_across_queues_the_job_submitted_first_is_let_in_first_whatever_its_queu
     keeper, jobs, _ = _keeper(store)
     keeper.step()
     assert jobs.ids() == ["early-in-z"]
+
+
+def test_a_quota_lowered_below_a_waiting_jobs_needs_passes_it_over_and_lets_the_jobs_behind_it_in():
+    store = DictStore(free={"CPU": 100.0, "GPU": 8.0})
+    qs.set_limits(store, "team-a", None, {"GPU": 8})
+    enter(store, "big", submitted=0.0, needs={"GPU": 4.0})
+    enter(store, "cpu-only", submitted=1.0, needs={"CPU": 1.0})
+    qs.set_limits(store, "team-a", None, {"GPU": 2})
+    keeper, jobs, _ = _keeper(store)
+    (shown,) = keeper.step()["queues"]
+    assert jobs.ids() == ["cpu-only"]
+    assert shown["waiting"][0]["reason"] == "it needs 4 GPU, more than queue team-a's whole quota; it waits for the quota to be raised"
+    qs.set_limits(store, "team-a", None, {"GPU": 4})
+    keeper.step()
+    assert jobs.ids() == ["cpu-only", "big"]
+
+
+@pytest.mark.parametrize("order, said", [
+    ({"verb": "set", "queue": "team-a", "max_running": -3}, "a whole number, 0 or more"),
+    ({"verb": "set", "queue": "team-a", "max_running": None, "quota": {"GPU": 1e-300, "CPU": -1}}, "lets no job in"),
+    ({"verb": "enqueue", "queue": "team-a", "id": "sneaky", "needs": {"GPU": -8},
+      "request": {"submission_id": "sneaky", "entrypoint": "x", "metadata": {}}}, "0 or more, and finite"),
+])
+def test_an_order_sent_straight_to_rays_job_api_with_amounts_no_client_sends_is_refused(order, said):
+    store = DictStore()
+    order_id = q.enqueue_order_id("sneaky") if order["verb"] == "enqueue" else "rayjobs-order-set-2"
+    store.order(order_id, order, start_time_ms=1)
+    keeper, jobs, _ = _keeper(store)
+    keeper.step()
+    assert said in jobs.answer_to(order_id)["error"]
+    assert store.keys("waiting/") == [] and qs.limits(store, "team-a") == {}

@@ -308,6 +308,16 @@ class Keeper:
             if not self._submit(queue, job_id, entry, admission, slot):
                 return {**passed_over, job_id: f"Ray did not take its request yet; trying again in {RETRY_SUBMIT_S:g}s"}
 
+    def _newest_entry_of_each_run(self) -> dict[str, float]:
+        """When the newest entry of each pipeline run was entered: a run still being sent is not given up."""
+        newest: dict[str, float] = {}
+        for raw in self.store.multi_get(self.store.keys("waiting/")).values():
+            entry = json.loads(raw)
+            if entry.get("pipeline"):
+                run = str(entry["pipeline"])
+                newest[run] = max(newest.get(run, 0.0), float(entry.get("submitted") or 0.0))
+        return newest
+
     def _first_submitted(self, queue: str) -> tuple[float, str]:
         entries = waiting(self.store, queue)
         return (min(float(entry.get("submitted") or 0.0) for _, entry in entries) if entries else float("inf"), queue)
@@ -318,13 +328,23 @@ class Keeper:
         and every job it runs after SUCCEEDED. One that never will (one of them failed, was stopped or is gone, or
         its run was never sealed) ends here without running; why each other one is passed over goes into
         ``passed_over``."""
-        if not any(entry.get("pipeline") for _, entry in entries):
+        most = quota(self.store, queue)
+        if not most and not any(entry.get("pipeline") for _, entry in entries):
             return entries
         waiting_ids = {key.rpartition("/")[2] for key in self.store.keys("waiting/")}
+        newest = self._newest_entry_of_each_run() if any(entry.get("pipeline") for _, entry in entries) else {}
         lined_up = []
         for position, (job_id, entry) in enumerate(entries, start=1):
+            bigger = {name: amount for name, amount in (entry.get("needs") or {}).items()
+                      if name in most and float(amount) > most[name] + 1e-9}
+            if bigger:
+                # Its queue's quota was lowered below what it needs after it entered: it waits for the quota to be
+                # raised, and holds up no one meanwhile.
+                passed_over[job_id] = (f"it needs {', '.join(f'{amount:g} {name}' for name, amount in bigger.items())}"
+                                       f", more than queue {queue}'s whole quota; it waits for the quota to be raised")
+                continue
             if not is_sealed(self.store, entry.get("pipeline")):
-                if now - float(entry.get("submitted") or now) <= UNSEALED_KEPT_S:
+                if now - newest.get(entry["pipeline"], now) <= UNSEALED_KEPT_S:
                     passed_over[job_id] = f"pipeline run {entry['pipeline']} is still being submitted"
                     continue
                 state, why = PIPELINE_FAILED, (f"not run: its pipeline run {entry['pipeline']} was never started (the "

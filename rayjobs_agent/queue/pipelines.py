@@ -3,7 +3,8 @@
 A pipeline's jobs enter their queues as any job does, each entry naming its pipeline run and the ids of the jobs it
 runs after. Its entries wait unseen until the client's last order seals the run, once every job is entered: then the
 run is one key, ``pipeline/RUN``, its jobs by name. So a client that dies half-way leaves no half a pipeline to run:
-the entries of a run never sealed end without running after :data:`UNSEALED_KEPT_S`.
+the entries of a run never sealed end without running once :data:`UNSEALED_KEPT_S` have passed since its newest
+entry (a run of hundreds of jobs may take minutes to send).
 
 A job whose every job it runs after has SUCCEEDED (its last attempt, when the keeper retried one lost whole) takes its
 place in its queue's order, by priority and submission as any job; until then it is passed over and holds up no one.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping
 
+from ..queueing import awaits_next_attempt
 from .store import KeyValue, ray_job_info
 
 # How long the entries of a pipeline run wait for the order that seals it: the client sends that order right after
@@ -37,7 +39,8 @@ def seal(store: KeyValue, run_id: str, jobs: dict[str, str], after: dict[str, li
     is entered (``entered(job_id)``): from then on its jobs line up. The answer to the client's last order."""
     missing = sorted(name for name, job_id in jobs.items() if not entered(job_id))
     if missing:
-        return {"error": f"pipeline run {run_id} cannot start: its jobs {', '.join(missing)} were never entered"}
+        return {"error": f"pipeline run {run_id} cannot start: its jobs {', '.join(missing)} are not waiting in their "
+                         "queues (never entered, refused, stopped, or withdrawn); nothing of it runs"}
     run = {"jobs": jobs, "after": after, "at": now}
     if not store.put(f"pipeline/{run_id}", json.dumps(run).encode(), only_if_absent=True):
         return {"exists": run_id}
@@ -117,6 +120,9 @@ def dependency_state(store: KeyValue, job_id: str, waiting_ids: set[str],
         if following is not None:
             current = following
             continue
+        raw_decision = store.get(f"lost/{current}")
+        if awaits_next_attempt(info, json.loads(raw_decision) if raw_decision else None):
+            return PENDING, f"{current} was lost; the keeper decides whether it runs again"
         # Ray's message for a failed entrypoint is its exit code, then the log's tail: the first line says it.
         first = (str(info.get("message") or "").strip().splitlines() or [""])[0].split(", last available logs")[0]
         said = f": {first[:200]}" if first else ""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from runner.cli.options import say as _say
-from runner.errors import BadInput, ExitCode
+from runner.errors import BadInput
 
 if TYPE_CHECKING:
     from runner.cli.options import ConnectionOptions, SubmitFlags
@@ -85,7 +85,7 @@ def pipeline_of(client: JobsApi, run_id: str):  # noqa: ANN201 - SubmittedPipeli
 def show_pipeline(client: JobsApi, run_id: str, output: str) -> bool:
     """``rayjobs status RUN``: each job of pipeline run ``run_id`` and its state; False when there is no such run.
     Ends the command with the run's exit code (0 while it runs)."""
-    from runner.run.pipeline import job_states
+    from runner.run.pipeline import job_states, run_exit_code
 
     submitted = pipeline_of(client, run_id)
     if submitted is None:
@@ -101,11 +101,8 @@ def show_pipeline(client: JobsApi, run_id: str, output: str) -> bool:
             after = submitted.after.get(name) or []
             typer.echo(f"  {name:<{width}}  {states[name]}  ({job_id}" + (f"; after {', '.join(after)})" if after
                                                                          else ")"))
-    failed = [state for state in states.values() if state in ("FAILED", "STOPPED") or state.startswith("not run")]
-    code = ExitCode.SUCCEEDED if not failed else ExitCode.STOPPED if all(s == "STOPPED" for s in failed) \
-        else ExitCode.FAILED
     sys.stdout.flush()
-    raise typer.Exit(int(code))
+    raise typer.Exit(int(run_exit_code(states)))
 
 
 def stop_pipeline(client: JobsApi, run_id: str) -> bool:

@@ -208,7 +208,7 @@ class ClusterQueue:
         the jobs never entered."""
         order_id = f"{ORDER_PREFIX}seal-{run_id}"
         self._send({"verb": "seal", "run": run_id, "jobs": jobs, "after": after}, order_id)
-        return self.answer(order_id)
+        return self.answer(order_id, refusal_raises=False)
 
     def pipeline(self, run_id: str, snapshot: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Pipeline run ``run_id`` as the keeper last published it: ``{"jobs": {name: id}, "after": {name: [name]}}``
@@ -261,8 +261,11 @@ class ClusterQueue:
         return {"metadata": order.get("metadata") or {}, "queue": (order.get("metadata") or {}).get(METADATA_ENQUEUES),
                 "status": order.get("status")}
 
-    def answer(self, order_id: str, within_s: float = ANSWER_WAIT_S) -> Any:
+    def answer(self, order_id: str, within_s: float = ANSWER_WAIT_S, *, refusal_raises: bool = True) -> Any:
         """The answer to order ``order_id``, once the keeper (or the helper job it ran as) has given it.
+
+        ``refusal_raises``: an answer ``{"error": …}`` (the keeper refused the order) raises; without it, it is
+        returned, for a caller that says what a refusal means.
 
         Raises:
             ClusterRequestFailed: no answer in ``within_s``, or an answer that says the order failed.
@@ -288,6 +291,8 @@ class ClusterQueue:
         if found is None:
             log = self.api.job_log(order_id, driver_node_id=info.get("driver_node_id"))
             found = answer_in(log)
+        if isinstance(found, dict) and "error" in found and not refusal_raises:
+            return found
         if found is None or (isinstance(found, dict) and "error" in found):
             tail = "\n".join(log.splitlines()[-5:])
             problem = found["error"] if isinstance(found, dict) else f"order {order_id} ended {info.get('status')}"

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from jobs.pipeline import job_id as pipeline_job_id
 from jobs.queueing import queue_grows, queue_needs
 from jobs.submission import AGENT_PACKAGE_DIR, build_submission, run_folder
-from rayjobs_agent.wire import (AFTER_ENV_VAR, METADATA_PIPELINE, RUN_PER_SUBMISSION_ENV_VAR, after_variable,
-                                ray_env_json)
+from rayjobs_agent.queueing import awaits_next_attempt
+from rayjobs_agent.wire import (AFTER_ENV_VAR, METADATA_ATTEMPT, METADATA_PARENT, METADATA_PIPELINE,
+                                RUN_PER_SUBMISSION_ENV_VAR, after_variable, ray_env_json)
 from runner.client.queue import ClusterQueue
 from runner.client.submission import working_dir_size
 from runner.errors import ExitCode, RayJobsError
@@ -55,7 +56,7 @@ def submit_pipeline(client: JobsApi, loaded: LoadedPipeline, say: Callable[[str]
         RayJobsError: the cluster could not be reached, or refused a request.
     """
     run_id = f"{loaded.name}-{secrets.token_hex(4)}"
-    ids = {name: pipeline_job_id(run_id, name) for name in loaded.jobs}
+    ids = {name: pipeline_job_id(run_id, name) for name in loaded.order}  # in the graph's order, as shown
     folders = {name: run_folder(spec, ids[name], per_submission=True) for name, spec in loaded.jobs.items()}
     queue = ClusterQueue(client)
     for name in loaded.order:  # every job is checked before any is sent: nothing of a run that cannot start goes out
@@ -99,15 +100,19 @@ def job_states(client: JobsApi, submitted: SubmittedPipeline) -> dict[str, str]:
     ``SUCCEEDED``, ``not run (why)``, …"""
     snapshot = ClusterQueue(client).snapshot() or {}
     waiting = {job["id"]: job for queue in snapshot.get("queues") or [] for job in queue.get("waiting") or []}
+    decisions = snapshot.get("retries") or {}
     in_ray = {job.get("submission_id"): job for job in client.list_jobs()}
     states = {}
     for name, job_id in submitted.jobs.items():
         current = _last_attempt(job_id, in_ray)
-        if job_id in waiting:
-            reason = waiting[job_id].get("reason") or f"position {waiting[job_id].get('position')}"
-            states[name] = f"waiting ({reason})"
+        waits = next((waiting[found] for found in (job_id, (current or {}).get("submission_id")) if found in waiting),
+                     None)
+        if waits is not None:
+            states[name] = f"waiting ({waits.get('reason') or 'position ' + str(waits.get('position'))})"
         elif current is None:
             states[name] = "being entered"
+        elif awaits_next_attempt(current, decisions.get(current["submission_id"])):
+            states[name] = "lost; the keeper runs it again"
         else:
             status = str(current.get("status"))
             not_run = _not_run_reason(current)
@@ -115,10 +120,21 @@ def job_states(client: JobsApi, submitted: SubmittedPipeline) -> dict[str, str]:
     return states
 
 
+def run_exit_code(states: dict[str, str]) -> ExitCode:
+    """A pipeline run's exit code from its jobs' states (in the graph's order): 0 when every job SUCCEEDED, else that
+    of the first one that did not (3 stopped; 1 failed or not run); 0 while none has failed yet."""
+    for state in states.values():
+        if state == "STOPPED":
+            return ExitCode.STOPPED
+        if state == "FAILED" or state.startswith("not run"):
+            return ExitCode.FAILED
+    return ExitCode.SUCCEEDED
+
+
 def follow_pipeline(client: JobsApi, submitted: SubmittedPipeline, say: Callable[[str], None], *,
                     poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep) -> ExitCode:
-    """Say each job's state whenever it changes until every job has ended; the pipeline's exit code: 0 when every job
-    SUCCEEDED, else that of the first job (in order) that did not."""
+    """Say each job's state whenever it changes until every job has ended; the pipeline's exit code
+    (:func:`run_exit_code`)."""
     said: dict[str, str] = {}
     while True:
         states = job_states(client, submitted)
@@ -129,10 +145,7 @@ def follow_pipeline(client: JobsApi, submitted: SubmittedPipeline, say: Callable
         if all(_ended(state) for state in states.values()):
             break
         sleep(poll_s)
-    for name in submitted.jobs:
-        if states[name] != "SUCCEEDED":
-            return ExitCode.STOPPED if states[name] == "STOPPED" else ExitCode.FAILED
-    return ExitCode.SUCCEEDED
+    return run_exit_code(states)
 
 
 def _ended(state: str) -> bool:
@@ -140,13 +153,12 @@ def _ended(state: str) -> bool:
 
 
 def _last_attempt(job_id: str, in_ray: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The job's record in Ray's table, or that of its last attempt when the keeper submitted one after a loss."""
-    current = in_ray.get(job_id)
-    attempt = 2
-    while f"{job_id}-attempt{attempt}" in in_ray:
-        current = in_ray[f"{job_id}-attempt{attempt}"]
-        attempt += 1
-    return current
+    """The job's record in Ray's table, or that of its last attempt when the keeper submitted one after a loss (an
+    attempt names its first in its metadata, whatever its id)."""
+    attempts = [job for job in in_ray.values() if (job.get("metadata") or {}).get(METADATA_PARENT) == job_id]
+    if not attempts:
+        return in_ray.get(job_id)
+    return max(attempts, key=lambda job: int((job.get("metadata") or {}).get(METADATA_ATTEMPT) or 0))
 
 
 def _not_run_reason(job: dict[str, Any]) -> str | None:
@@ -162,4 +174,5 @@ def _not_run_reason(job: dict[str, Any]) -> str | None:
     return admission.reason.removeprefix("not run: ")
 
 
-__all__ = ["PipelineNotStarted", "SubmittedPipeline", "follow_pipeline", "job_states", "submit_pipeline"]
+__all__ = ["PipelineNotStarted", "SubmittedPipeline", "follow_pipeline", "job_states", "run_exit_code",
+           "submit_pipeline"]

@@ -262,7 +262,12 @@ def _check_quota(api: Any, needs: dict[str, float], queue: str) -> None:
         raise BadInput(f"the job needs {', '.join(f'{name} {_amount(name, amount)}' for name, amount in over.items())}"
                        f", more than queue {queue}'s whole quota ({', '.join(f'{name} {_amount(name, most[name])}' for name in over)}), "
                        f"so it would wait forever. Lower the spec's needs (or the workload's workers), or raise the "
-                       f"quota: rayjobs queue set {queue} --max-cpus N")
+                       f"quota: rayjobs queue set {queue} {' '.join(_quota_flag(name) for name in over)}")
+
+
+def _quota_flag(name: str) -> str:
+    """The `rayjobs queue set` option that sets the quota of resource ``name``."""
+    return {"CPU": "--max-cpus N", "GPU": "--max-gpus N"}.get(name, f"--max {name}=N")
 
 
 def check_queue_fits(api: Any, needs: dict[str, float], queue: str, warn: Callable[[str], None]) -> None:
