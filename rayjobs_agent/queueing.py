@@ -141,9 +141,14 @@ def awaits_next_attempt(info: Mapping[str, Any], decided: Mapping[str, Any] | No
     admission = json.loads((((info.get("runtime_env") or {}).get("env_vars") or {}).get(ADMISSION_ENV_VAR)) or "{}")
     return not admission.get("outcome")  # a stand-in (a job that never runs) is never run again
 
-def order_problem(order: Mapping[str, Any]) -> str | None:
-    """What makes an order one no keeper carries out: a job or run id it names that is no id rayjobs takes (an id
-    is a key of the store, ``waiting/QUEUE/ID``: one with a "/" would be read as another key). None: none."""
+def order_problem(order: Mapping[str, Any], order_id: str) -> str | None:
+    """What makes an order one no keeper or helper carries out (``order_id``: its order job's id). None: none.
+
+    A job or run id it names must be an id rayjobs takes (an id is a key of the store, ``waiting/QUEUE/ID``: one
+    with a "/" would be read as another key). An order to enter job ID must come as ``rayjobs-order-enqueue-ID``:
+    Ray's job table takes that id once, which is what keeps two orders entering one job from both writing it. The
+    amounts a job to enter asks for are numbers, 0 or more and finite: a quota adds them up.
+    """
     named = [order.get("id")] if order.get("verb") in ("enqueue", "stop", "withdraw") else []
     if order.get("verb") == "seal":
         named = [order.get("run"), *(order.get("jobs") or {}).values()]
@@ -157,13 +162,27 @@ def order_problem(order: Mapping[str, Any]) -> str | None:
         if order.get("quota") is not None:
             return quota_problem(order["quota"]) if isinstance(order["quota"], Mapping) else "a quota is a mapping"
     if order.get("verb") == "enqueue":
-        for name, amount in dict(order.get("needs") or {}).items():
-            try:
-                value = float(amount)
-            except (TypeError, ValueError):
-                return f"the job needs {amount!r} {name}, not a number"
-            if not 0 <= value < float("inf"):
-                return f"the job needs {amount!r} {name}: an amount is 0 or more, and finite"
+        if entered_job(order_id) != str(order.get("id")):
+            return f"order {order_id} does not enter job {str(order.get('id'))[:200]!r}"
+        return _enqueue_amounts_problem(order)
+    return None
+
+def _enqueue_amounts_problem(order: Mapping[str, Any]) -> str | None:
+    request = order.get("request") if isinstance(order.get("request"), Mapping) else {}
+    amounts = [*((f"{name}", amount) for name, amount in dict(order.get("needs") or {}).items()),
+               *((f"entrypoint {name}", request.get(f"entrypoint_num_{name.lower()}s"))
+                 for name in ("CPU", "GPU") if request.get(f"entrypoint_num_{name.lower()}s") is not None),
+               *((f"entrypoint {name}", amount) for name, amount in dict(request.get("entrypoint_resources") or {}).items())]
+    for name, amount in amounts:
+        try:
+            value = float(amount)
+        except (TypeError, ValueError):
+            return f"the job asks for {amount!r} {name}, not a number"
+        if isinstance(amount, bool) or not 0 <= value < float("inf"):
+            return f"the job asks for {amount!r} {name}: an amount is 0 or more, and finite"
+    grows = order.get("grows") or []
+    if not isinstance(grows, list) or not all(isinstance(name, str) and name for name in grows):
+        return f"a job grows into resources named by a list of names, not {grows!r}"
     return None
 
 def enqueue_order_id(job_id: str) -> str:

@@ -170,7 +170,6 @@ def settle_job(client: Any, job_id: str, status: str, message: str, *, lost: boo
     """
     import asyncio
 
-    import ray
     from ray.dashboard.modules.job.common import JobErrorType, JobInfoStorageClient, JobStatus
 
     error_type = JobErrorType.JOB_SUPERVISOR_ACTOR_DIED if lost else None
@@ -180,11 +179,7 @@ def settle_job(client: Any, job_id: str, status: str, message: str, *, lost: boo
     except RuntimeError as exc:
         if "terminal state" not in str(exc):
             raise  # a job that ended meanwhile keeps how it ended
-    try:
-        supervisor = ray.get_actor(SUPERVISOR_NAME_PREFIX + job_id, namespace=SUPERVISOR_NAMESPACE)
-    except ValueError:
-        return
-    ray.kill(supervisor, no_restart=True)
+    kill_supervisor(job_id)
 
 
 def has_supervisor(job_id: str) -> bool | None:
@@ -199,6 +194,28 @@ def has_supervisor(job_id: str) -> bool | None:
     except Exception:  # noqa: BLE001 - the GCS may be restarting: nothing is decided on it
         return None
     return True
+
+
+def supervised_jobs(prefix: str) -> list[str]:
+    """The submission ids beginning with ``prefix`` whose supervisor actor exists, pending or alive (inside a process
+    connected to the cluster)."""
+    import ray
+
+    start = SUPERVISOR_NAME_PREFIX + prefix
+    return [entry["name"][len(SUPERVISOR_NAME_PREFIX):] for entry in ray.util.list_named_actors(all_namespaces=True)
+            if entry.get("namespace") == SUPERVISOR_NAMESPACE and str(entry.get("name", "")).startswith(start)]
+
+
+def kill_supervisor(job_id: str) -> None:
+    """Take down the supervisor actor of submission ``job_id``, if it has one (inside a process connected to the
+    cluster)."""
+    import ray
+
+    try:
+        supervisor = ray.get_actor(SUPERVISOR_NAME_PREFIX + job_id, namespace=SUPERVISOR_NAMESPACE)
+    except ValueError:
+        return
+    ray.kill(supervisor, no_restart=True)
 
 
 def alive_nodes(client: Any) -> set[str]:

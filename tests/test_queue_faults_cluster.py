@@ -397,6 +397,63 @@ def test_an_order_behind_a_keeper_whose_process_hangs_is_answered_by_a_keeper_th
             hung.resume()
 
 
+# What a stray supervisor does: Ray lists a job before it creates its supervisor actor, so an order ended in that
+# moment (or a keeper killed between ending an order and taking its supervisor down) leaves a supervisor that waits
+# for the head's whole resource; placed once the keeper dies, it finds its job ended and never exits.
+STRAY_SUPERVISOR = """
+import asyncio, os, signal, sys
+import ray
+from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient, JobStatus
+from ray.util.state import list_actors
+
+stray = sys.argv[1]
+ray.init(address="auto")
+asyncio.run(JobInfoStorageClient(ray._private.worker.global_worker.gcs_client).put_info(
+    stray, JobInfo(status=JobStatus.STOPPED, entrypoint="true", message="ended before its supervisor was made")))
+
+@ray.remote(num_cpus=0)
+class Stray:
+    def ping(self):
+        return 1
+
+Stray.options(name="_ray_internal_job_actor_" + stray, namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE",
+              lifetime="detached", resources={"node:__internal_head__": 1.0}).remote()
+keeper = [actor for actor in list_actors(filters=[("name", "=", "rayjobs-queue-keeper")]) if actor.state == "ALIVE"]
+os.kill(int(keeper[0].pid), signal.SIGKILL)
+print("STRAY MADE, KEEPER KILLED", flush=True)
+"""
+
+
+def _live_actors_named(api, name: str) -> list[dict]:
+    query = urllib.parse.urlencode({"filter_keys": "name", "filter_predicates": "=", "filter_values": name,
+                                    "detail": "true"})
+    return [actor for actor in api.get_json(f"/api/v0/actors?{query}")["data"]["result"]["result"]
+            if actor.get("state") != "DEAD"]
+
+
+def test_a_supervisor_of_an_ended_order_that_holds_the_heads_resource_is_taken_down_and_the_queue_answers(
+        rayjobs_cli, ray_cluster, tmp_path):
+    api = direct_api(ray_cluster)
+    queue = _fresh("stray")
+    ClusterQueue(api).set_limit(queue, 0)  # a keeper runs, and holds its sliver of the head's resource
+    stray = f"rayjobs-order-set-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "stray.py"
+    script.write_text(STRAY_SUPERVISOR)
+    maker = f"stray-maker-{uuid.uuid4().hex[:8]}"
+    api.submit({"submission_id": maker, "entrypoint": f"python {script} {stray}"})
+    wait_for_condition(lambda: _status(api, maker) in ("SUCCEEDED", "FAILED", "STOPPED"), timeout_s=HANG_GUARD_S)
+    assert _status(api, maker) == "SUCCEEDED", api.get_logs(maker)
+    # The keeper, restarted by Ray, and the stray both wait for the head's resource: whichever is placed first, the
+    # stray goes (by the keeper's cleaning, or by the helper of the order the client sends when no keeper answers).
+    limited = rayjobs_cli("queue", "set", queue, "--max-running", "1", timeout=KEEPER_GUARD_S)
+    assert limited.returncode == 0, limited.stderr
+    assert f"queue {queue}: 0 of 1 running" in limited.stdout, limited.stdout
+    wait_for_condition(lambda: _live_actors_named(api, f"_ray_internal_job_actor_{stray}") == [],
+                       timeout_s=KEEPER_GUARD_S)
+    wait_for_condition(lambda: [actor["state"] for actor in _live_actors_named(api, "rayjobs-queue-keeper")]
+                       == ["ALIVE"], timeout_s=KEEPER_GUARD_S)
+
+
 # Code through S3 -----------------------------------------------------------------------------------------------
 
 

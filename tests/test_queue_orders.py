@@ -61,6 +61,50 @@ def test_an_order_to_enter_a_job_ray_already_has_is_answered_exists_and_enters_n
     assert store.keys("waiting/") == []
 
 
+def test_an_order_is_read_once_ray_has_created_its_supervisor_so_that_ending_it_takes_the_supervisor_down():
+    # Ray lists a job before it creates its supervisor: an order ended in between would leave a supervisor created
+    # afterwards that, once placed, holds the head's whole resource for ever.
+    store = DictStore()
+    clock = Clock(1000.0)
+    order_id = _enqueue_order(store, "job-1", at_ms=clock.now * 1000)
+    keeper, jobs, _ = _keeper(store, clock)
+    created = {"yes": False}
+    jobs.has_supervisor = lambda job_id: created["yes"]
+    keeper.step()
+    assert jobs.settled == [] and store.keys("waiting/") == []
+    created["yes"] = True
+    clock.now += kp.STEP_EVERY_S
+    keeper.step()
+    assert jobs.answer_to(order_id)["queued"] == "team-a"
+    # One whose supervisor never comes (Ray failed to create it) is read all the same once the grace has passed.
+    late = _enqueue_order(store, "job-2", at_ms=clock.now * 1000)
+    created["yes"] = False
+    clock.now += ql.PENDING_GRACE_S
+    keeper.step()
+    assert jobs.answer_to(late)["queued"] == "team-a"
+
+
+def test_the_supervisors_of_orders_that_ended_or_left_rays_table_are_taken_down_and_a_waiting_orders_is_not():
+    store = DictStore()
+    store.set_job_status("rayjobs-order-enqueue-waits", "PENDING", start_time=0)
+    store.set_job_status("rayjobs-order-enqueue-ended", "STOPPED", start_time=0, end_time=0)
+    killed: list[str] = []
+    jobs = FakeRayJobs(store)
+    jobs.supervised_orders = lambda: ["rayjobs-order-enqueue-waits", "rayjobs-order-enqueue-ended",
+                                      "rayjobs-order-set-deleted"]
+    jobs.kill_supervisor = killed.append
+    said: list[str] = []
+    assert kp.end_stray_order_supervisors(store, jobs, said.append) == killed == [
+        "rayjobs-order-enqueue-ended", "rayjobs-order-set-deleted"]
+    assert "held the head's resource" in said[0]
+    # The keeper looks as it cleans; a cluster that cannot say is said once, and nothing is killed on it.
+    keeper, keeper_jobs, keeper_said = _keeper(store)
+    keeper_jobs.supervised_orders = lambda: (_ for _ in ()).throw(ConnectionError("GCS restarting"))
+    keeper.step()
+    assert [line for line in keeper_said if "supervisors of ended orders" in line] == [
+        "could not look for the supervisors of ended orders: ConnectionError: GCS restarting"]
+
+
 def test_an_order_whose_id_names_another_job_is_refused():
     store = DictStore()
     order = {"verb": "enqueue", "queue": "team-a", "id": "victim",

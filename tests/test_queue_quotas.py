@@ -94,6 +94,16 @@ def test_a_quota_lowered_below_a_waiting_jobs_needs_passes_it_over_and_lets_the_
     ({"verb": "set", "queue": "team-a", "max_running": None, "quota": {"GPU": 1e-300, "CPU": -1}}, "lets no job in"),
     ({"verb": "enqueue", "queue": "team-a", "id": "sneaky", "needs": {"GPU": -8},
       "request": {"submission_id": "sneaky", "entrypoint": "x", "metadata": {}}}, "0 or more, and finite"),
+    ({"verb": "enqueue", "queue": "team-a", "id": "sneaky", "needs": {"CPU": float("nan")},
+      "request": {"submission_id": "sneaky", "entrypoint": "x", "metadata": {}}}, "0 or more, and finite"),
+    ({"verb": "enqueue", "queue": "team-a", "id": "sneaky", "needs": {"CPU": 1},
+      "request": {"submission_id": "sneaky", "entrypoint": "x", "metadata": {}, "entrypoint_num_gpus": -2}},
+     "-2 entrypoint GPU: an amount is 0 or more"),
+    ({"verb": "enqueue", "queue": "team-a", "id": "sneaky", "needs": {"CPU": 1},
+      "request": {"submission_id": "sneaky", "entrypoint": "x", "metadata": {},
+                  "entrypoint_resources": {"TPU": "lots"}}}, "'lots' entrypoint TPU, not a number"),
+    ({"verb": "enqueue", "queue": "team-a", "id": "sneaky", "needs": {"CPU": 1}, "grows": "CPU",
+      "request": {"submission_id": "sneaky", "entrypoint": "x", "metadata": {}}}, "list of names"),
 ])
 def test_an_order_sent_straight_to_rays_job_api_with_amounts_no_client_sends_is_refused(order, said):
     store = DictStore()

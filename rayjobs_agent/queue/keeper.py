@@ -36,10 +36,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from ..queueing import (ADMISSION_ENV_VAR, order_problem, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE, Admission,
-                        agent_version, answer_text, entered_job, order_from)
+from ..queueing import (ADMISSION_ENV_VAR, order_problem, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE,
+                        TERMINAL, Admission, agent_version, answer_text, order_from)
 from ..wire import METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
-from .lost_jobs import WATCH_EVERY_S, LostJobs
+from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
 from .pipelines import UNSEALED_KEPT_S, blocked_by, forget_old_runs, is_sealed, note_not_run, recent_runs, seal_order
 from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
@@ -187,7 +187,8 @@ class Keeper:
     # Orders --------------------------------------------------------------------------------------------------
 
     def _take_orders(self, now: float) -> None:
-        pending = sorted((info for info in ray_jobs(self.store, ORDER_PREFIX) if info.get("status") == "PENDING"),
+        pending = sorted((info for info in ray_jobs(self.store, ORDER_PREFIX) if info.get("status") == "PENDING"
+                          and self._supervisor_created(info, now)),
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
         for info in pending:
             version = (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)
@@ -208,6 +209,19 @@ class Keeper:
                 result = {"error": f"{type(exc).__name__}: {last_line(str(exc))}"}
             self.jobs.settle(order_id, "STOPPED", answer_text(result))
 
+    def _supervisor_created(self, info: dict[str, Any], now: float) -> bool:
+        """Whether Ray has created the supervisor actor of a PENDING order yet.
+
+        Ray lists a job before it creates its supervisor. An order ended in that moment would have its supervisor
+        created afterwards, waiting for the head's resource behind the keeper: placed once a keeper dies, it finds
+        its job ended, never exits, and holds the whole head resource, so no keeper would be placed again. An order
+        is read once its supervisor exists, so that ending it takes the supervisor down too.
+        """
+        has_supervisor = getattr(self.jobs, "has_supervisor", None)
+        if has_supervisor is None or now - float(info.get("start_time") or now * 1000) / 1000 >= PENDING_GRACE_S:
+            return True
+        return has_supervisor(info["submission_id"]) is not False
+
     def carry_out(self, order_id: str, order: dict[str, Any], submitted: float, now: float) -> Any:
         """Carry out one order (``order_id``: its job's id; ``submitted``: when Ray took it, the head's clock)."""
         if "unreadable" in order:
@@ -215,12 +229,10 @@ class Keeper:
         if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
             return {"error": f"an order of format {order.get('format')!r}; this keeper reads {ORDER_FORMAT}"}
         verb = order.get("verb")
-        problem = order_problem(order)
+        problem = order_problem(order, order_id)
         if problem is not None:
             return {"unknown": str(order.get("id"))[:200]} if verb == "stop" else {"error": problem}
         if verb == "enqueue":
-            if entered_job(order_id) != str(order.get("id")):
-                return {"error": f"order {order_id} does not enter job {order.get('id')!r}"}
             return enqueue(self.store, order, submitted)
         if verb == "stop":
             return self.stop(str(order["id"]), now)
@@ -489,6 +501,7 @@ class Keeper:
                 self.say(f"could not keep package {uri} of a waiting job: {exc}")
 
     def _clean(self, now: float) -> None:
+        end_stray_order_supervisors(self.store, self.jobs, self.say)
         for job_id in finished_orders(self.store, now):
             try:
                 self.jobs.delete(job_id)
@@ -496,6 +509,32 @@ class Keeper:
                 pass
         self.lost.forget_deleted()
         forget_old_runs(self.store, now)
+
+def end_stray_order_supervisors(store: KeyValue, jobs: Any, say: Callable[[str], None]) -> list[str]:
+    """Take down the supervisor actors of order jobs that have ended or left Ray's table, and return their ids.
+
+    Such a supervisor (an order ended before Ray created it, or a keeper killed between ending an order and taking
+    its supervisor down) holds the head's whole resource once placed, and never exits: no keeper is placed again
+    until it goes.
+    """
+    supervised_orders = getattr(jobs, "supervised_orders", None)
+    if supervised_orders is None:
+        return []
+    try:
+        # The actors first, then the table: Ray lists a job before it creates its supervisor, so every supervisor
+        # seen belongs to a job the table then shows, unless that job ended or was deleted.
+        supervised = supervised_orders()
+        live = {info["submission_id"] for info in ray_jobs(store, ORDER_PREFIX) if info.get("status") not in TERMINAL}
+        stray = [job_id for job_id in supervised if job_id not in live]
+        for job_id in stray:
+            jobs.kill_supervisor(job_id)
+    except Exception as exc:  # noqa: BLE001 - the next round looks again
+        say(f"could not look for the supervisors of ended orders: {type(exc).__name__}: {last_line(str(exc))}")
+        return []
+    if stray:
+        say(f"took down the supervisors of {len(stray)} ended order(s), which held the head's resource: "
+            f"{', '.join(stray[:5])}")
+    return stray
 
 class KeeperActor:
     """The detached actor around :class:`Keeper`: its loop runs in a thread, its snapshot goes to the head's log folder."""
@@ -589,7 +628,9 @@ def ensure_keeper(store: KeyValue, now: float) -> None:
         if existing is not None and not _started(existing):
             # Being created or restarted (after its node died, or waiting for this helper's share of the head): the
             # beat read is its predecessor's. Killing it would leave another keeper in the same wait, and orders
-            # placed meanwhile would kill that one too; it starts once the head's resource is free.
+            # placed meanwhile would kill that one too; it starts once the head's resource is free, which a
+            # supervisor of an ended order would hold for ever.
+            end_stray_order_supervisors(store, DashboardJobs(store), _say)
             return
         if existing is not None:
             ray.kill(existing, no_restart=True)

@@ -35,7 +35,7 @@ def helper(environ: Mapping[str, str]) -> int:
     if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
         answer({"error": f"an order of format {order.get('format')!r}; this code reads {ORDER_FORMAT}"})
         return 2
-    problem = order_problem(order)
+    problem = order_problem(order, submission_id_from(environ))
     if problem is not None:
         answer({"unknown": str(order.get("id"))[:200]} if verb == "stop" else {"error": problem})
         return 2

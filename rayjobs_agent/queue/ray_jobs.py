@@ -82,6 +82,19 @@ class DashboardJobs:
 
         settle_job(self.store.client, job_id, status, message, lost=lost)
 
+    def supervised_orders(self) -> list[str]:
+        """The order jobs whose supervisor actor exists, pending or alive."""
+        from ..queueing import ORDER_PREFIX
+        from ..ray_internals import supervised_jobs
+
+        return supervised_jobs(ORDER_PREFIX)
+
+    def kill_supervisor(self, job_id: str) -> None:
+        """Take down job ``job_id``'s supervisor actor, if it has one."""
+        from ..ray_internals import kill_supervisor
+
+        kill_supervisor(job_id)
+
     def has_supervisor(self, job_id: str) -> bool | None:
         """Whether job ``job_id``'s supervisor actor exists (None: the cluster could not say)."""
         from ..ray_internals import has_supervisor
