@@ -22,6 +22,7 @@ The totals (:class:`ResourceUsage`) are one rule for the record keeper, ``rayjob
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import socket
 import stat
@@ -330,27 +331,28 @@ class ResourceUsage:
         if kind == EventKind.REPORT:
             metrics = event.get("metrics") or {}
             wait, epoch = metrics.get("data_wait_s"), metrics.get("epoch_s")
-            if _number(wait) and _number(epoch) and epoch > 0:
+            if _amount(wait) and _amount(epoch) and epoch > 0:
                 self.data_wait_s += float(wait)
                 self.epoch_s += float(epoch)
             return
-        if kind != EventKind.RESOURCES or not _number(event.get("cpu")):
+        if kind != EventKind.RESOURCES or not _amount(event.get("cpu")):
             return
         # The seconds this sample covers and the CPU·s used in them; an older sample, which said neither, is taken
         # to cover its interval at the mean it gives.
-        seconds = event.get("interval_s") if _number(event.get("interval_s")) else \
-            event.get("every_s") if _number(event.get("every_s")) else DEFAULT_EVERY_S
+        seconds = event.get("interval_s") if _amount(event.get("interval_s")) else \
+            event.get("every_s") if _amount(event.get("every_s")) else DEFAULT_EVERY_S
         self.samples += 1
         self.seconds += float(seconds)
         self.cpu_sum += float(event["cpu"])
-        self.cpu_core_s += float(event["cpu_s"]) if _number(event.get("cpu_s")) else float(event["cpu"]) * seconds
-        if _number(event.get("rss_bytes")):
+        self.cpu_core_s += float(event["cpu_s"]) if _amount(event.get("cpu_s")) else float(event["cpu"]) * seconds
+        if _amount(event.get("rss_bytes")):
             self.peak_rss_bytes = max(self.peak_rss_bytes, int(event["rss_bytes"]))
-        if _number(event.get("gpus")) and event["gpus"] > 0:
+        if _amount(event.get("gpus")) and event["gpus"] > 0:
             self.gpu_s += float(event["gpus"]) * seconds
             self.gpu_samples += 1
-            self.gpu_util_sum += float(event.get("gpu_util") or 0.0)
-            self.peak_gpu_mem_bytes = max(self.peak_gpu_mem_bytes, int(event.get("gpu_mem_bytes") or 0))
+            self.gpu_util_sum += float(event["gpu_util"]) if _amount(event.get("gpu_util")) else 0.0
+            if _amount(event.get("gpu_mem_bytes")):
+                self.peak_gpu_mem_bytes = max(self.peak_gpu_mem_bytes, int(event["gpu_mem_bytes"]))
         self.last = dict(event)
 
     def as_dict(self) -> dict[str, Any]:
@@ -369,7 +371,7 @@ class ResourceUsage:
         for name in ("samples", "seconds", "cpu_core_s", "gpu_s", "peak_rss_bytes", "peak_gpu_mem_bytes",
                      "cpu_sum", "gpu_util_sum", "gpu_samples", "data_wait_s", "epoch_s"):
             value = (kept or {}).get(name)
-            if _number(value):
+            if _amount(value):
                 setattr(usage, name, type(getattr(usage, name))(value))
         return usage
 
@@ -425,7 +427,7 @@ def usage_line(event: Mapping[str, Any]) -> str:
     """The live view's line for one sample: ``CPU 1.9/2 · RSS 3.1 GiB · GPU 64 % · 2.0/80 GiB``."""
     parts = [f"CPU {float(event.get('cpu') or 0):.1f}/{float(event.get('cpus') or 0):g}",
              f"RSS {float(event.get('rss_bytes') or 0) / _GIB:.1f} GiB"]
-    if _number(event.get("gpus")) and event["gpus"] > 0:
+    if _amount(event.get("gpus")) and event["gpus"] > 0:
         parts.append(f"GPU {float(event.get('gpu_util') or 0):.0f} %")
         parts.append(f"{float(event.get('gpu_mem_bytes') or 0) / _GIB:.1f}/"
                      f"{float(event.get('gpu_mem_total_bytes') or 0) / _GIB:.0f} GiB")
@@ -451,8 +453,15 @@ def totals_lines(totals: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _amount(value: Any) -> bool:
+    """Whether ``value`` is an amount of a resource: a number, finite and 0 or more (a sample or record written by
+    hand with text, NaN or a negative there counts as absent, so no total goes below zero)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 __all__ = ["CPU_PRICE_ENV_VAR", "EVERY_S_ENV_VAR", "GPU_PRICE_ENV_VAR", "UNATTRIBUTED_GPUS", "Gpus", "ResourceSampler",

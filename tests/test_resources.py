@@ -581,6 +581,27 @@ def test_a_runs_attempts_add_up_from_what_run_json_kept_and_an_old_record_has_no
     assert run_resource_totals({"attempts": [{"status": "SUCCEEDED"}]})["samples"] == 0
 
 
+def test_a_negative_nan_or_huge_amount_written_by_hand_counts_as_absent_and_no_total_goes_below_zero():
+    hostile = [{"event": "resources", "cpu": -50.0, "cpu_s": -500.0, "interval_s": 10.0},
+               {"event": "resources", "cpu": 1.0, "cpu_s": float("nan"), "interval_s": -10.0, "rss_bytes": -1,
+                "gpus": 1, "gpu_util": float("nan"), "gpu_mem_bytes": "lots"},
+               {"event": "report", "metrics": {"data_wait_s": -100.0, "epoch_s": 10.0}}]
+    totals = resource_totals(hostile, {"cpu_hour": 1.0, "gpu_hour": 1.0})
+    assert totals["samples"] == 1 and totals["cpu_hours"] >= 0 and totals["cost"] >= 0
+    assert totals["peak_rss_bytes"] == 0 and totals["peak_gpu_mem_bytes"] == 0
+    kept = {"samples": float("nan"), "seconds": -5.0, "cpu_core_s": 10 ** 400, "gpu_s": float("inf"), "epoch_s": 2.0}
+    usage = ResourceUsage.from_dict(kept)
+    assert (usage.samples, usage.seconds, usage.cpu_core_s, usage.gpu_s, usage.epoch_s) == (0, 0.0, 0.0, 0.0, 2.0)
+    document = {"attempts": [{"resources": {"cpu_core_s": -3600.0, "samples": 1}}, {"resources": first_hour()}]}
+    assert run_resource_totals(document, {"cpu_hour": 2.0})["cost"] == pytest.approx(2.0)
+
+
+def first_hour() -> dict:
+    usage = ResourceUsage()
+    usage.take({"event": "resources", "cpu": 1.0, "cpu_s": 3600.0, "interval_s": 3600.0})
+    return usage.as_dict()
+
+
 def test_prices_come_from_the_environment_and_a_price_that_is_no_number_is_refused():
     assert prices_from({"RAYJOBS_PRICE_CPU_HOUR": "0.04"}) == {"cpu_hour": 0.04, "gpu_hour": None}
     with pytest.raises(ValueError, match="RAYJOBS_PRICE_GPU_HOUR must be a number"):
