@@ -5,6 +5,7 @@ is the cluster's, so a client may leave and `status`/`stop` find it by its id.""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from pathlib import Path
 
 from tests.support.cli import direct_api
@@ -98,3 +99,56 @@ def test_the_worked_example_trains_two_settings_on_what_prep_wrote_and_names_the
     # Each training is a run of its own, named after its job: the two settings never share a folder.
     runs = sorted(folder.name for folder in (tmp_path / "runs").iterdir())
     assert runs == sorted(f"quickstart-{run_id}-{name}" for name in ("prep", "train-fast", "train-slow")), runs
+
+
+def _keeper_process(api):
+    """The queue keeper's live process on the session cluster, from Ray's state API."""
+    import psutil
+
+    query = urllib.parse.urlencode({"filter_keys": "name", "filter_predicates": "=",
+                                    "filter_values": "rayjobs-queue-keeper", "detail": "true"})
+    alive = [actor for actor in api.get_json(f"/api/v0/actors?{query}")["data"]["result"]["result"]
+             if actor.get("state") == "ALIVE"]
+    return psutil.Process(int(alive[0]["pid"])) if alive else None
+
+
+def test_the_keeper_sigkilled_twice_while_a_pipeline_is_half_done_runs_each_job_once_in_order(rayjobs_cli,
+                                                                                            ray_cluster, tmp_path):
+    flag = tmp_path / "release-prep"
+    held_prep = ("python -c \"import pathlib, time; print('prep started', flush=True); "
+                 f"[time.sleep(0.1) for _ in iter(lambda: pathlib.Path({str(flag)!r}).exists(), True)]; "
+                 "print('prepared')\"")
+    submitted = rayjobs_cli("submit", str(_pipeline(tmp_path, held_prep)), "--no-wait")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    api = direct_api(ray_cluster)
+
+    def status_of(name: str) -> str | None:
+        try:
+            return api.get_job(f"{run_id}-{name}")["status"]
+        except Exception:  # noqa: BLE001 - not in Ray's table yet
+            return None
+
+    wait_for_condition(lambda: status_of("prep") == "RUNNING", timeout_s=HANG_GUARD_S)
+    # Once while prep runs and the rest wait on the graph, once the moment prep has succeeded.
+    first = wait_for_condition(lambda: _keeper_process(api), timeout_s=HANG_GUARD_S)
+    first.kill()
+    flag.touch()
+    wait_for_condition(lambda: status_of("prep") == "SUCCEEDED", timeout_s=HANG_GUARD_S, interval_s=0.05)
+    second = wait_for_condition(lambda: (found := _keeper_process(api)) and found.pid != first.pid and found,
+                                timeout_s=HANG_GUARD_S, interval_s=0.05)
+    second.kill()
+    wait_for_condition(lambda: status_of("evaluate") in ("SUCCEEDED", "FAILED", "STOPPED"), timeout_s=HANG_GUARD_S,
+                       interval_s=1)
+
+    ours = sorted(info["submission_id"] for info in api.list_jobs()
+                  if str(info.get("submission_id", "")).startswith(run_id))
+    assert ours == sorted(f"{run_id}-{name}" for name in ("prep", "train", "evaluate")), ours  # no job ran twice
+    jobs = {name: api.get_job(f"{run_id}-{name}") for name in ("prep", "train", "evaluate")}
+    assert {name: info["status"] for name, info in jobs.items()} == dict.fromkeys(jobs, "SUCCEEDED")
+    assert jobs["prep"]["end_time"] <= jobs["train"]["start_time"] <= jobs["train"]["end_time"] <= \
+        jobs["evaluate"]["start_time"]
+    assert api.job_log(f"{run_id}-prep").splitlines().count("prep started") == 1
+    assert api.job_log(f"{run_id}-train").splitlines().count("prep was SUCCEEDED") == 1
+    status = rayjobs_cli("status", run_id, "--output", "json")
+    assert json.loads(status.stdout)["states"] == {"prep": "SUCCEEDED", "train": "SUCCEEDED", "evaluate": "SUCCEEDED"}
