@@ -179,9 +179,9 @@ BENCHMARKS = [
 # --------------------------------------------------------------------------- running
 
 
-CLI_LINE = re.compile(r"^(rayjobs \w+)\s+median ([\d.]+)s \| (ray job \w+)\s+median ([\d.]+)s \| ratio ([\d.]+)x "
+CLI_LINE = re.compile(r"^(rayjobs [\w-]+)\s+median ([\d.]+)s \| (ray job [\w-]+)\s+median ([\d.]+)s \| ratio ([\d.]+)x "
                       r"\(target <= ([\d.]+)x\)", re.MULTILINE)
-CLI_SPREAD = re.compile(r"^\s*spread \(min-max of \d+\): (rayjobs \w+) ([\d.]+)-([\d.]+)s, (ray job \w+) "
+CLI_SPREAD = re.compile(r"^\s*spread \(min-max of \d+\): (rayjobs [\w-]+) ([\d.]+)-([\d.]+)s, (ray job [\w-]+) "
                         r"([\d.]+)-([\d.]+)s", re.MULTILINE)
 
 
@@ -199,7 +199,8 @@ def result_from_cli_output(output: str, stamp: Stamp, command: str) -> dict:
         raise RuntimeError("no 'median … ratio' lines in the output")
     return {"name": "cli_latency", "title": "CLI latency",
             "columns": ["command", "median", "baseline", "median", "ratio of the medians", "target"],
-            "rows": rows, "stamp": vars(stamp.end()), "figures": {}, "notes": [], "command": command}
+            "rows": rows, "stamp": vars(stamp.end()), "figures": {},
+            "notes": [line.strip() for line in output.splitlines() if line.startswith("trip (")], "command": command}
 
 
 def run_one(run: Run, arguments: list[str], json_path: Path) -> dict:

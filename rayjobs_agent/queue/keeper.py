@@ -7,8 +7,9 @@ of its own that matters: every waiting job, slot, limit and decided retry is in 
 it was. It is started by the first order that finds none alive (which runs as a helper job), and steps
 aside for an order of other code, whose helper job then starts a keeper of that code.
 
-It lists the store's keys and the order jobs in Ray's table every ``TICK_S`` (two requests) and takes a
-step when either changed, or every ``STEP_EVERY_S`` while anything waits. Each step:
+Ray runs it as a detached actor (``actor.py``), which lists the store's keys and the order jobs in Ray's table
+every tick (two requests) and takes a step when either changed, or every ``STEP_EVERY_S`` while anything waits.
+Each step:
 
 1. The order jobs waiting in Ray's table are carried out in the order Ray took them (enter a job, stop
    one, set a limit), and each is ended STOPPED with the keeper's answer as its message.
@@ -30,47 +31,30 @@ package no job references after ten minutes, and a waiting job is no Ray job yet
 from __future__ import annotations
 
 import json
-import logging
-import os
-import threading
 import time
 from typing import Any, Callable, Mapping
 
-from ..queueing import (ADMISSION_ENV_VAR, order_problem, KEEPER_RESOURCES, ORDER_FORMAT, ORDER_PREFIX, SNAPSHOT_FILE,
-                        TERMINAL, Admission, agent_version, answer_text, order_from)
-from ..wire import METADATA_AGENT_VERSION, OWN_LINE_PREFIX, RECORD_COMMAND
+from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, TERMINAL, Admission, agent_version, answer_text,
+                        order_from, order_problem)
+from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
 from .pipelines import UNSEALED_KEPT_S, blocked_by, forget_old_runs, is_sealed, note_not_run, recent_runs, seal_order
-from .ray_jobs import AlreadySubmitted, DashboardJobs, RayJobs, Refused, last_line
+from .ray_jobs import AlreadySubmitted, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, claim, describe, enqueue,
-                    enqueues_in_flight, finished_orders, free_slot, GcsKeyValue, held, KeyValue, max_running,
+                    enqueues_in_flight, finished_orders, free_slot, held, KeyValue, max_running,
                     not_yet_placed, order_key, over_quota, queues_in, quota, quota_use, ray_job_info, ray_jobs,
                     release, set_order, shortfall, Slot, slots, waiting)
 
-KEEPER_NAME = "rayjobs-queue-keeper"
-
-KEEPER_NAMESPACE = "rayjobs"
-
-# How often the keeper lists the store's keys and the order jobs: two requests, and a step only when they changed
-# (a slot given back, a job entered, an order come) or every STEP_EVERY_S (a job that ended without giving its slot
-# back, resources freed elsewhere), IDLE_STEP_EVERY_S when nothing waits. While nothing waits it looks every
-# IDLE_TICK_S: an idle keeper costs the head next to nothing, and an order waits a quarter of a second at most.
-TICK_S = 0.1
-
-IDLE_TICK_S = 0.25
-
+# A step is taken when the store's keys or the order jobs changed (a slot given back, a job entered, an order come),
+# or every STEP_EVERY_S (a job that ended without giving its slot back, resources freed elsewhere), IDLE_STEP_EVERY_S
+# when nothing waits (``actor.py`` looks for changes every tick).
 STEP_EVERY_S = 1.0
 
 IDLE_STEP_EVERY_S = 2.0
 
-# The heartbeat: a keeper that wrote none for BEAT_FRESH_S is hung or gone, and is replaced.
+# The heartbeat: a keeper that wrote none for ``actor.BEAT_FRESH_S`` is hung or gone, and is replaced.
 BEAT_S = 2.0
-
-BEAT_FRESH_S = 10.0
-
-# Written at least this often even when nothing changed, so that a reader can tell a live keeper.
-SNAPSHOT_EVERY_S = 5.0
 
 # A waiting job's packages are pinned again every PIN_EVERY_S (for store.PIN_FOR_S).
 
@@ -535,126 +519,3 @@ def end_stray_order_supervisors(store: KeyValue, jobs: Any, say: Callable[[str],
         say(f"took down the supervisors of {len(stray)} ended order(s), which held the head's resource: "
             f"{', '.join(stray[:5])}")
     return stray
-
-class KeeperActor:
-    """The detached actor around :class:`Keeper`: its loop runs in a thread, its snapshot goes to the head's log folder."""
-
-    def __init__(self) -> None:
-        import ray
-
-        from ..ray_internals import logs_dir
-
-        self.store = GcsKeyValue(ray.get_runtime_context().gcs_address)
-        self.keeper = Keeper(self.store, DashboardJobs(self.store), say=_say)
-        self.snapshot_path = os.path.join(logs_dir(), SNAPSHOT_FILE)
-        self._thread = threading.Thread(target=self._loop, name="rayjobs-queue-keeper", daemon=True)
-        self._thread.start()
-
-    def version(self) -> str:
-        """The code this keeper runs (``queueing.agent_version``)."""
-        return self.keeper.version
-
-    def _loop(self) -> None:
-        last_problem = ""
-        written, written_at = "", 0.0
-        stepped_at = 0.0
-        waits = True
-        while True:
-            try:
-                if self.keeper.step_due(self.keeper.watched_keys(), time.monotonic() - stepped_at):
-                    stepped_at = time.monotonic()
-                    snapshot = self.keeper.step()
-                    body = json.dumps({key: value for key, value in snapshot.items() if key != "at"}, sort_keys=True)
-                    if body != written or time.time() - written_at >= SNAPSHOT_EVERY_S:
-                        _write_atomically(self.snapshot_path, json.dumps(snapshot, sort_keys=True))
-                        written, written_at = body, time.time()
-                        # What the snapshot holds was read after this moment: a helper waits for it (enqueue).
-                        self.store.put("published", json.dumps({"read_from": snapshot["at"]}).encode())
-                    self.keeper.note_keys_after_step()
-                last_problem = ""
-                waits = self.keeper.waits()
-            except StepAside as aside:
-                _say(f"queue keeper: an order of other code ({aside}) came; this keeper steps aside for a keeper of "
-                     "that code")
-                self._leave()
-                return
-            except Exception as exc:  # noqa: BLE001 - a store error now and then must not end the queue
-                problem = f"{type(exc).__name__}: {last_line(str(exc))}"
-                if problem != last_problem:
-                    _say(f"queue keeper: {problem}; trying again")
-                last_problem = problem
-            time.sleep(TICK_S if waits else IDLE_TICK_S)
-
-    def _leave(self) -> None:
-        import ray
-
-        self.store.delete("keeper")
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-
-def _say(text: str) -> None:
-    print(f"{OWN_LINE_PREFIX}{text}", flush=True)
-
-def _write_atomically(path: str, text: str) -> None:
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as handle:
-        handle.write(text + "\n")
-    os.replace(partial, path)
-
-def keeper_is_current(store: KeyValue, now: float) -> bool:
-    """Whether a keeper of this code wrote its heartbeat lately."""
-    raw = store.get("keeper")
-    beat = json.loads(raw) if raw else {}
-    return beat.get("version") == agent_version() and now - float(beat.get("at") or 0) < BEAT_FRESH_S
-
-def ensure_keeper(store: KeyValue, now: float) -> None:
-    """Make sure the cluster has a keeper of this code: one whose heartbeat is fresh is left alone; one of other code,
-    or one that answers but beats no more (its loop hangs), is replaced.
-
-    It is called from a helper job, which holds the head's resource the keeper needs: the new keeper is placed once
-    the helper ends, so it is not waited for. A recovery order (``queueing.RECOVERY_RESOURCES``) holds none of it:
-    it runs beside a hung keeper, which still holds its sliver, and replaces it (a process stopped whole answers
-    nothing, and is killed all the same).
-    """
-    if keeper_is_current(store, now):
-        return
-    import ray
-
-    ray.init(address="auto", namespace=KEEPER_NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
-    try:
-        try:
-            existing = ray.get_actor(KEEPER_NAME)
-        except ValueError:
-            existing = None
-        if existing is not None and not _started(existing):
-            # Being created or restarted (after its node died, or waiting for this helper's share of the head): the
-            # beat read is its predecessor's. Killing it would leave another keeper in the same wait, and orders
-            # placed meanwhile would kill that one too; it starts once the head's resource is free, which a
-            # supervisor of an ended order would hold for ever.
-            end_stray_order_supervisors(store, DashboardJobs(store), _say)
-            return
-        if existing is not None:
-            ray.kill(existing, no_restart=True)
-            _wait_until_gone(ray)
-        modules = (ray.get_runtime_context().runtime_env or {}).get("py_modules") or []
-        ray.remote(KeeperActor).options(
-            name=KEEPER_NAME, lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=-1,
-            resources=dict(KEEPER_RESOURCES), runtime_env={"py_modules": list(modules)}).remote()
-    finally:
-        ray.shutdown()
-
-def _started(actor: Any) -> bool:
-    """Whether Ray's actor table says ``actor`` runs (ALIVE); True when it cannot say (it is then replaced as before)."""
-    try:
-        from ray._private.state import actors
-
-        return actors(actor._actor_id.hex()).get("State") == "ALIVE"
-    except Exception:  # noqa: BLE001 - an internal API of Ray's: without it, a stale beat is enough
-        return True
-
-def _wait_until_gone(ray: Any) -> None:
-    for _ in range(100):
-        try:
-            ray.get_actor(KEEPER_NAME)
-        except ValueError:
-            return
-        time.sleep(0.1)

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from ..pinning import ADDRESS_VARIABLE
 from ..queueing import ORDER_FORMAT, answer, order_from, order_problem, submission_id_from
-from .keeper import ensure_keeper
+from .actor import ensure_keeper
 from .pipelines import seal_order
 from .store import GcsKeyValue, enqueue, ray_job_info, set_order
 
