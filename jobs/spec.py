@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from jobs.infra.address import normalize_address
+from jobs.kuberay import KubeRaySpec
 from jobs.errors import did_you_mean
 from jobs.notify import NotifyTarget, unsent_notifications
 from rayjobs_agent.storage_location import StorageLocation, uri_scheme
@@ -313,6 +314,9 @@ class JobSpec(StrictModel):
     sweep: SweepSpec | None = Field(
         None, description="A hyperparameter sweep of the workload's fields, run as one job with Ray Tune: "
         "each trial trains with its own values, the best trial's checkpoint goes on to inference.")
+    kuberay: KubeRaySpec | None = Field(
+        None, description="What `rayjobs export kuberay` adds to the RayJob (deletion_rules); a Ray cluster "
+        "ignores it.")
 
     @field_validator("name")
     @classmethod

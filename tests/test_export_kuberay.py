@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import socket
+import textwrap
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -500,6 +501,9 @@ def test_a_queued_spec_joins_its_kueue_local_queue_with_its_priority_class(rayjo
     assert manifest["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a",
                                               "kueue.x-k8s.io/priority-class": "nightly"}
     assert "LocalQueue team-a" in stderr
+    # Created suspended, it cannot start outside the quota; Kueue wants the cluster gone when the job ends.
+    assert manifest["spec"]["suspend"] is True and manifest["spec"]["shutdownAfterJobFinishes"] is True
+    assert "managedBy" not in manifest["spec"]
 
 
 def test_a_numeric_priority_without_a_priority_class_is_named_not_dropped_silently(rayjob_schema):
@@ -531,3 +535,151 @@ def test_a_resource_name_a_shell_would_read_is_refused_and_names_reach_the_shell
     assert code == 0, stderr
     quoted = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["resources"]
     assert shlex.split(f"ray start --resources={quoted}")[-1] == '--resources={"accelerator_type:A100": 1.0}'
+
+
+def test_an_unqueued_spec_is_neither_suspended_nor_handed_to_a_manager(exported_manifest):
+    assert "suspend" not in exported_manifest["spec"] and "managedBy" not in exported_manifest["spec"]
+
+
+def test_a_queued_spec_on_an_existing_cluster_is_not_suspended_and_the_queue_it_skips_is_named(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--set", "queue=team-a",
+                                    "--cluster", "shared")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    assert "suspend" not in manifest["spec"]
+    assert "Kueue does not queue a RayJob that runs on an existing cluster" in stderr
+
+
+def test_multikueue_hands_a_queued_rayjob_to_the_manager_cluster_suspended(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--set", "queue=team-a",
+                                    "--multikueue")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    assert manifest["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+    assert manifest["spec"]["suspend"] is True
+    assert "MultiKueue admission check" in stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param([], "--multikueue needs a queued spec", id="no queue"),
+    pytest.param(["--set", "queue=team-a", "--cluster", "shared"], "--multikueue cannot go with --cluster",
+                 id="existing cluster"),
+    pytest.param(["--set", "queue=team-a", "--schedule", "0 3 * * *"], "--multikueue cannot go with --schedule",
+                 id="scheduled"),
+])
+def test_multikueue_is_refused_where_nothing_would_ever_run_the_rayjob(args, message):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--multikueue", *args)
+    assert code == 2 and manifest is None
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def _spec_with_deletion_rules(tmp_path: Path, rules: str) -> Path:
+    spec = tmp_path / "cleanup.yaml"
+    spec.write_text(textwrap.dedent("""\
+        name: cleanup
+        entrypoint: python -c pass
+        runtime_env:
+          working_dir: s3://bucket/pkg.zip
+        kuberay:
+          deletion_rules:
+        """) + textwrap.indent(textwrap.dedent(rules), "    "))
+    return spec
+
+
+STAGED_CLEANUP = """\
+    - {job_status: FAILED, policy: DeleteWorkers, after_s: 300}
+    - {job_status: FAILED, policy: DeleteCluster, after_s: 3600}
+    - {job_deployment_status: Failed, policy: DeleteSelf, after_s: 86400}
+    """
+
+
+def test_deletion_rules_replace_the_cluster_ttl_and_pass_the_crd(tmp_path, rayjob_schema):
+    code, manifest, stderr = export(str(_spec_with_deletion_rules(tmp_path, STAGED_CLEANUP)))
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    assert manifest["spec"]["deletionStrategy"] == {"deletionRules": [
+        {"condition": {"jobStatus": "FAILED", "ttlSeconds": 300}, "policy": "DeleteWorkers"},
+        {"condition": {"jobStatus": "FAILED", "ttlSeconds": 3600}, "policy": "DeleteCluster"},
+        {"condition": {"jobDeploymentStatus": "Failed", "ttlSeconds": 86400}, "policy": "DeleteSelf"},
+    ]}
+    # KubeRay refuses either beside deletion rules.
+    assert "shutdownAfterJobFinishes" not in manifest["spec"] and "ttlSecondsAfterFinished" not in manifest["spec"]
+    assert "RayJobDeletionPolicy feature gate" in stderr
+    assert "no deletion rule deletes the cluster of a job that ends SUCCEEDED" in stderr
+
+
+def test_deletion_rules_on_an_existing_cluster_may_delete_only_the_rayjob(tmp_path, rayjob_schema):
+    spec = _spec_with_deletion_rules(tmp_path, "- {job_status: SUCCEEDED, policy: DeleteSelf, after_s: 60}\n")
+    code, manifest, stderr = export(str(spec), "--cluster", "shared")
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)
+    assert manifest["spec"]["deletionStrategy"]["deletionRules"] == [
+        {"condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 60}, "policy": "DeleteSelf"}]
+
+    code, manifest, stderr = export(str(_spec_with_deletion_rules(tmp_path, STAGED_CLEANUP)), "--cluster", "shared")
+    assert code == 2 and manifest is None
+    assert "kuberay.deletion_rules say DeleteCluster and DeleteWorkers, which KubeRay refuses" in stderr
+
+
+def test_deletion_rules_for_a_queued_spec_are_refused_as_kueue_would(tmp_path):
+    code, manifest, stderr = export(str(_spec_with_deletion_rules(tmp_path, STAGED_CLEANUP)), "--set",
+                                    "queue=team-a")
+    assert code == 2 and manifest is None
+    assert "kuberay.deletion_rules cannot go with queue (team-a)" in stderr
+    assert "shutdownAfterJobFinishes" in stderr
+
+
+@pytest.mark.parametrize("rules, message", [
+    pytest.param("- {policy: DeleteCluster}\n", "kuberay.deletion_rules[0]: has no condition", id="no condition"),
+    pytest.param("- {job_status: FAILED, job_deployment_status: Failed, policy: DeleteCluster}\n",
+                 "kuberay.deletion_rules[0]: gives both job_status and job_deployment_status", id="two conditions"),
+    pytest.param("- {job_status: FAILED, policy: DeleteCluster}\n- {job_status: FAILED, policy: DeleteCluster}\n",
+                 "kuberay.deletion_rules: rules 1 and 2 both say DeleteCluster on job_status FAILED", id="duplicate"),
+    pytest.param("- {job_status: FAILED, policy: DeleteSelf, after_s: 10}\n"
+                 "- {job_status: FAILED, policy: DeleteCluster, after_s: 60}\n",
+                 "on job_status FAILED, rule 1 (DeleteSelf after 10 s) comes before rule 2 (DeleteCluster after "
+                 "60 s)", id="out of order"),
+    pytest.param("- {job_status: FAILED, policy: DeleteCluster, after_s: -1}\n",
+                 "kuberay.deletion_rules[0].after_s", id="negative"),
+    pytest.param("- {job_status: FAILED, policy: DeleteCluster, after_s: '60'}\n",
+                 "kuberay.deletion_rules[0].after_s: Input should be a valid integer", id="text seconds"),
+    pytest.param("- {job_status: SUCCEDED, policy: DeleteCluster}\n", "kuberay.deletion_rules[0].job_status",
+                 id="misspelled status"),
+    pytest.param("- {job_status: FAILED, policy: DeleteAll}\n", "kuberay.deletion_rules[0].policy",
+                 id="unknown policy"),
+    pytest.param("[]\n", "kuberay.deletion_rules: List should have at least 1 item", id="empty"),
+])
+def test_deletion_rules_kuberay_would_refuse_are_bad_input_naming_the_field(tmp_path, rules, message):
+    code, manifest, stderr = export(str(_spec_with_deletion_rules(tmp_path, rules)))
+    assert code == 2 and manifest is None
+    assert message in stderr, stderr
+
+
+@pytest.mark.parametrize(("field", "mutate", "broken_rule"), [
+    pytest.param("spec.shutdownAfterJobFinishes", _set_to(True), "shutdownAfterJobFinishes and deletionRules",
+                 id="deletion rules beside shutdownAfterJobFinishes"),
+    pytest.param("spec.deletionStrategy.deletionRules.0.condition.jobDeploymentStatus", _set_to("Failed"),
+                 "one condition per rule", id="a rule with two conditions"),
+    pytest.param("spec.deletionStrategy.deletionRules.1.condition.ttlSeconds", _set_to(1),
+                 "TTLs out of KubeRay's deletion order", id="TTLs out of order"),
+    pytest.param("spec.managedBy", _set_to("kueue.x-k8s.io/elsewhere"),
+                 "is not a manager KubeRay knows", id="managedBy no one knows"),
+])
+def test_the_operator_rules_reject_deletion_rules_and_managers_kuberay_refuses(
+        tmp_path, rayjob_schema, field, mutate, broken_rule):
+    code, manifest, stderr = export(str(_spec_with_deletion_rules(tmp_path, STAGED_CLEANUP)))
+    assert code == 0, stderr
+    assert_valid_rayjob(manifest, rayjob_schema)  # intact, the same manifest passes
+    mutate(*_parent_and_key(manifest, field))
+    with pytest.raises(AssertionError, match=re.escape(broken_rule)):
+        assert_operator_rules(manifest)
+
+
+def test_the_kueue_rules_reject_a_multikueue_rayjob_without_a_queue(rayjob_schema):
+    code, manifest, stderr = export("specs/food101.yaml", "--set", REMOTE_WORKING_DIR, "--set", "queue=team-a",
+                                    "--multikueue")
+    assert code == 0, stderr
+    del manifest["metadata"]["labels"]
+    with pytest.raises(AssertionError, match="a MultiKueue RayJob needs a queue"):
+        assert_operator_rules(manifest)

@@ -73,6 +73,16 @@ def test_a_fixed_submission_id_is_not_repeated_by_every_scheduled_run(raycronjob
     assert "submission_id (nightly-food101) is dropped" in stderr
 
 
+def test_scheduled_runs_of_a_queued_spec_are_not_created_suspended_since_kueue_never_sees_them(raycronjob_schema):
+    code, cronjob, stderr = export(SPEC, "--set", REMOTE_WORKING_DIR, "--set", "queue=team-a", "--schedule",
+                                   "0 3 * * *")
+    assert code == 0, stderr
+    assert_valid_raycronjob(cronjob, raycronjob_schema)
+    # The RayCronJob controller labels the RayJobs it creates with its own name only: suspended, none would run.
+    assert "suspend" not in cronjob["spec"]["jobTemplate"]
+    assert "Kueue does not queue the scheduled runs" in stderr
+
+
 def test_kuberays_own_raycronjob_samples_pass_the_same_checks(raycronjob_schema):
     # Were the closed schema or the checks stricter than KubeRay, its own samples would fail them.
     samples = [(path.name, document) for path in sorted(KUBERAY_SAMPLES.glob("ray-cronjob*.yaml"))

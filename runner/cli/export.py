@@ -40,6 +40,9 @@ def kuberay(
     time_zone: Annotated[Optional[str], typer.Option("--time-zone", metavar="ZONE", help="With --schedule: the "
                          "IANA time zone of the schedule (e.g. Europe/Paris; default: the operator's).",
                          show_default=False)] = None,
+    multikueue: Annotated[bool, typer.Option("--multikueue", help="For a spec with queue, applied on a MultiKueue "
+                          "manager cluster: set managedBy: kueue.x-k8s.io/multikueue, so that Kueue runs the RayJob "
+                          "on one of its worker clusters.")] = False,
 ) -> None:
     """Print a KubeRay RayJob manifest (YAML) for SPEC: `rayjobs export kuberay SPEC | kubectl apply -f -`.
 
@@ -50,7 +53,7 @@ def kuberay(
     from jobs.submission import build_submission
     from jobs.submission import AGENT_PACKAGE_DIR, local_runtime_paths
     from rayjobs_agent.wire import RECORD_ENV_VAR
-    from runner.export.kuberay import build_rayjob, manifest_yaml
+    from runner.export.kuberay import build_rayjob, check_queue_and_cleanup, manifest_yaml
     from runner.errors import BadInput
     from runner.export.packaging import upload_destination, upload_local_paths
     from runner.export.schedule import build_raycronjob, check_schedule, check_time_zone
@@ -64,6 +67,11 @@ def kuberay(
     elif time_zone is not None:
         raise BadInput(f"--time-zone {time_zone} is given without --schedule: it is the time zone of a schedule, "
                        "so give both (e.g. --schedule \"0 3 * * *\" --time-zone Europe/Paris) or neither")
+    if multikueue and schedule is not None:
+        raise BadInput("--multikueue cannot go with --schedule: the RayCronJob gives the RayJobs it creates none of "
+                       "its labels, so they join no Kueue queue, and KubeRay leaves alone a RayJob that names another "
+                       "manager: nothing would ever run them. Schedule the export without --multikueue, or leave out "
+                       "--schedule")
     if upload_to is not None:
         upload_destination(upload_to)
     from pathlib import Path
@@ -75,6 +83,7 @@ def kuberay(
                        "(half a pipeline would run its jobs in any order). Export each job's spec on its own and "
                        "order them with your workflow tool, or run the pipeline on a Ray cluster with `rayjobs submit`")
     loaded = load_spec(spec_file, set_ or [])
+    check_queue_and_cleanup(loaded, on_existing_cluster=cluster is not None, multikueue=multikueue)
     # On Kubernetes, Kueue queues the RayJob itself (the labels build_rayjob adds): the job does not also wait
     # in a queue of its own cluster.
     unqueued = dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"queue": None}))
@@ -94,7 +103,8 @@ def kuberay(
             submission["runtime_env"] = upload_local_paths(runtime_env, upload_to, say=_say)
         else:
             _say("note: --upload-to is not needed: the runtime_env names no local files")
-    export = build_rayjob(loaded, submission, cluster=cluster, image=image, priority_class=priority_class)
+    export = build_rayjob(loaded, submission, cluster=cluster, image=image, priority_class=priority_class,
+                          multikueue=multikueue)
     if schedule is not None:
         export = build_raycronjob(export, schedule, time_zone)
         if zone_note:

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from rayjobs_agent.wire import RECORD_ENV_VAR, RETRY_ENV_VAR
+from jobs.kuberay import INT32_MAX, DeletionRule
 from jobs.loader import LoadedSpec
 from rayjobs_agent.storage_location import uri_scheme
 from jobs.secrets import SecretMask, secret_names
@@ -37,10 +38,11 @@ CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 MAX_RAYJOB_NAME_LENGTH = 47
 MAX_RAYCLUSTER_NAME_LENGTH = 53
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-INT32_MAX = 2**31 - 1
 # Kueue's labels: the LocalQueue a workload joins, and its WorkloadPriorityClass.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# The managedBy value that hands a RayJob to MultiKueue, which runs it on a worker cluster of its choosing.
+MULTIKUEUE_MANAGER = "kueue.x-k8s.io/multikueue"
 KUBERNETES_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # Time to read logs and inspect the cluster after the job ends, before the operator deletes it.
@@ -81,7 +83,7 @@ def ray_image(ray_version: str, python: tuple[int, int], gpu: bool) -> str:
 
 
 def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str | None = None,
-                 image: str | None = None, priority_class: str | None = None) -> Export:
+                 image: str | None = None, priority_class: str | None = None, multikueue: bool = False) -> Export:
     """The RayJob manifest for a validated spec and the submission ``build_submission`` made of it.
 
     Args:
@@ -90,17 +92,21 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
         cluster: an existing RayCluster to run on (``clusterSelector``); default: a cluster of the job's own.
         image: the container image of that own cluster; default: ``rayproject/ray`` for this Ray and Python.
         priority_class: the Kueue WorkloadPriorityClass of a queued spec (``kueue.x-k8s.io/priority-class``).
+        multikueue: hand the queued RayJob to MultiKueue (``managedBy: kueue.x-k8s.io/multikueue``).
 
     Returns:
         The manifest, with notes (choices made) and warnings (spec fields KubeRay cannot honour).
 
     Raises:
-        BadInput: the runtime_env still names local paths, or a name KubeRay refuses.
+        BadInput: the runtime_env still names local paths, a name KubeRay refuses, or a combination of queue,
+            deletion rules, --cluster and --multikueue that Kueue or KubeRay would refuse or never run.
     """
     spec = loaded.spec
     check_rayjob_name(spec.name)
     if cluster is not None:
         check_cluster_name(cluster)
+    check_queue_and_cleanup(loaded, on_existing_cluster=cluster is not None, multikueue=multikueue)
+    deletion_rules = spec.kuberay.deletion_rules if spec.kuberay is not None else None
     runtime_env = copy.deepcopy(submission.get("runtime_env") or {})
     unshipped = local_runtime_paths(runtime_env)
     if unshipped:
@@ -155,25 +161,32 @@ def build_rayjob(loaded: LoadedSpec, submission: dict[str, Any], *, cluster: str
     else:
         if spec.max_retries and not retried_in_place:
             job["backoffLimit"] = spec.max_retries
-        job["shutdownAfterJobFinishes"] = True
-        job["ttlSecondsAfterFinished"] = TTL_AFTER_FINISHED_S
+        # KubeRay refuses shutdownAfterJobFinishes (and so a TTL) beside deletion rules: the rules replace both.
+        if not deletion_rules:
+            job["shutdownAfterJobFinishes"] = True
+            job["ttlSecondsAfterFinished"] = TTL_AFTER_FINISHED_S
         job["rayClusterSpec"] = _cluster_spec(loaded, image, result)
         if (where := _local_record_location(runtime_env)) is not None:
+            when = "as kuberay.deletion_rules say" if deletion_rules else f"{TTL_AFTER_FINISHED_S} s after the job ends"
             result.warnings.append(f"the run record goes to {where} in the head pod, which is deleted with the "
-                                   f"cluster {TTL_AFTER_FINISHED_S} s after the job ends: set record_path (or the "
-                                   "workload's storage_path) to s3://BUCKET/PREFIX to keep it")
+                                   f"cluster {when}: set record_path (or the workload's storage_path) to "
+                                   "s3://BUCKET/PREFIX to keep it")
+    if deletion_rules:
+        job["deletionStrategy"] = deletion_strategy(deletion_rules, cluster is not None, result)
+    job.update(kueue_control(loaded, cluster is not None, multikueue, result))
     result.warnings += _unmapped_fields(loaded, cluster is not None, retried_in_place)
     result.notes += _workload_path_notes(loaded)
     result.manifest = {
         "apiVersion": RAYJOB_API_VERSION,
         "kind": "RayJob",
-        "metadata": {"name": spec.name, **kueue_labels(loaded, priority_class, result)},
+        "metadata": {"name": spec.name, **kueue_labels(loaded, priority_class, result, cluster is not None)},
         "spec": job,
     }
     return result
 
 
-def kueue_labels(loaded: LoadedSpec, priority_class: str | None, result: Export) -> dict[str, Any]:
+def kueue_labels(loaded: LoadedSpec, priority_class: str | None, result: Export,
+                 on_existing_cluster: bool = False) -> dict[str, Any]:
     """Where Kueue reads a spec's queue: ``labels`` with the LocalQueue and, if given, the priority class.
 
     On Kubernetes, Kueue admits a RayJob (it creates it suspended and lets it go when its queue has room);
@@ -193,8 +206,86 @@ def kueue_labels(loaded: LoadedSpec, priority_class: str | None, result: Export)
     elif spec.priority:
         result.warnings.append(f"priority {spec.priority} is not exported: Kueue orders by a WorkloadPriorityClass; "
                                "give its name with --priority-class")
-    result.notes.append(f"Kueue admits this RayJob through LocalQueue {spec.queue} (label {KUEUE_QUEUE_LABEL})")
+    if on_existing_cluster:
+        result.warnings.append(f"Kueue does not queue a RayJob that runs on an existing cluster (--cluster): it "
+                               f"starts at once, whatever LocalQueue {spec.queue} holds")
+    else:
+        result.notes.append(f"Kueue admits this RayJob through LocalQueue {spec.queue} (label {KUEUE_QUEUE_LABEL})")
     return {"labels": labels}
+
+
+def check_queue_and_cleanup(loaded: LoadedSpec, *, on_existing_cluster: bool, multikueue: bool) -> None:
+    """Raise BadInput where the spec's queue, its ``kuberay.deletion_rules``, ``--cluster`` and ``--multikueue``
+    make a RayJob that Kueue or KubeRay would refuse, or that nothing would ever run.
+
+    Cheap and local, so the command runs it before uploading anything.
+    """
+    spec = loaded.spec
+    deletion_rules = spec.kuberay.deletion_rules if spec.kuberay is not None else None
+    if multikueue and spec.queue is None:
+        raise BadInput("--multikueue needs a queued spec: set queue: NAME in it (the Kueue LocalQueue whose "
+                       "ClusterQueue has the MultiKueue admission check). KubeRay leaves alone a RayJob that names "
+                       "another manager, so without a queue nothing would ever run it")
+    if multikueue and on_existing_cluster:
+        raise BadInput("--multikueue cannot go with --cluster: Kueue does not manage a RayJob that runs on an "
+                       "existing cluster, and KubeRay leaves alone one that names another manager, so nothing would "
+                       "ever run it. Leave out --cluster (the worker cluster MultiKueue picks then gets a RayJob "
+                       "with a cluster of its own) or --multikueue")
+    if deletion_rules and spec.queue is not None and not on_existing_cluster:
+        raise BadInput(f"kuberay.deletion_rules cannot go with queue ({spec.queue}): Kueue admits a RayJob only "
+                       "with shutdownAfterJobFinishes: true, so that the cluster's quota is freed when the job ends, "
+                       "and KubeRay refuses shutdownAfterJobFinishes beside deletionRules. Remove one of the two "
+                       "from the spec")
+    if deletion_rules and on_existing_cluster:
+        owned = sorted({rule.policy for rule in deletion_rules if rule.policy in ("DeleteWorkers", "DeleteCluster")})
+        if owned:
+            raise BadInput(f"kuberay.deletion_rules say {' and '.join(owned)}, which KubeRay refuses for a RayJob on "
+                           "an existing cluster (--cluster): that cluster is not the RayJob's to delete. Keep only "
+                           "DeleteSelf and DeleteNone rules, or leave out --cluster")
+
+
+def deletion_strategy(rules: list[DeletionRule], on_existing_cluster: bool, result: Export) -> dict[str, Any]:
+    """The RayJob's ``deletionStrategy`` for a spec's ``kuberay.deletion_rules`` (checked by the spec model)."""
+    written = []
+    for rule in rules:
+        condition: dict[str, Any] = ({"jobStatus": rule.job_status} if rule.job_status is not None
+                                     else {"jobDeploymentStatus": rule.job_deployment_status})
+        written.append({"condition": {**condition, "ttlSeconds": rule.after_s}, "policy": rule.policy})
+    result.notes.append("deletionRules take effect only where KubeRay's operator has its RayJobDeletionPolicy "
+                        "feature gate on (--feature-gates=RayJobDeletionPolicy=true): without it, the operator "
+                        "refuses the RayJob")
+    if not on_existing_cluster:
+        # A RayJob's deployment fails when its Ray job fails, so a job_deployment_status rule covers FAILED too.
+        ends = {"SUCCEEDED": [rule for rule in rules if rule.job_status == "SUCCEEDED"],
+                "FAILED": [rule for rule in rules if rule.job_status == "FAILED" or rule.job_deployment_status]}
+        kept = [end for end, covering in ends.items()
+                if not any(rule.policy in ("DeleteCluster", "DeleteSelf") for rule in covering)]
+        if kept:
+            result.warnings.append(f"no deletion rule deletes the cluster of a job that ends {' or '.join(kept)}: "
+                                   "its pods (and what they cost) stay until you delete the RayJob")
+    return {"deletionRules": written}
+
+
+def kueue_control(loaded: LoadedSpec, on_existing_cluster: bool, multikueue: bool, result: Export) -> dict[str, Any]:
+    """The RayJob fields through which Kueue takes a queued spec over: ``suspend``, and ``managedBy`` on request.
+
+    Kueue lets a suspended RayJob go when its queue admits it; created suspended, the RayJob cannot start
+    outside the quota even for a moment. With ``multikueue``, the RayJob applied on a MultiKueue manager cluster
+    is left alone by KubeRay there and runs on the worker cluster MultiKueue picks. Kueue does not manage a RayJob
+    on an existing cluster (and KubeRay cannot suspend one), so that gets neither.
+    """
+    spec = loaded.spec
+    if spec.queue is None or on_existing_cluster:
+        return {}
+    fields: dict[str, Any] = {"suspend": True}
+    result.notes.append(f"the RayJob is created suspended: Kueue lets it go when LocalQueue {spec.queue} admits it "
+                        "(where Kueue does not manage RayJobs, it stays suspended)")
+    if multikueue:
+        fields["managedBy"] = MULTIKUEUE_MANAGER
+        result.notes.append(f"managedBy {MULTIKUEUE_MANAGER}: apply it on the MultiKueue manager cluster, where the "
+                            f"ClusterQueue of LocalQueue {spec.queue} has a MultiKueue admission check; it runs on "
+                            "the worker cluster MultiKueue picks, and managedBy cannot change after creation")
+    return fields
 
 
 def check_rayjob_name(name: str) -> None:

@@ -156,6 +156,10 @@ def build_raycronjob(rayjob: Export, schedule: str, time_zone: str | None) -> Ex
     template["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=False, default_flow_style=False, width=2**20)
     result.notes.append("each scheduled run is a new run: its run folder (and its MLflow run) is named after its "
                         "submission")
+    if template.pop("suspend", False):
+        # The RayCronJob controller labels a RayJob it creates with its own name only: Kueue never sees it.
+        result.warnings.append("Kueue does not queue the scheduled runs: the RayCronJob gives the RayJobs it creates "
+                               "none of its labels, so each is created unsuspended and starts at once")
     if "jobId" in template:
         # Ray refuses a submission id it already holds, and the run record is named after it.
         result.warnings.append(f"submission_id ({template.pop('jobId')}) is dropped: every scheduled run would "

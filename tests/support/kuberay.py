@@ -21,6 +21,9 @@ RAYCRONJOB_CRD = KUBERAY_DIR / "ray.io_raycronjobs.yaml"
 KUBERAY_SAMPLES = KUBERAY_DIR / "samples"
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MANAGERS = {"ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue"}
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+DELETION_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")
 
 
 @lru_cache(maxsize=None)  # parsing a CRD takes over a second
@@ -75,6 +78,12 @@ def assert_operator_rules(manifest: dict[str, Any]) -> None:
     if spec.get("suspend"):
         assert spec.get("shutdownAfterJobFinishes") and not selected
     assert spec.get("submissionMode", "K8sJobMode") in SUBMISSION_MODES
+    # The CRD's x-kubernetes-validations (CEL), which a JSON-Schema validator skips.
+    if "managedBy" in spec:
+        assert spec["managedBy"] in MANAGERS, f"managedBy {spec['managedBy']} is not a manager KubeRay knows"
+    if "deletionStrategy" in spec:
+        _assert_deletion_rules(spec, bool(selected))
+    _assert_kueue_rules(manifest)
     if "runtimeEnvYAML" in spec:
         assert isinstance(yaml.safe_load(spec["runtimeEnvYAML"]), dict)
     if "entrypointResources" in spec:
@@ -88,6 +97,39 @@ def assert_operator_rules(manifest: dict[str, Any]) -> None:
         for group in cluster.get("workerGroupSpecs", []):
             assert group["template"]["spec"]["containers"]
             assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+
+
+def _assert_deletion_rules(spec: dict[str, Any], selected: bool) -> None:
+    """The CRD's CEL rules on ``deletionStrategy`` and the operator's ``validateDeletionRules``."""
+    strategy = spec["deletionStrategy"]
+    legacy = "onSuccess" in strategy or "onFailure" in strategy
+    assert legacy != ("deletionRules" in strategy), "either onSuccess and onFailure, or deletionRules"
+    if legacy:
+        assert "onSuccess" in strategy and "onFailure" in strategy
+        return
+    assert spec.get("shutdownAfterJobFinishes") is not True, "shutdownAfterJobFinishes and deletionRules exclude"
+    ttls: dict[tuple[str, str], dict[str, int]] = {}
+    for rule in strategy["deletionRules"]:
+        condition = rule["condition"]
+        assert ("jobStatus" in condition) != ("jobDeploymentStatus" in condition), "one condition per rule"
+        assert not (selected and rule["policy"] in ("DeleteWorkers", "DeleteCluster"))
+        by_policy = ttls.setdefault((condition.get("jobStatus", ""), condition.get("jobDeploymentStatus", "")), {})
+        assert rule["policy"] not in by_policy, f"duplicate rule {rule}"
+        by_policy[rule["policy"]] = condition.get("ttlSeconds", 0)
+    for by_policy in ttls.values():
+        ordered = [by_policy[policy] for policy in DELETION_ORDER if policy in by_policy]
+        assert ordered == sorted(ordered), f"TTLs out of KubeRay's deletion order: {by_policy}"
+
+
+def _assert_kueue_rules(manifest: dict[str, Any]) -> None:
+    """What Kueue's RayJob webhook refuses, and what no controller would ever run."""
+    spec = manifest["spec"]
+    queued = KUEUE_QUEUE_LABEL in (manifest["metadata"].get("labels") or {})
+    if queued and "rayClusterSpec" in spec:
+        assert spec.get("shutdownAfterJobFinishes") is True, "a kueue managed job should delete the cluster"
+    if spec.get("managedBy") == "kueue.x-k8s.io/multikueue":
+        # KubeRay leaves it alone; only Kueue, through its queue, and with a cluster of the job's own, runs it.
+        assert queued and "rayClusterSpec" in spec, "a MultiKueue RayJob needs a queue and a cluster of its own"
 
 
 def export(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any] | None, str]:
