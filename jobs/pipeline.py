@@ -162,18 +162,28 @@ def graph_problems(after: dict[str, list[str]]) -> list[tuple[FieldPath, str]]:
 
 def topological_order(after: dict[str, list[str]]) -> list[str]:
     """The names, each after every name it runs after; ties by name (a graph without cycles)."""
-    placed: list[str] = []
+    return [name for layer in topological_layers(after) for name in layer]
+
+
+def topological_layers(after: dict[str, list[str]]) -> list[list[str]]:
+    """The names in layers: each layer runs after the ones before it only, each name in the first layer it can be in;
+    sorted by name within a layer.
+
+    Raises:
+        ValueError: some of the names run after each other in a cycle (or after a name not in ``after``).
+    """
+    layers: list[list[str]] = []
     done: set[str] = set()
     remaining = dict(after)
     while remaining:
         ready = sorted(name for name, before in remaining.items() if all(other in done for other in before))
         if not ready:
             raise ValueError(f"the jobs {sorted(remaining)} run after each other in a cycle")
+        layers.append(ready)
+        done.update(ready)
         for name in ready:
-            placed.append(name)
-            done.add(name)
             del remaining[name]
-    return placed
+    return layers
 
 
 def _a_cycle(after: dict[str, list[str]]) -> list[str]:
@@ -210,4 +220,5 @@ def is_name(text: str) -> bool:
 
 
 __all__ = ["LoadedPipeline", "MAX_JOBS", "NAME_RULE", "PipelineError", "PipelineFile", "PipelineJob",
-           "graph_problems", "is_name", "is_pipeline_file", "job_id", "load_pipeline", "topological_order"]
+           "graph_problems", "is_name", "is_pipeline_file", "job_id", "load_pipeline", "topological_layers",
+           "topological_order"]

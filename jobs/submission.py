@@ -191,6 +191,18 @@ def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec:
     env_vars[RECORD_ENV_VAR] = ray_env_json(config)
 
 
+def link_record(submission: dict[str, Any], links: dict[str, Any]) -> None:
+    """Have the run record of ``submission`` (built by :func:`build_submission`) hold ``links`` among its fields:
+    what this run is part of (``{"pipeline": …}``), written by the job as it writes ``run.json``. A job that keeps
+    no record is left as it is."""
+    env_vars = (submission.get("runtime_env") or {}).get("env_vars") or {}
+    if RECORD_ENV_VAR not in env_vars:
+        return
+    config = json.loads(env_vars[RECORD_ENV_VAR])
+    config["links"] = {**(config.get("links") or {}), **links}
+    env_vars[RECORD_ENV_VAR] = ray_env_json(config)
+
+
 def run_folder(loaded: LoadedSpec, job_id: str, *, per_submission: bool = False) -> str:
     """Where job ``job_id`` of this spec keeps its run (its record, and a workload's outputs): by the agent's own
     rules, so that the client can tell a job of a pipeline where the jobs it runs after keep theirs.

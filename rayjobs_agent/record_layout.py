@@ -29,7 +29,7 @@ STACKS_FOLDER = f"{RECORD_DIR}/stacks"
 LOG_PART_SUFFIX = ".log"
 EVENT_PART_SUFFIX = ".jsonl"
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 SCHEMA_VERSION_FIELD = "schema_version"
 # ``format`` predates ``schema_version``; it is still written so that records read the same to older readers.
 FORMAT_FIELD = "format"
@@ -37,6 +37,7 @@ FORMAT_VERSION = 1
 ATTEMPTS_FIELD = "attempts"
 RERUN_OF_FIELD = "rerun_of"
 RERUNS_FIELD = "reruns"
+PIPELINE_FIELD = "pipeline"
 
 
 def default_run_dir(config: Mapping[str, Any], job_metadata: Mapping[str, Any]) -> str:
@@ -116,6 +117,8 @@ RUN_FIELDS = (
     Field("record_health", ("object",), "failed_uploads, retried, waiting, lost, last_error"),
     Field(RERUN_OF_FIELD, ("string",), "the run this one reruns (rayjobs rerun)"),
     Field(RERUNS_FIELD, ("array",), "the runs that rerun this one"),
+    Field(PIPELINE_FIELD, ("object",), "the pipeline run this run is a job of: run (its id), job (this job's name in "
+                                       "it), after (each job it ran after: name -> run folder) (1.3)"),
     Field(ATTEMPTS_FIELD, ("array",), "every attempt of the run, oldest first"),
 )
 REQUIRED_FIELDS = ("status", ATTEMPTS_FIELD)
@@ -147,6 +150,12 @@ def json_schema() -> dict[str, Any]:
     properties["notes"]["items"] = {"type": "string"}
     properties[RERUNS_FIELD]["items"] = {"type": "string"}
     properties[ATTEMPTS_FIELD]["items"] = attempt
+    properties[PIPELINE_FIELD].update(
+        properties={"run": {"type": "string", "description": "the pipeline run's id"},
+                    "job": {"type": "string", "description": "this job's name in the pipeline"},
+                    "after": {"type": "object", "additionalProperties": {"type": "string"},
+                              "description": "each job this one ran after, by name: its run folder"}},
+        required=["run", "job"], additionalProperties=True)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "rayjobs run record (run.json)",
             "description": f"schema_version {SCHEMA_VERSION}", "type": "object", "properties": properties,
             "required": list(REQUIRED_FIELDS), "additionalProperties": True}
@@ -176,7 +185,8 @@ def unreadable_version(document: dict[str, Any]) -> str | None:
             "upgrade rayjobs to read it")
 
 
-__all__ = ["ATTEMPTS_FIELD", "ATTEMPT_FIELDS", "EVENTS_FOLDER", "EVENT_PART_SUFFIX", "FORMAT_FIELD", "FORMAT_VERSION",
-           "LOGS_FOLDER", "LOG_PART_SUFFIX", "RECORD_DIR", "RECORD_ENV_VAR", "RERUNS_FIELD", "RERUN_OF_FIELD",
-           "RUN_FIELDS", "RUN_FIELD_NAMES", "RUN_FILE", "SCHEMA_VERSION", "SCHEMA_VERSION_FIELD", "STACKS_FOLDER",
-           "event_folder", "json_schema", "log_folder", "schema_major", "unreadable_version"]
+__all__ = ["ATTEMPTS_FIELD", "ATTEMPT_FIELDS", "EVENTS_FOLDER", "EVENT_PART_SUFFIX", "FORMAT_FIELD",
+           "FORMAT_VERSION", "LOGS_FOLDER", "LOG_PART_SUFFIX", "PIPELINE_FIELD", "RECORD_DIR", "RECORD_ENV_VAR",
+           "RERUNS_FIELD", "RERUN_OF_FIELD", "RUN_FIELDS", "RUN_FIELD_NAMES", "RUN_FILE", "SCHEMA_VERSION",
+           "SCHEMA_VERSION_FIELD", "STACKS_FOLDER", "event_folder", "json_schema", "log_folder", "schema_major",
+           "unreadable_version"]

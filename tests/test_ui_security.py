@@ -276,4 +276,4 @@ def test_the_static_files_are_found_through_the_installed_package():
     shipped = {entry.name for entry in resources.files("runner.ui").joinpath("static").iterdir()}
     assert {"app.js", "app.css"} <= shipped and set(pages.static_files()) == {"app.js", "app.css"}
     assert {entry.name for entry in resources.files("runner.ui").joinpath("templates").iterdir()} == {
-        "page.html", "runs.html", "run.html", "compare.html"}
+        "page.html", "runs.html", "run.html", "compare.html", "pipeline.html"}

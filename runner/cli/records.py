@@ -33,15 +33,25 @@ def is_run_location(text: str) -> bool:
 def runs(
     location: Annotated[str, typer.Argument(metavar="LOCATION", help="A folder of runs, local or s3://BUCKET/PREFIX "
                                             "(a storage_path or record_path).")] = DEFAULT_RECORD_PATH,
+    pipeline: Annotated[str | None, typer.Option("--pipeline", metavar="RUN", help="Show one pipeline run instead: "
+                                                 "its jobs layer by layer, what each ran after, its status and run "
+                                                 "folder (RUN: the id `rayjobs submit PIPELINE.yaml` printed).",
+                                                 show_default=False)] = None,
     output: OutputOption = "text",
 ) -> None:
-    """List the runs recorded in LOCATION, newest first (no cluster needed)."""
+    """List the runs recorded in LOCATION, newest first, or one pipeline run's graph (no cluster needed)."""
     from runner.records.report import listed_run, runs_table
     from runner.records.store import Folder, list_runs
 
     check_output(output)
     folder = Folder(location)
     found = list_runs(folder)
+    if pipeline is not None:
+        from runner.records.pipeline import graph_text, pipeline_graph
+
+        graph = pipeline_graph(found, pipeline)
+        typer.echo(json.dumps(graph, indent=2) if output == "json" else graph_text(graph))
+        return
     if output == "json":
         typer.echo(json.dumps([listed_run(run_folder, document) for run_folder, document in found], indent=2))
         return

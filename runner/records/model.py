@@ -6,10 +6,11 @@ The model is the published schema (``rayjobs_agent/record_layout.json_schema()``
 a number is a finite one, and nothing is coerced, so a record that passes is the very document that was read.
 Fields the model does not know are kept (a newer minor version adds them).
 
-Two rules hold besides the types, because readers build on them:
+Three rules hold besides the types, because readers build on them:
 
 - an attempt's ``submission_id`` names the folders of its log and events inside the run's folder, so it must be
   one folder's name (:func:`name_problem`): ``../../etc`` never reaches a path;
+- a pipeline job's run id and job names (``pipeline``) are one name each, as a submission id is;
 - the spec's secrets are found by ``runtime_env.env_vars`` and ``secret_env_vars``; a spec whose secrets cannot
   be found cannot be masked, and so is not shown.
 
@@ -24,7 +25,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from rayjobs_agent.record_layout import ATTEMPTS_FIELD, json_schema
+from rayjobs_agent.record_layout import ATTEMPTS_FIELD, PIPELINE_FIELD, json_schema
 
 # A file or folder name longer than this cannot exist on the filesystems records live on (Linux's NAME_MAX).
 MAX_NAME_BYTES = 255
@@ -83,6 +84,12 @@ def _one_name(value: str) -> str:
     return value
 
 
+def _no_control_character(value: str) -> str:
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ValueError("which holds a control character")
+    return value
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -104,6 +111,12 @@ class RecordedSpec(_Record):
 _REFINED: dict[tuple[str, ...], Any] = {
     (ATTEMPTS_FIELD, "submission_id"): Annotated[str, AfterValidator(_one_name)],
     ("spec",): RecordedSpec | None,
+    # A pipeline's run id and job names are printed, matched against a URL and drawn: one name each, and the run
+    # folders of the jobs it ran after are shown as they are, so never with a terminal's control characters.
+    (PIPELINE_FIELD, "run"): Annotated[str, AfterValidator(_one_name)],
+    (PIPELINE_FIELD, "job"): Annotated[str, AfterValidator(_one_name)],
+    (PIPELINE_FIELD, "after"): dict[Annotated[str, AfterValidator(_one_name)],
+                                    Annotated[str, AfterValidator(_no_control_character)]] | None,
 }
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "object": dict[str, Any], "array": list[Any],
                                "null": None, "boolean": bool,

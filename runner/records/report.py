@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.secrets import SecretMask, job_mask, mask_url_userinfo, masked_runtime_env, masked_strings
+from rayjobs_agent.record_layout import PIPELINE_FIELD
 from rayjobs_agent.resources import ResourceUsage, totals_lines
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table
@@ -56,7 +57,7 @@ def listed_run(folder: Folder, document: dict[str, Any], now: float | None = Non
             "name": document.get("name"), "started": document.get("started"), "ended": document.get("ended"),
             "duration_s": run_duration_s(document, now), "attempts": len(document.get("attempts") or []),
             "iterations": document.get("iterations"), "metrics": document.get("metrics"),
-            "error": document.get("error")}
+            "error": document.get("error"), "pipeline": pipeline_of(document)}
 
 
 def masked_record(document: dict[str, Any]) -> dict[str, Any]:
@@ -84,14 +85,32 @@ def masked_log(text: str) -> str:
     return mask_url_userinfo(text)
 
 
+def pipeline_of(document: dict[str, Any]) -> dict[str, Any] | None:
+    """What a run's record says of the pipeline run it is a job of (``run``, ``job``, ``after``); None for a run of
+    no pipeline, or a record that cannot be read."""
+    if document.get("status") == UNREADABLE:
+        return None
+    link = document.get(PIPELINE_FIELD)
+    return link if isinstance(link, dict) else None
+
+
+def pipeline_label(document: dict[str, Any]) -> str:
+    """``RUN/JOB`` for a job of a pipeline run, ``-`` for any other run: the ``runs`` table's PIPELINE column."""
+    link = pipeline_of(document)
+    return f"{link['run']}/{link['job']}" if link else "-"
+
+
 def runs_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:
-    """``RUN STATUS STARTED DURATION ATTEMPTS METRICS``, one row per run, in the order given."""
+    """``RUN STATUS STARTED DURATION ATTEMPTS METRICS``, one row per run, in the order given; with ``PIPELINE``
+    (``RUN/JOB``) after ``RUN`` when any of them is a job of a pipeline."""
     now = time.time()
-    rows = [("RUN", "STATUS", "STARTED", "DURATION", "ATTEMPTS", "METRICS")]
+    in_pipelines = any(pipeline_of(document) for _, document in runs)
+    rows = [("RUN", *(("PIPELINE",) if in_pipelines else ()), "STATUS", "STARTED", "DURATION", "ATTEMPTS", "METRICS")]
     for folder, document in runs:
         status = run_status(document, now)
-        rows.append((folder.name, status, when(document.get("started")),
-                     format_duration(run_duration_s(document, now)), str(len(document.get("attempts") or [])),
+        rows.append((folder.name, *((pipeline_label(document),) if in_pipelines else ()), status,
+                     when(document.get("started")), format_duration(run_duration_s(document, now)),
+                     str(len(document.get("attempts") or [])),
                      metrics_text(document.get("metrics")) if status != UNREADABLE else document.get("error", "")))
     return plain_table(rows)
 
@@ -179,6 +198,12 @@ def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float 
         ("progress", ", ".join(progress)),
         ("metrics", metrics_text(document.get("metrics"))),
     ]
+    link = pipeline_of(document)
+    if link:
+        runs_here = folder.location.rstrip("/").rpartition("/")[0] or folder.location
+        rows.append(("pipeline", f"job {link['job']} of run {link['run']}, after "
+                                 f"{', '.join(sorted(link.get('after') or {})) or 'no other job'} "
+                                 f"(the graph: rayjobs runs {runs_here} --pipeline {link['run']})"))
     width = max(len(label) for label, _ in rows) + 1
     lines = [f"{label + ':':<{width}} {value}" for label, value in rows]
     lines.append("attempts:")

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from jobs.pipeline import job_id as pipeline_job_id
 from jobs.queueing import queue_grows, queue_needs
-from jobs.submission import AGENT_PACKAGE_DIR, build_submission, run_folder
+from jobs.submission import AGENT_PACKAGE_DIR, build_submission, link_record, run_folder
 from rayjobs_agent.queueing import awaits_next_attempt
+from rayjobs_agent.record_layout import PIPELINE_FIELD
 from rayjobs_agent.wire import (AFTER_ENV_VAR, METADATA_ATTEMPT, METADATA_PARENT, METADATA_PIPELINE,
                                 RUN_PER_SUBMISSION_ENV_VAR, after_variable, ray_env_json)
 from runner.client.queue import ClusterQueue
@@ -71,6 +72,9 @@ def submit_pipeline(client: JobsApi, loaded: LoadedPipeline, say: Callable[[str]
         # Each run of the pipeline is a run of its own: its jobs' run folders are named after their ids.
         env_vars[RUN_PER_SUBMISSION_ENV_VAR] = "1"
         before = loaded.after[name]
+        # Its record names the run and the jobs before it, so that the records alone draw the pipeline's graph.
+        link_record(submission, {PIPELINE_FIELD: {"run": run_id, "job": name,
+                                                  "after": {other: folders[other] for other in before}}})
         if before:
             env_vars[AFTER_ENV_VAR] = ray_env_json({other: folders[other] for other in before})
             env_vars.update({after_variable(other): folders[other] for other in before})

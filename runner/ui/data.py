@@ -17,6 +17,7 @@ from rayjobs_agent.wording import format_duration, format_value
 from runner.errors import BadInput, JobNotFound
 from runner.follow.progress import shown_metrics
 from runner.records.model import name_problem
+from runner.records.pipeline import pipeline_graph
 from runner.records.report import LOST, counted_events, listed_run, masked_record, masked_values, run_status
 from runner.records.store import UNREADABLE, Folder, attempt_events, list_runs, read_run
 from runner.ui.log_pages import log_parts, page_count, search_log
@@ -149,6 +150,24 @@ def run_detail(records: Records, name: str, now: float | None = None) -> dict[st
             "provenance": _provenance(shown), "notes": shown.get("notes") or [],
             "record_health": shown.get("record_health"), "rerun_of": shown.get("rerun_of"),
             "reruns": shown.get("reruns") or [], "previous": _previous(records, folder, shown)}
+
+
+def pipeline_detail(records: Records, run_id: str) -> dict[str, Any]:
+    """A pipeline run's page: its graph as its jobs' records here draw it (:func:`pipeline_graph`), each job's
+    ``run`` the name its own page has, and whether any of them still runs.
+
+    Raises:
+        BadInput: ``run_id`` is no run id's name (a 400 to a browser).
+        JobNotFound: no record here is a job of that run (a 404 to a browser).
+    """
+    graph = pipeline_graph(records.runs(), run_id)
+    return {**graph, "location": records.location.location,
+            "live": any(job["status"] not in TERMINAL and job["run"] is not None for job in graph["jobs"])}
+
+
+def pipeline_runs(rows: list[dict[str, Any]]) -> list[str]:
+    """The pipeline runs the runs table's rows are jobs of, each once, in the rows' order."""
+    return list(dict.fromkeys(row["pipeline"]["run"] for row in rows if row.get("pipeline")))
 
 
 def submissions(document: dict[str, Any]) -> list[str]:

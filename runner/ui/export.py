@@ -1,9 +1,10 @@
 """``rayjobs ui --export DIR``: the same pages as files, their data inside them, to open from disk or keep as a
 CI artifact.
 
-``DIR/index.html`` (the runs), ``DIR/run/NAME.html`` (each run), ``DIR/compare.html?run=A&run=B`` (any of them
-side by side), ``DIR/run/NAME/log-SUBMISSION-N.txt`` (each log's pages, masked, as the served page shows them) and
-``DIR/static/`` (the pages' script and style, the files the server serves).
+``DIR/index.html`` (the runs), ``DIR/run/NAME.html`` (each run), ``DIR/compare.html?run=A&run=B`` (any of them side
+by side), ``DIR/pipeline/RUN.html`` (each pipeline run's graph), ``DIR/run/NAME/log-SUBMISSION-N.txt`` (each log's
+pages, masked, as the served page shows them) and ``DIR/static/`` (the pages' script and style, the files the server
+serves).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def export(records: data.Records, target: Path) -> dict[str, int]:
                 (logs / f"log-{log['submission_id']}-{page + 1}.txt").write_text(text, encoding="utf-8")
                 log_files += 1
         compared.append({key: detail[key] for key in (*row, "reports")})
+    for run_id in data.pipeline_runs(table["runs"]):
+        (target / "pipeline").mkdir(exist_ok=True)
+        page = pages.pipeline_page(run_id, embedded=data.pipeline_detail(records, run_id), base="../")
+        (target / "pipeline" / f"{run_id}.html").write_text(page, encoding="utf-8")
     (target / pages.STATIC_FOLDER).mkdir(exist_ok=True)
     for name in pages.static_files():
         (target / pages.STATIC_FOLDER / name).write_bytes(pages.static_file(name))

@@ -97,3 +97,9 @@ def run_page(name: str, embedded: Any = None, base: str = "") -> str:
 def compare_page(embedded: Any = None) -> str:
     """The page of runs side by side (which runs: the page's ``run=`` query parameters)."""
     return _document("compare", "Compare", embedded=embedded)
+
+
+def pipeline_page(run_id: str, embedded: Any = None, base: str = "") -> str:
+    """A pipeline run's page: its jobs' graph, each job linked to its run's page; exported, ``base`` leads back to the
+    export's top folder."""
+    return _document("pipeline", f"pipeline {run_id}", run=run_id, embedded=embedded, base=base)

@@ -1,9 +1,9 @@
 """``rayjobs ui``'s server: the pages and their JSON API over one location's records, on a standard-library
 HTTP server, with a token when it listens anywhere but loopback.
 
-Routes: ``/`` (runs), ``/run/NAME``, ``/compare?run=A&run=B``, ``/static/FILE`` (the pages' script and style);
-``/api/runs``, ``/api/run/NAME``, ``/api/run/NAME/log?attempt=SUBMISSION_ID&page=N&q=TEXT``,
-``/api/compare?run=A&run=B``, ``/api/search?q=TEXT``.
+Routes: ``/`` (runs), ``/run/NAME``, ``/compare?run=A&run=B``, ``/pipeline/RUN`` (a pipeline run's graph),
+``/static/FILE`` (the pages' script and style); ``/api/runs``, ``/api/run/NAME``, ``/api/pipeline/RUN``,
+``/api/run/NAME/log?attempt=SUBMISSION_ID&page=N&q=TEXT``, ``/api/compare?run=A&run=B``, ``/api/search?q=TEXT``.
 
 What a browser may ask, as Jupyter's and MLflow's servers decide it:
 
@@ -208,6 +208,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._html(pages.run_page(parts[1]), set_cookie)
         elif parts == ["compare"]:
             self._html(pages.compare_page(), set_cookie)
+        elif parts[0] == "pipeline" and len(parts) == 2:
+            self._html(pages.pipeline_page(parts[1]), set_cookie)
         elif parts[0] == pages.STATIC_FOLDER and len(parts) == 2 and parts[1] in pages.static_files():
             self._send(200, pages.static_file(parts[1]), pages.static_files()[parts[1]])
         elif parts == ["api", "runs"]:
@@ -217,6 +219,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif parts[:2] == ["api", "run"] and len(parts) == 4 and parts[3] == "log":
             self._json(self._log(parts[2], (first("attempt") or [""])[0], (first("page") or ["0"])[0],
                                  (first("q") or [""])[0]))
+        elif parts[:2] == ["api", "pipeline"] and len(parts) == 3:
+            self._json(data.pipeline_detail(records, parts[2]))
         elif parts == ["api", "compare"]:
             self._json(data.compare_data(records, query.get("run") or []))
         elif parts == ["api", "search"]:

@@ -20,6 +20,8 @@ async function api(path) {
   return body;
 }
 function runHref(name) { return EXPORT ? B.base + "run/" + encodeURIComponent(name) + ".html" : "/run/" + encodeURIComponent(name); }
+function pipelineHref(runId) { return EXPORT ? B.base + "pipeline/" + encodeURIComponent(runId) + ".html" : "/pipeline/" + encodeURIComponent(runId); }
+function pipelineLink(link) { return el("a", {class: "pipeline-link", href: pipelineHref(link.run)}, `pipeline ${link.run} · job ${link.job}`); }
 function compareHref(names) {
   const query = names.map(name => "run=" + encodeURIComponent(name)).join("&");
   return EXPORT ? B.base + "compare.html?" + query : "/compare?" + query;
@@ -113,7 +115,8 @@ function drawRuns() {
   for (const row of rows) {
     body.append(el("tr", {"data-run": row.run, "data-status": row.status},
       el("td", {}, el("input", {type: "checkbox", class: "pick", value: row.run})),
-      el("td", {}, el("a", {href: runHref(row.run)}, row.run), row.name && row.name !== row.run ? el("div", {class: "muted"}, row.name) : null),
+      el("td", {}, el("a", {href: runHref(row.run)}, row.run), row.name && row.name !== row.run ? el("div", {class: "muted"}, row.name) : null,
+        row.pipeline ? el("div", {}, pipelineLink(row.pipeline)) : null),
       el("td", {}, badge(row.status)),
       el("td", {class: "cause-cell", title: row.cause ? row.cause.text || "" : (row.error || "")},
          row.cause ? row.cause.cause : (row.status === "UNREADABLE" ? row.error : "")),
@@ -194,7 +197,7 @@ function drawRun(run) {
   $("#summary").replaceChildren(facts([["name", run.name], ["location", el("span", {class: "mono"}, run.location)],
     ["started", when(run.started)], ["ended", when(run.ended)], ["duration", run.duration], ["attempts", String(run.attempts.length)],
     ["metrics", run.metrics_text || "-"], ["queue", run.queue], ["where it ran", where(run)],
-    ["record schema", run.schema_version], ["rerun of", run.rerun_of]]), run.cause ? causeBox(run.cause) : "",
+    ["record schema", run.schema_version], ["rerun of", run.rerun_of], ["pipeline", run.pipeline ? pipelineLink(run.pipeline) : null]]), run.cause ? causeBox(run.cause) : "",
     ...(run.notes || []).map(note => el("p", {class: "muted note"}, typeof note === "string" ? note : JSON.stringify(note))));
   const metrics = curveMetrics([run.reports], 6);
   $("#curves").replaceChildren(...(metrics.length ? metrics.map(m => chart(m, [{label: "", points: curvePoints(run.reports, m)}], "epoch (or report)"))
@@ -333,5 +336,66 @@ async function comparePage() {
   await load();
 }
 
-const PAGES = {runs: runsPage, run: runPage, compare: comparePage};
+// ---- a pipeline run: its jobs as a graph, a column per layer, each node its job's status and a link to its run
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) if (value != null) node.setAttribute(key, value);
+  for (const child of children) node.append(child instanceof Node ? child : String(child));
+  return node;
+}
+// A name longer than a node is cut there; the node's tooltip holds it whole.
+function clipped(text, most) { return text.length > most ? text.slice(0, most - 1) + "…" : text; }
+function graph(pipeline) {
+  const NW = 180, NH = 46, GX = 70, GY = 18, PAD = 10;
+  const place = {};
+  pipeline.layers.forEach((layer, column) => layer.forEach((name, row) => { place[name] = {x: PAD + column * (NW + GX), y: PAD + row * (NH + GY)}; }));
+  const rows = Math.max(...pipeline.layers.map(layer => layer.length));
+  const W = PAD * 2 + pipeline.layers.length * NW + (pipeline.layers.length - 1) * GX, H = PAD * 2 + rows * NH + (rows - 1) * GY;
+  const drawing = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", id: "pipeline-graph"});
+  drawing.append(svg("defs", {}, svg("marker", {id: "arrow", viewBox: "0 0 8 8", refX: 8, refY: 4, markerWidth: 8, markerHeight: 8, orient: "auto"},
+    svg("path", {d: "M0,0 L8,4 L0,8 z", class: "arrowhead"}))));
+  for (const job of pipeline.jobs) for (const before of job.after) {
+    const from = place[before], to = place[job.job];
+    if (!from || !to) continue;
+    const x1 = from.x + NW, y1 = from.y + NH / 2, x2 = to.x, y2 = to.y + NH / 2, bend = (x2 - x1) / 2;
+    drawing.append(svg("path", {class: "edge", "data-from": before, "data-to": job.job, "marker-end": "url(#arrow)",
+      d: `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`}));
+  }
+  for (const job of pipeline.jobs) {
+    const at = place[job.job];
+    const node = svg("g", {class: "node s-" + job.status, "data-job": job.job, "data-status": job.status, transform: `translate(${at.x},${at.y})`},
+      svg("title", {}, `${job.job}: ${job.status}` + (job.location ? ` (${job.location})` : "")),
+      svg("rect", {width: NW, height: NH, rx: 6}),
+      svg("text", {x: 10, y: 19, class: "job"}, clipped(job.job, 22)),
+      svg("text", {x: 10, y: 36, class: "state"}, job.status));
+    drawing.append(job.run ? svg("a", {href: runHref(job.run), "data-run": job.run}, node) : node);
+  }
+  return drawing;
+}
+function drawPipeline(pipeline) {
+  document.title = `pipeline ${pipeline.pipeline} · rayjobs ui`;
+  $("#title").replaceChildren(`pipeline ${pipeline.pipeline}`);
+  $("#where").textContent = pipeline.location;
+  $("#live").textContent = pipeline.live && !EXPORT ? "a job is going: refreshing" : "";
+  $("#summary").replaceChildren(facts([["jobs", String(pipeline.jobs.length)], ["layers", String(pipeline.layers.length)]]),
+    pipeline.problem ? el("p", {class: "cause"}, pipeline.problem) : "");
+  $("#graph").replaceChildren(graph(pipeline));
+  const table = el("table", {id: "jobs-table"}, el("tr", {}, ...["Layer", "Job", "After", "Status", "Run"].map(h => el("th", {}, h))));
+  for (const job of pipeline.jobs) table.append(el("tr", {"data-job": job.job}, el("td", {class: "num"}, String(job.layer)), el("td", {}, job.job),
+    el("td", {}, job.after.join(", ") || "-"), el("td", {}, badge(job.status)),
+    el("td", {class: "mono"}, job.run ? el("a", {href: runHref(job.run)}, job.run) : (job.location || "-"))));
+  $("#jobs").replaceChildren(table);
+}
+async function pipelinePage() {
+  const path = "/api/pipeline/" + encodeURIComponent(B.run);
+  const load = async () => {
+    const pipeline = EXPORT ? embedded() : await api(path);
+    drawPipeline(pipeline);
+    if (pipeline.live && !EXPORT) setTimeout(() => load().catch(fail), REFRESH_MS);
+  };
+  await load();
+}
+
+const PAGES = {runs: runsPage, run: runPage, compare: comparePage, pipeline: pipelinePage};
 PAGES[B.page]().then(() => { document.body.dataset.ready = "1"; }).catch(fail);
