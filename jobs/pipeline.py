@@ -13,6 +13,9 @@ jobs:
   evaluate:
     spec: specs/evaluate.yaml
     after: [train-small]
+notify:                      # optional: one message when the whole run has ended
+  - url: slack://TOKEN_A/TOKEN_B/TOKEN_C
+    on: [failed, stopped]
 ```
 
 It is checked as strictly as a spec before anything is sent: unknown fields and job names, a job that runs after
@@ -31,8 +34,10 @@ from pydantic import AfterValidator, Field, ValidationError
 
 from jobs.errors import FieldPath, SpecError, did_you_mean
 from jobs.loader import LoadedSpec, Locator, load_spec
+from jobs.notify import NotifyTarget
 from jobs.strict import StrictModel
 from jobs.yaml_reader import read_yaml_mapping
+from rayjobs_agent.notify import END_EVENTS
 
 # A pipeline's or a job's name: part of every job id of the pipeline (``PIPELINE-RUN-JOB``), which a Ray job id and a
 # key of the cluster's store must hold, with room for the id of a next attempt.
@@ -49,6 +54,17 @@ def _not_an_attempts_name(name: str) -> str:
     if _ATTEMPT_SUFFIX.search(name):
         raise ValueError(f"a job's name may not end like the id of a retried job's next attempt ('-attempt{name.rsplit('attempt', 1)[1]}')")
     return name
+
+
+def _a_run_end_event(target: NotifyTarget) -> NotifyTarget:
+    # A run's end is all a pipeline notifies of: a job's own news (a stall, a retry) comes from its own spec.
+    ends = list(END_EVENTS.values())
+    others = [event for event in target.on if event not in ends]
+    if others:
+        raise ValueError(f"on: {', '.join(others)} {'is an event' if len(others) == 1 else 'are events'} of one job; a "
+                         f"pipeline notifies once, when its run ends ({', '.join(ends)}): put it in the notify of "
+                         "the job's spec")
+    return target
 
 
 JobName = Annotated[str, Field(pattern=NAME_PATTERN, description=f"The job's name in the pipeline: {NAME_RULE}, not "
@@ -72,6 +88,12 @@ class PipelineFile(StrictModel):
                           "`queue:` of their own wait in a queue of this name.")
     jobs: dict[JobName, PipelineJob] = Field(min_length=1, max_length=MAX_JOBS,
                                              description="The jobs, by name.")
+    notify: list[Annotated[NotifyTarget, AfterValidator(_a_run_end_event)]] | None = Field(
+        None, description="Where one message goes when the whole run has ended (Apprise URLs, as a spec's `notify`), "
+        "and on which ends: succeeded, failed (a job failed, or was not run for one that did), stopped. It names "
+        "the run, each job that failed with its cause, and the jobs not run. Sent by the queue's keeper on the "
+        "cluster, so it works with --no-wait; needs Apprise in the head node's Python (the cluster's image), where the "
+        "keeper runs. Each job still sends its own spec's.")
 
 
 @dataclass
@@ -83,6 +105,7 @@ class LoadedPipeline:
     name: str
     jobs: dict[str, LoadedSpec] = field(default_factory=dict)
     after: dict[str, list[str]] = field(default_factory=dict)
+    notify: list[NotifyTarget] | None = None
 
     @property
     def order(self) -> list[str]:
@@ -123,7 +146,8 @@ def load_pipeline(path: str | Path) -> LoadedPipeline:
         raise PipelineError([locate.error(exc, PipelineFile)]) from None
     problems = graph_problems({name: job.after for name, job in pipeline.jobs.items()})
     errors = [SpecError(str(path), [locate.problem(where, message) for where, message in problems])] if problems else []
-    loaded = LoadedPipeline(path, pipeline.pipeline, after={name: list(job.after) for name, job in pipeline.jobs.items()})
+    loaded = LoadedPipeline(path, pipeline.pipeline, notify=pipeline.notify,
+                            after={name: list(job.after) for name, job in pipeline.jobs.items()})
     for name, job in pipeline.jobs.items():
         spec_path = (path.parent / job.spec)
         try:

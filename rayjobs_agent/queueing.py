@@ -41,7 +41,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from .wire import (JOB_ID_PATTERN, METADATA_AGENT_VERSION, METADATA_NAME, RAY_JOB_CONFIG_ENV_VAR, SUBMISSION_ID_KEY, ray_env_json)
 
@@ -96,6 +96,27 @@ HELPER_ENTRYPOINT = "python -m rayjobs_agent.queue"
 ORDER_FORMAT = 1
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+# A pipeline job's state as its client and its keeper both word it: a status of Ray's, ``waiting (why)``, or
+# ``not run (why)`` for a job that ended without running because a job it ran after did not succeed.
+NOT_RUN = "not run"
+
+
+def pipeline_job_ended(state: str) -> bool:
+    """Whether a pipeline job in ``state`` (its words, as :data:`NOT_RUN` says) will change no more."""
+    return state in TERMINAL or state.startswith(NOT_RUN)
+
+
+def pipeline_run_status(states: Iterable[str]) -> str:
+    """A pipeline run's status from its jobs' states in the graph's order: SUCCEEDED while none failed, was stopped
+    or not run; else the first one that did decides, STOPPED for a stopped job, FAILED for a failed one or one not
+    run. The client's exit code and the keeper's notification both read it so."""
+    for state in states:
+        if state == "STOPPED":
+            return "STOPPED"
+        if state == "FAILED" or state.startswith(NOT_RUN):
+            return "FAILED"
+    return "SUCCEEDED"
 
 
 class QueueNameError(ValueError):

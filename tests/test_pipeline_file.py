@@ -124,3 +124,24 @@ def test_the_shipped_pipelines_are_valid():
     for path in pipelines:
         loaded = load_pipeline(path)
         assert loaded.order[0] == "prep" and loaded.order[-1] == "compare"
+
+
+def test_a_notify_section_with_one_jobs_event_or_an_unknown_scheme_is_refused_with_the_file_line_and_field(tmp_path):
+    path = write_pipeline(tmp_path, "pipeline: p\njobs:\n  prep:\n    spec: step.yaml\nnotify:\n"
+                          "  - url: json://127.0.0.1:9/hook\n    on: [failed, stalled]\n"
+                          "  - url: slak://T1/B2/C3\n")
+    with pytest.raises(PipelineError) as raised:
+        load_pipeline(path)
+    assert str(raised.value).splitlines() == [
+        (f"{path}:6: notify[0]: on: stalled is an event of one job; a pipeline notifies once, when its run ends "
+         "(succeeded, failed, stopped): put it in the notify of the job's spec"),
+        (f"{path}:8: notify[1].url: slak:// is not a scheme Apprise sends to (did you mean 'slack'?); see "
+         "https://github.com/caronc/apprise/wiki for every service's URL"),
+    ]
+
+
+def test_a_pipelines_notify_section_is_read_as_a_specs_with_the_same_default_events(tmp_path):
+    path = write_pipeline(tmp_path, "pipeline: p\njobs:\n  prep:\n    spec: step.yaml\nnotify:\n"
+                          "  - url: json://127.0.0.1:9/hook\n")
+    [target] = load_pipeline(path).notify
+    assert target.url == "json://127.0.0.1:9/hook" and target.on == ["failed", "stopped"]

@@ -1,18 +1,26 @@
 """A pipeline run in the queue, decided by its keeper over a store that behaves as the cluster's does, with Ray's job
 table beside it: jobs line up once the run is sealed and every job they run after SUCCEEDED; one that never will
 ends without running, and so do the jobs after it. tests/test_pipeline_file.py reads the file; here every
-interleaving is set up by hand."""
+interleaving is set up by hand. A run's one notification at its end is sent through a stand-in for
+``notify.send`` here, and through the real one to a real JSON webhook in the last of those tests."""
 
 from __future__ import annotations
 
 import json
+import threading
+from typing import Any
 
 import pytest
 
+from jobs.notify import NotifyTarget, job_notify_settings
 from rayjobs_agent import queueing as q
 from rayjobs_agent.queue import pipelines as pl, store as qs
+from rayjobs_agent.queue.keeper import NOTIFY_THREAD
 from rayjobs_agent.wire import METADATA_SPEC_HASH
+from runner.client.queue import ClusterQueue
+from tests.support.notify_receivers import webhook_receiver
 from tests.support.queue_store import Clock, DictStore, keeper_and_jobs
+from tests.support.waiting import HANG_GUARD_S
 
 RUN = "nightly-0a1b2c3d"
 
@@ -35,10 +43,12 @@ def _enter(store: DictStore, name: str, after: list[str], *, at_ms: float, queue
     store.order(q.enqueue_order_id(job_id), order, start_time_ms=at_ms, metadata={"rayjobs.enqueues": queue})
 
 
-def _seal(store: DictStore, names: list[str], *, at_ms: float, run: str = RUN) -> str:
+def _seal(store: DictStore, names: list[str], *, at_ms: float, run: str = RUN, notify: str | None = None) -> str:
     order_id = f"rayjobs-order-seal-{run}"
-    store.order(order_id, {"verb": "seal", "run": run, "jobs": {name: f"{run}-{name}" for name in names},
-                           "after": {}}, start_time_ms=at_ms)
+    order = {"verb": "seal", "run": run, "jobs": {name: f"{run}-{name}" for name in names}, "after": {}}
+    if notify:
+        order.update(pipeline="nightly", notify=notify)
+    store.order(order_id, order, start_time_ms=at_ms)
     return order_id
 
 
@@ -208,3 +218,193 @@ def test_a_retried_jobs_run_folder_is_its_first_attempts_the_one_the_jobs_after_
     first = folder({"job_submission_id": _job("prep")})
     assert first == f"/runs/quickstart-{_job('prep')}"
     assert folder({"job_submission_id": f"{_job('prep')}-attempt2", METADATA_PARENT: _job("prep")}) == first
+
+
+# A run's one notification ------------------------------------------------------------------------------------------
+
+HOOK = "json://127.0.0.1:9/hooks/T0KEN1234abcd"
+
+
+def _notify(url: str = HOOK, on: tuple[str, ...] = ("failed", "stopped"), *others: tuple[str, list[str]]) -> str:
+    # What the client puts into the seal: the settings a job's wrapper reads, built by the same function.
+    targets = [(url, list(on)), *others]
+    return job_notify_settings([NotifyTarget(url=where, on=when) for where, when in targets], attempts=1)
+
+
+class _Sender:
+    """``notify.send``'s stand-in: keeps every message the keeper sends; ``hold`` keeps each send waiting, ``fails``
+    makes it raise."""
+
+    def __init__(self, hold: threading.Event | None = None, fails: bool = False) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.hold, self.fails = hold, fails
+
+    def __call__(self, config: dict, event: str, title: str, body: str, **_options: Any) -> list[dict[str, Any]]:
+        if self.hold is not None:
+            self.hold.wait(HANG_GUARD_S)
+        if self.fails:
+            raise RuntimeError("the sender broke")
+        self.messages.append({"config": config, "event": event, "title": title, "body": body})
+        return [{"url": "json://127.0.0.1:9/***", "event": event, "sent": True}]
+
+
+def _sends_finished() -> None:
+    """Wait for every notification the keepers of this test have started to send."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(NOTIFY_THREAD):
+            thread.join(HANG_GUARD_S)
+
+
+class _JobsApi:
+    """Ray's job API as the client's queue calls it, over the test's store; asked for an order's answer, the keeper
+    takes a step first, as the live one would meanwhile."""
+
+    address = "http://cluster"
+
+    def __init__(self, store: DictStore, keeper: Any, clock: Clock) -> None:
+        self.store, self.keeper, self.clock = store, keeper, clock
+
+    def submit(self, submission: dict[str, Any]) -> None:
+        self.store.set_job_status(submission["submission_id"], "PENDING", start_time=self.clock.now * 1000,
+                                  runtime_env=submission["runtime_env"], metadata=submission["metadata"],
+                                  entrypoint=submission["entrypoint"])
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        self.keeper.step()
+        return {**qs.ray_job_info(self.store, job_id), "submission_id": job_id}
+
+
+def _two_jobs(store: DictStore, notify: str) -> None:
+    _enter(store, "prep", [], at_ms=1_000_000)
+    _enter(store, "train", ["prep"], at_ms=1_000_001)
+    _seal(store, ["prep", "train"], at_ms=1_000_002, notify=notify)
+
+
+def test_a_runs_one_notification_goes_out_once_every_job_has_ended_naming_what_failed_and_never_twice():
+    store, clock, sender = DictStore(), Clock(), _Sender()
+    _diamond(store, seal=False)
+    keeper, jobs, _ = _keeper(store, clock, sender)
+    keeper.step()  # every job entered, then the client's last order
+    names = ["prep", "train-a", "train-b", "evaluate"]
+    sealed = ClusterQueue(_JobsApi(store, keeper, clock)).seal(
+        RUN, {name: _job(name) for name in names}, {"train-a": ["prep"], "train-b": ["prep"],
+                                                    "evaluate": ["train-a", "train-b"]},
+        pipeline="nightly", notify=_notify())
+    assert sealed["sealed"] == RUN
+    keeper.step()
+    assert jobs.ids() == [_job("prep")]
+    clock.now += 300
+    jobs.settle(_job("prep"), "FAILED", "Job entrypoint command failed with exit code 3, last available logs "
+                                        "(truncated to 20,000 chars):\nTraceback (most recent call last):")
+    keeper.step()
+    _sends_finished()
+    assert store.keys(f"waiting/team-a/{_job('evaluate')}"), "the chain ends one layer a step"
+    assert sender.messages == [], "evaluate has not ended yet"
+    snapshot = keeper.step()
+    _sends_finished()
+    [message] = sender.messages
+    assert message["event"] == "failed" and message["title"] == "rayjobs: pipeline nightly FAILED"
+    assert message["config"]["targets"] == [{"url": HOOK, "on": ["failed", "stopped"]}]
+    assert message["body"].splitlines() == [
+        f"pipeline nightly run {RUN} FAILED after 5m00s: 0 of 4 jobs succeeded",
+        "prep failed: Job entrypoint command failed with exit code 3",
+        "not run: train-a, train-b, evaluate",
+        f"each job: rayjobs status {RUN}",
+    ]
+    assert "T0KEN1234abcd" not in json.dumps(snapshot), "the snapshot, a file in the head's log folder, shows no URL"
+    keeper.step()
+    restarted, _, _ = _keeper(store, clock, sender)  # the same store: a keeper Ray restarted
+    restarted.step()
+    # A keeper whose list of keys was read just before another's claim landed still sends nothing: the claim is
+    # written only where absent.
+    listed = store.keys
+    store.keys = lambda prefix, namespace=q.NAMESPACE: [] if prefix == "notified/" else listed(prefix, namespace)
+    restarted.step()
+    _sends_finished()
+    assert len(sender.messages) == 1
+
+
+@pytest.mark.parametrize("ending", ["SUCCEEDED", "STOPPED"])
+def test_a_run_whose_last_job_succeeds_or_is_stopped_is_told_so_once_it_has_ended(ending):
+    store, clock, sender = DictStore(), Clock(), _Sender()
+    _two_jobs(store, _notify(on=("succeeded", "failed", "stopped")))
+    keeper, jobs, _ = _keeper(store, clock, sender)
+    keeper.step()
+    jobs.settle(_job("prep"), "SUCCEEDED", "done")
+    keeper.step()
+    assert jobs.ids()[-1] == _job("train")
+    keeper.step()
+    _sends_finished()
+    assert sender.messages == [], "train still runs"
+    jobs.settle(_job("train"), ending, "")
+    keeper.step()
+    _sends_finished()
+    [message] = sender.messages
+    assert message["event"] == ending.lower()
+    lines = message["body"].splitlines()
+    assert lines[0].startswith(f"pipeline nightly run {RUN} {ending} after ")
+    assert lines[1] == ("train was stopped" if ending == "STOPPED" else f"each job: rayjobs status {RUN}")
+
+
+def test_a_slow_notification_target_never_holds_up_the_keeper_and_a_broken_sender_is_said_once():
+    store, clock, released = DictStore(), Clock(), threading.Event()
+    slow = _Sender(hold=released)
+    _two_jobs(store, _notify())
+    keeper, jobs, _ = _keeper(store, clock, slow)
+    keeper.step()
+    jobs.settle(_job("prep"), "FAILED", "exit 3")
+    keeper.step()  # returns while the send waits on its target
+    assert store.get(f"notified/{RUN}") is not None and slow.messages == []
+    _enter(store, "later", [], at_ms=2_000_000, run="other-0a1b2c3d")
+    _seal(store, ["later"], at_ms=2_000_001, run="other-0a1b2c3d")
+    keeper.step()
+    assert jobs.ids()[-1] == "other-0a1b2c3d-later", "the queue went on meanwhile"
+    released.set()
+    _sends_finished()
+    assert len(slow.messages) == 1
+
+    store = DictStore()
+    _two_jobs(store, _notify())
+    keeper, jobs, said = _keeper(store, clock, _Sender(fails=True))
+    keeper.step()
+    jobs.settle(_job("prep"), "FAILED", "exit 3")
+    for _ in range(3):
+        keeper.step()
+    _sends_finished()
+    assert [line for line in said if "notification" in line] == [
+        f"pipeline run {RUN}: its notification failed (RuntimeError: the sender broke); the run is unchanged"]
+
+
+def test_a_runs_seal_and_its_notification_claim_are_forgotten_with_the_run():
+    store, clock = DictStore(), Clock()
+    _two_jobs(store, _notify())
+    keeper, jobs, _ = _keeper(store, clock, _Sender())
+    keeper.step()
+    jobs.settle(_job("prep"), "FAILED", "exit 3")
+    keeper.step()
+    _sends_finished()
+    assert store.keys("pipeline/") and store.keys("notified/")
+    pl.forget_old_runs(store, clock.now + pl.RUN_KEPT_S + 1)
+    assert store.keys("pipeline/") == [] and store.keys("notified/") == [] and store.keys("notrun/") == []
+
+
+def test_a_runs_end_reaches_a_real_json_webhook_sent_by_the_keeper_and_only_the_targets_that_want_it():
+    with webhook_receiver() as hook:
+        store, clock = DictStore(), Clock()
+        _two_jobs(store, _notify(hook.url("/hook"), ("failed",), (hook.url("/only-successes"), ["succeeded"])))
+        keeper, jobs, _ = _keeper(store, clock)  # the real notify.send, through Apprise
+        keeper.step()
+        clock.now += 65
+        jobs.settle(_job("prep"), "FAILED", "Job entrypoint command failed with exit code 3, last available logs "
+                                            "(truncated to 20,000 chars):\nboom")
+        keeper.step()
+        assert hook.arrived.wait(HANG_GUARD_S)
+        _sends_finished()
+    [(path, body)] = hook.received
+    assert path == "/hook" and body["title"] == "rayjobs: pipeline nightly FAILED"
+    assert body["message"].splitlines() == [
+        f"pipeline nightly run {RUN} FAILED after 1m05s: 0 of 2 jobs succeeded",
+        "prep failed: Job entrypoint command failed with exit code 3",
+        "not run: train",
+        f"each job: rayjobs status {RUN}",
+    ]

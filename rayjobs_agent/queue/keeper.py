@@ -21,7 +21,9 @@ Each step:
    fewer jobs than its limit and the cluster has free what it needs (less what the jobs let in before
    it declared and have not placed yet); a job whose request Ray refuses ends FAILED through the same
    stand-in, with Ray's reason.
-5. What it found is written to ``rayjobs-queue.json`` in the head's Ray log folder, which clients
+5. A pipeline run that has ended whole, sealed with notify settings, is told once, from a thread of its own
+   (``pipelines.py``): a slow service never holds up the queue.
+6. What it found is written to ``rayjobs-queue.json`` in the head's Ray log folder, which clients
    read through Ray's own log API: ``rayjobs queue``, ``status`` and ``list`` ask no process anything.
 
 The ``gcs://`` packages a waiting job's request names are pinned again while it waits: Ray deletes a
@@ -31,15 +33,19 @@ package no job references after ten minutes, and a waiting job is no Ray job yet
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any, Callable, Mapping
 
+from ..masking import mask_url_userinfo
+from ..notify import send
 from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, TERMINAL, Admission, agent_version, answer_text,
                         order_from, order_problem)
 from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
-from .pipelines import UNSEALED_KEPT_S, blocked_by, forget_old_runs, is_sealed, note_not_run, recent_runs, seal_order
+from .pipelines import (UNSEALED_KEPT_S, blocked_by, claim_notification, forget_old_runs, is_sealed, note_not_run,
+                        notify_run_end, recent_runs, run_end, runs_to_notify, seal_order)
 from .ray_jobs import AlreadySubmitted, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, claim, describe, enqueue,
                     enqueues_in_flight, finished_orders, free_slot, held, KeyValue, max_running,
@@ -62,6 +68,9 @@ PIN_EVERY_S = 120.0
 
 # Finished order jobs are looked for this often.
 CLEAN_EVERY_S = 10.0
+
+# The threads that send pipeline runs' notifications are named so (each ends within notify.SEND_BOUND_S).
+NOTIFY_THREAD = "rayjobs-pipeline-notify"
 
 # After Ray refused a request for a reason that may pass (no answer, a server error), the keeper waits
 # this long before it tries the same job again.
@@ -98,12 +107,15 @@ class Keeper:
     """The keeper's work, one :meth:`step` at a time, over a store and Ray's job API (both seams for tests)."""
 
     def __init__(self, store: KeyValue, jobs: RayJobs, *, clock: Callable[[], float] = time.time,
-                 say: Callable[[str], None] = print, pause: Callable[[], None] | None = None) -> None:
+                 say: Callable[[str], None] = print, pause: Callable[[], None] | None = None,
+                 send_notification: Callable[..., list[dict[str, Any]]] = send) -> None:
         self.store = store
         self.jobs = jobs
         self.clock = clock
         self.say = say
         self.pause = pause  # tests: called inside each slot claim, between its write and its check
+        self.send_notification = send_notification  # ``notify.send``'s contract; tests give one that keeps messages
+        self._notify_problem = ""
         self.version = agent_version()
         self.started = clock()
         self._beat_at = 0.0
@@ -135,6 +147,7 @@ class Keeper:
         # earlier one is let in, whatever its queue's name.
         for queue in sorted(queues_in(self.store), key=lambda name: self._first_submitted(name)):
             reasons.update(self._admit(queue, now))
+        self._notify_ended_runs(now)
         if now - self._pinned_at >= PIN_EVERY_S:
             self._pin_packages()
             self._pinned_at = now
@@ -468,6 +481,35 @@ class Keeper:
         self.store.delete(f"waiting/{queue}/{job_id}")
         self.store.delete(f"request/{job_id}")
         self._retry_at.pop(job_id, None)
+
+    # Pipeline runs' notifications -------------------------------------------------------------------------------
+
+    def _notify_ended_runs(self, now: float) -> None:
+        """Start the sending of each sealed run's notification once every job of it has ended or was not run."""
+        try:
+            runs = runs_to_notify(self.store)
+            if not runs:
+                return
+            waiting_ids = {key.rpartition("/")[2] for key in self.store.keys("waiting/")}
+            for run_id, run in runs.items():
+                ends = run_end(self.store, run, waiting_ids, self.lost.next_attempt_of)
+                if ends is None or not claim_notification(self.store, run_id, now):
+                    continue
+                threading.Thread(target=self._send_run_end, args=(run_id, run, ends, now), daemon=True,
+                                 name=f"{NOTIFY_THREAD}-{run_id}").start()
+            self._notify_problem = ""
+        except Exception as exc:  # noqa: BLE001 - a notification is a courtesy: the queue goes on without it
+            problem = f"{type(exc).__name__}: {mask_url_userinfo(last_line(str(exc)))}"
+            if problem != self._notify_problem:
+                self.say(f"pipeline notifications: {problem}; the queue goes on, and looks again")
+            self._notify_problem = problem
+
+    def _send_run_end(self, run_id: str, run: dict[str, Any], ends: dict[str, Any], now: float) -> None:
+        try:
+            notify_run_end(run_id, run, ends, now, sender=self.send_notification)
+        except Exception as exc:  # noqa: BLE001 - its own thread: nothing above it would say why
+            self.say(f"pipeline run {run_id}: its notification failed ({type(exc).__name__}: "
+                     f"{mask_url_userinfo(last_line(str(exc)))[:200]}); the run is unchanged")
 
     # Upkeep ---------------------------------------------------------------------------------------------------
 

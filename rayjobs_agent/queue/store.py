@@ -13,8 +13,10 @@ The store's namespace is ``rayjobs-queue``::
     attempts/ID                    the attempt job ID's wrapper started last, when it retries in place
     lost/ID                        job ID ended lost whole, and what the keeper decided about its next attempt
     retry/ID                       job ID, lost whole, is submitted again at ``at`` as ``next``
-    pipeline/RUN                   a sealed pipeline run: {"jobs": {NAME: ID}, "at"}; its jobs' entries name it
+    pipeline/RUN                   a sealed pipeline run: {"jobs": {NAME: ID}, "after", "at", "pipeline", "notify"};
+                                   its jobs' entries name it
     notrun/ID                      job ID ended without running, for a job it ran after: {"reason"}
+    notified/RUN                   {"at"}: a keeper took the sending of run RUN's notification (it has ended)
     keeper                         the keeper's heartbeat: {"at", "version"}
 
 A slot is taken by writing the generation after the one just read, and only if that key is absent,

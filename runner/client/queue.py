@@ -202,12 +202,20 @@ class ClusterQueue:
         if is_terminal(order.get("status")):
             self.api.delete_job(enqueue_order_id(job_id))
 
-    def seal(self, run_id: str, jobs: dict[str, str], after: dict[str, list[str]]) -> dict[str, Any]:
+    def seal(self, run_id: str, jobs: dict[str, str], after: dict[str, list[str]], *, pipeline: str | None = None,
+             notify: str | None = None) -> dict[str, Any]:
         """Seal pipeline run ``run_id`` (job name -> job id; name -> the names it runs after), every job of it
-        entered: its jobs line up from now on. The keeper's answer: ``{"sealed", "jobs"}``, or ``{"error"}`` naming
-        the jobs never entered."""
+        entered: its jobs line up from now on. ``pipeline``: its name; ``notify``: where its end is told, as
+        ``jobs.notify.job_notify_settings`` gives them (inside the order, as an entered job's own settings travel;
+        the keeper never shows them). The keeper's answer: ``{"sealed", "jobs"}``, or ``{"error"}`` naming the jobs
+        never entered."""
         order_id = f"{ORDER_PREFIX}seal-{run_id}"
-        self._send({"verb": "seal", "run": run_id, "jobs": jobs, "after": after}, order_id)
+        order: dict[str, Any] = {"verb": "seal", "run": run_id, "jobs": jobs, "after": after}
+        if pipeline:
+            order["pipeline"] = pipeline
+        if notify:
+            order["notify"] = notify
+        self._send(order, order_id)
         return self.answer(order_id, refusal_raises=False)
 
     def pipeline(self, run_id: str, snapshot: dict[str, Any] | None = None) -> dict[str, Any] | None:

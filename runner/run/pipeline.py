@@ -13,16 +13,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from jobs.notify import job_notify_settings
 from jobs.pipeline import job_id as pipeline_job_id
 from jobs.queueing import queue_grows, queue_needs
 from jobs.submission import AGENT_PACKAGE_DIR, build_submission, link_record, run_folder
-from rayjobs_agent.queueing import awaits_next_attempt
+from rayjobs_agent.queueing import NOT_RUN, awaits_next_attempt, pipeline_job_ended, pipeline_run_status
 from rayjobs_agent.record_layout import PIPELINE_FIELD
 from rayjobs_agent.wire import (AFTER_ENV_VAR, METADATA_ATTEMPT, METADATA_PARENT, METADATA_PIPELINE,
                                 RUN_PER_SUBMISSION_ENV_VAR, after_variable, ray_env_json)
 from runner.client.queue import ClusterQueue
 from runner.client.submission import working_dir_size
-from runner.errors import ExitCode, RayJobsError
+from runner.errors import ExitCode, RayJobsError, exit_code_for_status
 from runner.run.code_upload import code_destination, upload_code
 from runner.run.preflight import check_queue_fits
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
 
 POLL_S = 2.0
-ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 class PipelineNotStarted(RayJobsError):
@@ -91,7 +91,9 @@ def submit_pipeline(client: JobsApi, loaded: LoadedPipeline, say: Callable[[str]
                                pipeline={"run": run_id, "job": name, "after": [ids[other] for other in before]})
         if "exists" in answer:  # ids carry a fresh random part: only a run submitted twice at once could meet one
             raise PipelineNotStarted(f"job id {ids[name]} is taken already; submit the pipeline again")
-    sealed = queue.seal(run_id, ids, loaded.after)
+    # A pipeline run has no attempts of its own: its jobs retry, each by its own spec.
+    notify = job_notify_settings(loaded.notify, attempts=1) if loaded.notify else None
+    sealed = queue.seal(run_id, ids, loaded.after, pipeline=loaded.name, notify=notify)
     if "error" in sealed:
         raise PipelineNotStarted(f"pipeline {loaded.name} did not start: {sealed['error']}")
     say(f"submitted pipeline {loaded.name} as {run_id}: {len(ids)} jobs ({', '.join(loaded.order)}) to "
@@ -120,19 +122,15 @@ def job_states(client: JobsApi, submitted: SubmittedPipeline) -> dict[str, str]:
         else:
             status = str(current.get("status"))
             not_run = _not_run_reason(current)
-            states[name] = f"not run ({not_run})" if not_run else status
+            states[name] = f"{NOT_RUN} ({not_run})" if not_run else status
     return states
 
 
 def run_exit_code(states: dict[str, str]) -> ExitCode:
     """A pipeline run's exit code from its jobs' states (in the graph's order): 0 when every job SUCCEEDED, else that
-    of the first one that did not (3 stopped; 1 failed or not run); 0 while none has failed yet."""
-    for state in states.values():
-        if state == "STOPPED":
-            return ExitCode.STOPPED
-        if state == "FAILED" or state.startswith("not run"):
-            return ExitCode.FAILED
-    return ExitCode.SUCCEEDED
+    of the first one that did not (3 stopped; 1 failed or not run); 0 while none has failed yet
+    (``queueing.pipeline_run_status``, which the keeper's notification reads too)."""
+    return exit_code_for_status(pipeline_run_status(states.values()))
 
 
 def follow_pipeline(client: JobsApi, submitted: SubmittedPipeline, say: Callable[[str], None], *,
@@ -146,14 +144,10 @@ def follow_pipeline(client: JobsApi, submitted: SubmittedPipeline, say: Callable
             if states[name] != said.get(name):
                 say(f"{submitted.run_id}: {name} {states[name]}")
         said = states
-        if all(_ended(state) for state in states.values()):
+        if all(pipeline_job_ended(state) for state in states.values()):
             break
         sleep(poll_s)
     return run_exit_code(states)
-
-
-def _ended(state: str) -> bool:
-    return state in ENDED or state.startswith("not run")
 
 
 def _last_attempt(job_id: str, in_ray: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

@@ -147,11 +147,13 @@ def enter(store: DictStore, job_id: str, *, queue: str = "team-a", priority: int
     store.put(f"waiting/{queue}/{job_id}", json.dumps(entry).encode())
 
 
-def keeper_and_jobs(store: DictStore, clock: Clock | None = None) -> tuple[Any, FakeRayJobs, list[str]]:
+def keeper_and_jobs(store: DictStore, clock: Clock | None = None,
+                    send_notification: Any = None) -> tuple[Any, FakeRayJobs, list[str]]:
     """A keeper over ``store`` on the head's clock ``clock``, Ray's job API it calls (whose ends that clock stamps),
-    and what it said."""
+    and what it said; ``send_notification`` stands in for ``notify.send`` (default: the real one)."""
     from rayjobs_agent.queue.keeper import Keeper
 
     jobs, said = FakeRayJobs(store), []
     jobs.clock = clock = clock or Clock()
-    return Keeper(store, jobs, clock=clock, say=said.append), jobs, said
+    options = {"send_notification": send_notification} if send_notification is not None else {}
+    return Keeper(store, jobs, clock=clock, say=said.append, **options), jobs, said
