@@ -38,6 +38,7 @@ from jobs.notify import NotifyTarget
 from jobs.strict import StrictModel
 from jobs.yaml_reader import read_yaml_mapping
 from rayjobs_agent.notify import END_EVENTS
+from rayjobs_agent.queueing import ATTEMPT_ID_SUFFIX
 
 # A pipeline's or a job's name: part of every job id of the pipeline (``PIPELINE-RUN-JOB``), which a Ray job id and a
 # key of the cluster's store must hold, with room for the id of a next attempt.
@@ -46,13 +47,9 @@ NAME_RULE = "1 to 40 lowercase letters, digits or '-', starting with a letter or
 # Enough for any graph a team writes by hand or generates; past it a file is more likely a mistake.
 MAX_JOBS = 500
 
-# The keeper names a job's next attempt ``ID-attemptN``: a job named so would take the id of another's retry.
-_ATTEMPT_SUFFIX = re.compile(r"-attempt\d+$")
-
-
 def _not_an_attempts_name(name: str) -> str:
-    if _ATTEMPT_SUFFIX.search(name):
-        raise ValueError(f"a job's name may not end like the id of a retried job's next attempt ('-attempt{name.rsplit('attempt', 1)[1]}')")
+    if (found := ATTEMPT_ID_SUFFIX.search(name)) is not None:
+        raise ValueError(f"a job's name may not end like the id of a retried job's next attempt ({found.group()!r})")
     return name
 
 
@@ -68,7 +65,7 @@ def _a_run_end_event(target: NotifyTarget) -> NotifyTarget:
 
 
 JobName = Annotated[str, Field(pattern=NAME_PATTERN, description=f"The job's name in the pipeline: {NAME_RULE}, not "
-                                                                  "ending in -attemptN."),
+                                                                  "ending in -attemptN or -attemptN-K."),
                     AfterValidator(_not_an_attempts_name)]
 
 

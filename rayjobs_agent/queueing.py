@@ -131,19 +131,23 @@ def checked_queue_name(name: str) -> str:
 # A resource a queue's quota names: Ray's own (CPU, GPU, memory) or a custom one, never text a shell would read.
 RESOURCE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 
+def is_amount(value: Any) -> bool:
+    """Whether ``value`` is an amount of a resource an order may carry: a JSON number (not a bool, not text that
+    reads as one), finite, 0 or more. The keeper compares and adds them: anything else would stop its step."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            and value != float("inf"))
+
 def quota_problem(quota: Mapping[str, Any]) -> str | None:
     """What is wrong with a queue's quota (resource name -> the most its running jobs hold together), or None."""
     for name, amount in quota.items():
         if not isinstance(name, str) or not RESOURCE_NAME.fullmatch(name):
             return (f"{str(name)[:80]!r} cannot name a resource: use a letter, then up to 63 letters, digits or "
                     "'_', '.', ':', '-'")
-        try:
-            value = float(amount)
-        except (TypeError, ValueError):
-            return f"the quota of {name} is {amount!r}, not a number"
-        if not value > 0 or value == float("inf"):
-            return (f"a quota of {amount} {name} lets no job in (or every one): give a positive number, or remove "
-                    "the queue's limits with --no-limit")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            return f"the quota of {name} is {str(amount)[:80]!r}, not a number"
+        if not is_amount(amount) or not amount > 0:
+            return (f"a quota of {str(amount)[:80]!r} {name} lets no job in (or every one): give a positive number, "
+                    "or remove the queue's limits with --no-limit")
     return None
 
 def awaits_next_attempt(info: Mapping[str, Any], decided: Mapping[str, Any] | None) -> bool:
@@ -189,22 +193,27 @@ def order_problem(order: Mapping[str, Any], order_id: str) -> str | None:
     return None
 
 def _enqueue_amounts_problem(order: Mapping[str, Any]) -> str | None:
-    request = order.get("request") if isinstance(order.get("request"), Mapping) else {}
-    amounts = [*((f"{name}", amount) for name, amount in dict(order.get("needs") or {}).items()),
+    request = order.get("request")
+    if not isinstance(request, Mapping):
+        return "an order to enter a job carries its request, a mapping"
+    needs, resources = order.get("needs") or {}, request.get("entrypoint_resources") or {}
+    if not isinstance(needs, Mapping) or not isinstance(resources, Mapping):
+        return "a job's needs and entrypoint resources are mappings of a resource's name to an amount"
+    amounts = [*((str(name), amount) for name, amount in needs.items()),
                *((f"entrypoint {name}", request.get(f"entrypoint_num_{name.lower()}s"))
                  for name in ("CPU", "GPU") if request.get(f"entrypoint_num_{name.lower()}s") is not None),
-               *((f"entrypoint {name}", amount) for name, amount in dict(request.get("entrypoint_resources") or {}).items())]
+               *((f"entrypoint {name}", amount) for name, amount in resources.items())]
     for name, amount in amounts:
-        try:
-            value = float(amount)
-        except (TypeError, ValueError):
-            return f"the job asks for {amount!r} {name}, not a number"
-        if isinstance(amount, bool) or not 0 <= value < float("inf"):
-            return f"the job asks for {amount!r} {name}: an amount is 0 or more, and finite"
+        if not is_amount(amount):
+            return f"the job asks for {str(amount)[:80]!r} {name[:80]}: an amount is a number, 0 or more and finite"
     grows = order.get("grows") or []
     if not isinstance(grows, list) or not all(isinstance(name, str) and name for name in grows):
-        return f"a job grows into resources named by a list of names, not {grows!r}"
+        return f"a job grows into resources named by a list of names, not {str(grows)[:80]!r}"
     return None
+
+# The end of the id the keeper gives a job's next attempt (``queue.lost_jobs.next_attempt_id``): ``ID-attemptN``, or
+# ``ID-attemptN-K`` when an earlier run of the same fixed id took that one. A job named so would take another's retry.
+ATTEMPT_ID_SUFFIX = re.compile(r"-attempt\d+(-\d+)?$")
 
 def enqueue_order_id(job_id: str) -> str:
     """The id of the order job that enters job ``job_id`` into its queue (it holds the id until the job is in Ray)."""

@@ -22,7 +22,6 @@ The totals (:class:`ResourceUsage`) are one rule for the record keeper, ``rayjob
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import socket
 import stat
@@ -453,13 +452,19 @@ def totals_lines(totals: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+# No reading of one process reaches this (2**53 bytes is 8 PiB; 2**53 seconds, 285 million years): above it a sample
+# was written by hand, and sums of such could overflow to infinity, which no JSON reader takes.
+LARGEST_AMOUNT = float(2 ** 53)
+
+
 def _amount(value: Any) -> bool:
-    """Whether ``value`` is an amount of a resource: a number, finite and 0 or more (a sample or record written by
-    hand with text, NaN or a negative there counts as absent, so no total goes below zero)."""
+    """Whether ``value`` is an amount of a resource: a number, 0 or more and at most :data:`LARGEST_AMOUNT` (a sample
+    or record written by hand with text, NaN, a negative or a huge number there counts as absent, so no total goes
+    below zero or to infinity)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     try:
-        return math.isfinite(value) and value >= 0
+        return 0 <= value <= LARGEST_AMOUNT
     except OverflowError:  # an int too large for a float
         return False
 

@@ -63,7 +63,8 @@ def test_every_spec_that_fails_is_named_with_its_own_file_and_line_and_the_pipel
     assert "timeout_s" in text and "--set timeout_s=-1" in text
 
 
-@pytest.mark.parametrize("name", ["x; touch /tmp/owned", "$(reboot)", "Prep", "a" * 41, "-x", "", "prep-attempt2"])
+@pytest.mark.parametrize("name", ["x; touch /tmp/owned", "$(reboot)", "Prep", "a" * 41, "-x", "", "prep-attempt2",
+                                  "train-attempt2-1"])
 def test_a_name_a_shell_would_read_or_that_no_job_id_can_hold_is_refused(tmp_path, name):
     path = write_pipeline(tmp_path, f"pipeline: p\njobs:\n  {name!r}:\n    spec: step.yaml\n")
     with pytest.raises(PipelineError) as raised:

@@ -127,6 +127,13 @@ def test_a_job_recorded_twice_shows_its_latest_record_and_a_cycle_is_shown_not_r
     assert graph["layers"] == [["a", "b"]] and "cycle" in graph["problem"]
 
 
+def test_a_folder_told_by_url_keeps_its_password_out_of_the_graph_and_the_runs_row(tmp_path):
+    write_run(tmp_path, "b", job_record("b", "SUCCEEDED", 3.0, {"a": "s3://reader:hunter2@bucket/runs/a"}))
+    graph = pipeline_graph(list_runs(Folder(str(tmp_path))), RUN)
+    assert "hunter2" not in json.dumps(graph)
+    assert {job["job"]: job["location"] for job in graph["jobs"]}["a"].startswith("s3://")
+
+
 @pytest.mark.parametrize("run_id", ["../etc", "a/b", "", "x\x00"])
 def test_an_id_that_is_a_path_is_refused_and_an_unknown_one_is_not_found(records, run_id):
     runs = list_runs(Folder(str(records)))

@@ -15,6 +15,7 @@ import pytest
 from jobs.notify import NotifyTarget, job_notify_settings
 from rayjobs_agent import queueing as q
 from rayjobs_agent.queue import pipelines as pl, store as qs
+from rayjobs_agent.queue import keeper as kp
 from rayjobs_agent.queue.keeper import NOTIFY_THREAD
 from rayjobs_agent.wire import METADATA_SPEC_HASH
 from runner.client.queue import ClusterQueue
@@ -296,17 +297,19 @@ def test_a_runs_one_notification_goes_out_once_every_job_has_ended_naming_what_f
     clock.now += 300
     jobs.settle(_job("prep"), "FAILED", "Job entrypoint command failed with exit code 3, last available logs "
                                         "(truncated to 20,000 chars):\nTraceback (most recent call last):")
+    clock.now += kp.NOTIFY_LOOK_EVERY_S  # the keeper looks for ended runs this often
     keeper.step()
     _sends_finished()
     assert store.keys(f"waiting/team-a/{_job('evaluate')}"), "the chain ends one layer a step"
     assert sender.messages == [], "evaluate has not ended yet"
+    clock.now += kp.NOTIFY_LOOK_EVERY_S  # the keeper looks for ended runs this often
     snapshot = keeper.step()
     _sends_finished()
     [message] = sender.messages
     assert message["event"] == "failed" and message["title"] == "rayjobs: pipeline nightly FAILED"
     assert message["config"]["targets"] == [{"url": HOOK, "on": ["failed", "stopped"]}]
     assert message["body"].splitlines() == [
-        f"pipeline nightly run {RUN} FAILED after 5m00s: 0 of 4 jobs succeeded",
+        f"pipeline nightly run {RUN} FAILED after 5m10s: 0 of 4 jobs succeeded",
         "prep failed: Job entrypoint command failed with exit code 3",
         "not run: train-a, train-b, evaluate",
         f"each job: rayjobs status {RUN}",
@@ -319,6 +322,7 @@ def test_a_runs_one_notification_goes_out_once_every_job_has_ended_naming_what_f
     # written only where absent.
     listed = store.keys
     store.keys = lambda prefix, namespace=q.NAMESPACE: [] if prefix == "notified/" else listed(prefix, namespace)
+    clock.now += kp.NOTIFY_LOOK_EVERY_S  # the keeper looks for ended runs this often
     restarted.step()
     _sends_finished()
     assert len(sender.messages) == 1
@@ -333,10 +337,12 @@ def test_a_run_whose_last_job_succeeds_or_is_stopped_is_told_so_once_it_has_ende
     jobs.settle(_job("prep"), "SUCCEEDED", "done")
     keeper.step()
     assert jobs.ids()[-1] == _job("train")
+    clock.now += kp.NOTIFY_LOOK_EVERY_S  # the keeper looks for ended runs this often
     keeper.step()
     _sends_finished()
     assert sender.messages == [], "train still runs"
     jobs.settle(_job("train"), ending, "")
+    clock.now += kp.NOTIFY_LOOK_EVERY_S  # the keeper looks for ended runs this often
     keeper.step()
     _sends_finished()
     [message] = sender.messages
@@ -353,6 +359,7 @@ def test_a_slow_notification_target_never_holds_up_the_keeper_and_a_broken_sende
     keeper, jobs, _ = _keeper(store, clock, slow)
     keeper.step()
     jobs.settle(_job("prep"), "FAILED", "exit 3")
+    clock.now += kp.NOTIFY_LOOK_EVERY_S
     keeper.step()  # returns while the send waits on its target
     assert store.get(f"notified/{RUN}") is not None and slow.messages == []
     _enter(store, "later", [], at_ms=2_000_000, run="other-0a1b2c3d")
@@ -369,6 +376,7 @@ def test_a_slow_notification_target_never_holds_up_the_keeper_and_a_broken_sende
     keeper.step()
     jobs.settle(_job("prep"), "FAILED", "exit 3")
     for _ in range(3):
+        clock.now += kp.NOTIFY_LOOK_EVERY_S
         keeper.step()
     _sends_finished()
     assert [line for line in said if "notification" in line] == [
@@ -381,6 +389,7 @@ def test_a_runs_seal_and_its_notification_claim_are_forgotten_with_the_run():
     keeper, jobs, _ = _keeper(store, clock, _Sender())
     keeper.step()
     jobs.settle(_job("prep"), "FAILED", "exit 3")
+    clock.now += kp.NOTIFY_LOOK_EVERY_S  # the keeper looks for ended runs this often
     keeper.step()
     _sends_finished()
     assert store.keys("pipeline/") and store.keys("notified/")
@@ -408,3 +417,35 @@ def test_a_runs_end_reaches_a_real_json_webhook_sent_by_the_keeper_and_only_the_
         "not run: train",
         f"each job: rayjobs status {RUN}",
     ]
+
+
+def test_a_job_past_its_queues_quota_whose_pipeline_will_never_let_it_run_ends_not_run():
+    # Its quota holds it back only while it may still run: once a job it runs after failed, it ends, and with it the
+    # run (whose client follows it, and whose message waits for it).
+    store, clock = DictStore(free={"CPU": 8.0}), Clock()
+    _enter(store, "prep", [], at_ms=1_000_000)
+    _enter(store, "train", ["prep"], at_ms=1_000_001, queue="team-b")
+    _seal(store, ["prep", "train"], at_ms=1_000_002)
+    qs.set_limits(store, "team-b", None, {"CPU": 0.5})
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert jobs.ids() == [_job("prep")]
+    jobs.settle(_job("prep"), "FAILED", "exit 3")
+    keeper.step()
+    assert store.keys("waiting/") == []
+    assert jobs.ids()[-1] == _job("train") and "not run" in json.dumps(jobs.submitted[-1])
+
+
+def test_one_queues_entry_that_cannot_be_compared_stops_neither_the_other_queues_nor_the_step():
+    from tests.support.queue_store import enter
+
+    store = DictStore(free={"CPU": 8.0})
+    enter(store, "broken", queue="team-a", submitted=0.0, needs={"CPU": "1"})  # written by an older or hostile hand
+    enter(store, "fine", queue="team-b", submitted=1.0)
+    keeper, jobs, said = _keeper(store, Clock())
+    for _ in range(2):
+        snapshot = keeper.step()
+    assert jobs.ids() == ["fine"] and snapshot["queues"]
+    assert [line for line in said if "could not be looked at" in line] == [
+        "queue team-a: its jobs could not be looked at (TypeError: '>' not supported between instances of 'str' and "
+        "'float'); the other queues go on"]

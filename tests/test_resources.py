@@ -592,6 +592,9 @@ def test_a_negative_nan_or_huge_amount_written_by_hand_counts_as_absent_and_no_t
     kept = {"samples": float("nan"), "seconds": -5.0, "cpu_core_s": 10 ** 400, "gpu_s": float("inf"), "epoch_s": 2.0}
     usage = ResourceUsage.from_dict(kept)
     assert (usage.samples, usage.seconds, usage.cpu_core_s, usage.gpu_s, usage.epoch_s) == (0, 0.0, 0.0, 0.0, 2.0)
+    overflowing = [{"event": "resources", "cpu": 1e308, "cpu_s": 1e308, "interval_s": 1e308, "gpus": 1e308,
+                    "gpu_util": 1e308}] * 2
+    json.dumps(resource_totals(overflowing, {"cpu_hour": 1.0, "gpu_hour": 1.0}), allow_nan=False)
     document = {"attempts": [{"resources": {"cpu_core_s": -3600.0, "samples": 1}}, {"resources": first_hour()}]}
     assert run_resource_totals(document, {"cpu_hour": 2.0})["cost"] == pytest.approx(2.0)
 

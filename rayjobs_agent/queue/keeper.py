@@ -66,6 +66,10 @@ BEAT_S = 2.0
 
 PIN_EVERY_S = 120.0
 
+# Whether a pipeline run with notify settings has ended is looked at this often: each look reads the store for every
+# job of such runs up to the first still pending, too much for every step of a keeper with large pipelines.
+NOTIFY_LOOK_EVERY_S = 5.0
+
 # Finished order jobs are looked for this often.
 CLEAN_EVERY_S = 10.0
 
@@ -125,6 +129,9 @@ class Keeper:
         self.lost = LostJobs(store, jobs, say)
         self._keys_after_step: list[str] | None = None
         self._retry_at: dict[str, float] = {}
+        self._admit_problems: dict[str, str] = {}
+        self._notify_looked_at = 0.0
+        self._sending = threading.Lock()
 
     def step(self) -> dict[str, Any]:
         """Carry out the orders, handle stops, find lost jobs, admit what may start, and return what the queue
@@ -146,8 +153,18 @@ class Keeper:
         # Across queues, the queue whose first job was submitted first goes first: of jobs that fit the cluster, the
         # earlier one is let in, whatever its queue's name.
         for queue in sorted(queues_in(self.store), key=lambda name: self._first_submitted(name)):
-            reasons.update(self._admit(queue, now))
-        self._notify_ended_runs(now)
+            try:
+                reasons.update(self._admit(queue, now))
+            except Exception as exc:  # noqa: BLE001 - one queue's bad entry must not stop the others, nor the step
+                problem = f"{type(exc).__name__}: {last_line(str(exc))}"
+                if self._admit_problems.get(queue) != problem:
+                    self.say(f"queue {queue}: its jobs could not be looked at ({problem}); the other queues go on")
+                self._admit_problems[queue] = problem
+            else:
+                self._admit_problems.pop(queue, None)
+        if now - self._notify_looked_at >= NOTIFY_LOOK_EVERY_S:
+            self._notify_looked_at = now
+            self._notify_ended_runs(now)
         if now - self._pinned_at >= PIN_EVERY_S:
             self._pin_packages()
             self._pinned_at = now
@@ -212,7 +229,9 @@ class Keeper:
         Ray lists a job before it creates its supervisor. An order ended in that moment would have its supervisor
         created afterwards, waiting for the head's resource behind the keeper: placed once a keeper dies, it finds
         its job ended, never exits, and holds the whole head resource, so no keeper would be placed again. An order
-        is read once its supervisor exists, so that ending it takes the supervisor down too.
+        is read once its supervisor exists, so that ending it takes the supervisor down too; one whose supervisor
+        has not come after ``PENDING_GRACE_S`` is read all the same, and :func:`end_stray_order_supervisors` takes
+        down a supervisor that comes later.
         """
         has_supervisor = getattr(self.jobs, "has_supervisor", None)
         if has_supervisor is None or now - float(info.get("start_time") or now * 1000) / 1000 >= PENDING_GRACE_S:
@@ -344,14 +363,6 @@ class Keeper:
         newest = self._newest_entry_of_each_run() if any(entry.get("pipeline") for _, entry in entries) else {}
         lined_up = []
         for position, (job_id, entry) in enumerate(entries, start=1):
-            bigger = {name: amount for name, amount in (entry.get("needs") or {}).items()
-                      if name in most and float(amount) > most[name] + 1e-9}
-            if bigger:
-                # Its queue's quota was lowered below what it needs after it entered: it waits for the quota to be
-                # raised, and holds up no one meanwhile.
-                passed_over[job_id] = (f"it needs {', '.join(f'{amount:g} {name}' for name, amount in bigger.items())}"
-                                       f", more than queue {queue}'s whole quota; it waits for the quota to be raised")
-                continue
             if not is_sealed(self.store, entry.get("pipeline")):
                 if now - newest.get(entry["pipeline"], now) <= UNSEALED_KEPT_S:
                     passed_over[job_id] = f"pipeline run {entry['pipeline']} is still being submitted"
@@ -368,6 +379,13 @@ class Keeper:
                     reason=why))
             elif state:
                 passed_over[job_id] = why
+            elif (bigger := {name: amount for name, amount in (entry.get("needs") or {}).items()
+                             if name in most and float(amount) > most[name] + 1e-9}):
+                # Its queue's quota was lowered below what it needs after it entered: it waits for the quota to be
+                # raised, and holds up no one meanwhile. Only a job that may otherwise run waits so: one whose
+                # pipeline will never let it run ends first.
+                passed_over[job_id] = (f"it needs {', '.join(f'{amount:g} {name}' for name, amount in bigger.items())}"
+                                       f", more than queue {queue}'s whole quota; it waits for the quota to be raised")
             else:
                 lined_up.append((job_id, entry))
         return lined_up
@@ -506,7 +524,9 @@ class Keeper:
 
     def _send_run_end(self, run_id: str, run: dict[str, Any], ends: dict[str, Any], now: float) -> None:
         try:
-            notify_run_end(run_id, run, ends, now, sender=self.send_notification)
+            # One run's message at a time: a send reads why a target failed off Apprise's one process-wide logger.
+            with self._sending:
+                notify_run_end(run_id, run, ends, now, sender=self.send_notification)
         except Exception as exc:  # noqa: BLE001 - its own thread: nothing above it would say why
             self.say(f"pipeline run {run_id}: its notification failed ({type(exc).__name__}: "
                      f"{mask_url_userinfo(last_line(str(exc)))[:200]}); the run is unchanged")

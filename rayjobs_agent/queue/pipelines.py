@@ -104,8 +104,10 @@ def forget_old_runs(store: KeyValue, now: float) -> None:
         if now - float(run.get("at") or now) > RUN_KEPT_S:
             for job_id in (run.get("jobs") or {}).values():
                 store.delete(f"notrun/{job_id}")
-            store.delete(f"notified/{key.partition('/')[2]}")
+            # The run before its claim: a run left without its claim (a store error, a keeper killed between the
+            # two) would be told again, long after its jobs left Ray's table.
             store.delete(key)
+            store.delete(f"notified/{key.partition('/')[2]}")
 
 
 def note_not_run(store: KeyValue, job_id: str, reason: str) -> None:

@@ -86,12 +86,12 @@ def masked_log(text: str) -> str:
 
 
 def pipeline_of(document: dict[str, Any]) -> dict[str, Any] | None:
-    """What a run's record says of the pipeline run it is a job of (``run``, ``job``, ``after``); None for a run of
-    no pipeline, or a record that cannot be read."""
+    """What a run's record says of the pipeline run it is a job of (``run``, ``job``, ``after``), as printed (a URL's
+    password in a folder masked); None for a run of no pipeline, or a record that cannot be read."""
     if document.get("status") == UNREADABLE:
         return None
     link = document.get(PIPELINE_FIELD)
-    return link if isinstance(link, dict) else None
+    return masked_values(link) if isinstance(link, dict) else None
 
 
 def pipeline_label(document: dict[str, Any]) -> str:
