@@ -152,6 +152,10 @@ def load_pipeline(path: str | Path) -> LoadedPipeline:
         except SpecError as exc:
             errors.append(exc)
             continue
+        if loaded.jobs[name].spec.queue is None:
+            # It waits in the queue named after its pipeline: a queued job, so it keeps its record (how long it
+            # waited, and the pipeline it is a job of, from which the records alone draw the run's graph).
+            loaded.jobs[name].spec = loaded.jobs[name].spec.model_copy(update={"queue": pipeline.pipeline})
         if loaded.jobs[name].spec.submission_id is not None:
             errors.append(SpecError(str(path), [locate.problem(
                 ("jobs", name, "spec"), f"{job.spec} fixes submission_id {loaded.jobs[name].spec.submission_id!r}; a "

@@ -32,6 +32,16 @@ def test_a_pipeline_loads_each_spec_with_its_overrides_and_orders_every_job_afte
     assert loaded.after["evaluate"] == ["train-a", "train-b"]
 
 
+def test_a_job_whose_spec_names_no_queue_waits_in_the_pipelines_and_so_keeps_its_record(tmp_path):
+    from jobs.submission import keeps_record
+
+    path = write_pipeline(tmp_path, "pipeline: nightly\njobs:\n  prep:\n    spec: step.yaml\n"
+                          "  train:\n    spec: step.yaml\n    after: [prep]\n    set: [queue=gpu]\n")
+    loaded = load_pipeline(path)
+    assert {name: job.spec.queue for name, job in loaded.jobs.items()} == {"prep": "nightly", "train": "gpu"}
+    assert all(keeps_record(job, ships_code=False) for job in loaded.jobs.values())
+
+
 def test_a_job_after_an_unknown_name_is_named_with_the_file_line_and_field(tmp_path):
     path = write_pipeline(tmp_path, "pipeline: p\njobs:\n  prep:\n    spec: step.yaml\n"
                           "  train:\n    spec: step.yaml\n    after: [perp]\n")
