@@ -72,6 +72,7 @@ def test_an_order_is_read_once_ray_has_created_its_supervisor_so_that_ending_it_
     jobs.has_supervisor = lambda job_id: created["yes"]
     keeper.step()
     assert jobs.settled == [] and store.keys("waiting/") == []
+    assert keeper.step_due(keeper.note_keys_after_step(), 0.0), "looked at again at the next tick"
     created["yes"] = True
     clock.now += kp.STEP_EVERY_S
     keeper.step()
@@ -82,6 +83,29 @@ def test_an_order_is_read_once_ray_has_created_its_supervisor_so_that_ending_it_
     clock.now += ql.PENDING_GRACE_S
     keeper.step()
     assert jobs.answer_to(late)["queued"] == "team-a"
+
+
+def test_an_order_that_cannot_be_ended_with_its_answer_holds_up_none_of_the_orders_after_it():
+    store = DictStore()
+    stuck = _enqueue_order(store, "job-1", at_ms=1_000)
+    later = _enqueue_order(store, "job-2", at_ms=2_000)
+    keeper, jobs, said = _keeper(store)
+    settle = jobs.settle
+
+    def refuse_the_first(job_id, status, message, **kwargs):
+        if job_id == stuck:
+            raise ConnectionError("the GCS is restarting")
+        settle(job_id, status, message, **kwargs)
+
+    jobs.settle = refuse_the_first
+    keeper.step()
+    assert jobs.answer_to(later)["queued"] == "team-a"
+    assert [line for line in said if stuck in line] == [
+        f"order {stuck} was carried out, but could not be ended with its answer (ConnectionError: the GCS is "
+        "restarting); it is read again"]
+    jobs.settle = settle
+    keeper.step()
+    assert "exists" in jobs.answer_to(stuck) and jobs.ids().count("job-1") == 1, "read again, it enters nothing twice"
 
 
 def test_the_supervisors_of_orders_that_ended_or_left_rays_table_are_taken_down_and_a_waiting_orders_is_not():

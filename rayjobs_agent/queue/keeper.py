@@ -132,6 +132,7 @@ class Keeper:
         self._admit_problems: dict[str, str] = {}
         self._notify_looked_at = 0.0
         self._sending = threading.Lock()
+        self._orders_deferred = False
 
     def step(self) -> dict[str, Any]:
         """Carry out the orders, handle stops, find lost jobs, admit what may start, and return what the queue
@@ -181,7 +182,7 @@ class Keeper:
 
     def step_due(self, keys: list[str], since_step_s: float) -> bool:
         """Whether a step is due, given :meth:`watched_keys` now and the time since the last step."""
-        if keys != self._keys_after_step:
+        if keys != self._keys_after_step or self._orders_deferred:
             return True
         return since_step_s >= (STEP_EVERY_S if self._waits(keys) else IDLE_STEP_EVERY_S)
 
@@ -201,6 +202,7 @@ class Keeper:
     # Orders --------------------------------------------------------------------------------------------------
 
     def _take_orders(self, now: float) -> None:
+        self._orders_deferred = False
         pending = sorted((info for info in ray_jobs(self.store, ORDER_PREFIX) if info.get("status") == "PENDING"
                           and self._supervisor_created(info, now)),
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
@@ -221,7 +223,11 @@ class Keeper:
                 result = self.carry_out(order_id, order, (info.get("start_time") or now * 1000) / 1000, now)
             except Exception as exc:  # noqa: BLE001 - the client is told; the next order is carried out all the same
                 result = {"error": f"{type(exc).__name__}: {last_line(str(exc))}"}
-            self.jobs.settle(order_id, "STOPPED", answer_text(result))
+            try:
+                self.jobs.settle(order_id, "STOPPED", answer_text(result))
+            except Exception as exc:  # noqa: BLE001 - read again next step; the orders after it go on meanwhile
+                self.say(f"order {order_id} was carried out, but could not be ended with its answer "
+                         f"({type(exc).__name__}: {last_line(str(exc))}); it is read again")
 
     def _supervisor_created(self, info: dict[str, Any], now: float) -> bool:
         """Whether Ray has created the supervisor actor of a PENDING order yet.
@@ -236,7 +242,10 @@ class Keeper:
         has_supervisor = getattr(self.jobs, "has_supervisor", None)
         if has_supervisor is None or now - float(info.get("start_time") or now * 1000) / 1000 >= PENDING_GRACE_S:
             return True
-        return has_supervisor(info["submission_id"]) is not False
+        created = has_supervisor(info["submission_id"]) is not False
+        # Ray creates it a moment after it lists the job: the next tick looks again, not the next step's turn.
+        self._orders_deferred = self._orders_deferred or not created
+        return created
 
     def carry_out(self, order_id: str, order: dict[str, Any], submitted: float, now: float) -> Any:
         """Carry out one order (``order_id``: its job's id; ``submitted``: when Ray took it, the head's clock)."""
