@@ -118,7 +118,9 @@ def test_six_jobs_in_a_queue_of_two_run_two_at_a_time_by_priority_then_time(rayj
         else:
             ids[name] = _submitted_id(rayjobs_cli("submit", spec, "--no-wait"))
     queue_view = ClusterQueue(api)
-    wait_for_condition(lambda: all(queue_view.place_of(job_id) for job_id in ids.values()),
+    # Placed, not only being entered: a job whose order the keeper has not read yet has no position, and the
+    # positions of those behind it are not final.
+    wait_for_condition(lambda: all((queue_view.place_of(job_id) or {}).get("position") for job_id in ids.values()),
                        timeout_s=HANG_GUARD_S, interval_s=1)
     # Waiting costs no Ray job: none of the four is in Ray's table, so none has a supervisor or a wrapper.
     assert not [job_id for job_id in ids.values() if _ray_has(api, job_id)]
