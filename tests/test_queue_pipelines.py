@@ -135,14 +135,20 @@ def test_when_a_job_fails_is_stopped_or_deleted_every_job_after_it_ends_without_
     assert store.keys("waiting/") == []
 
 
-def test_a_job_lost_whole_and_submitted_again_is_followed_to_its_last_attempt():
-    store = DictStore()
+def _prep_lost_whole(store: DictStore) -> tuple[Any, Any]:
+    """prep → train, sealed, prep started and then lost whole (its supervisor died): the keeper and its jobs."""
     _enter(store, "prep", [], at_ms=1_000_000)
     _enter(store, "train", ["prep"], at_ms=1_000_001)
     _seal(store, ["prep", "train"], at_ms=1_000_002)
     keeper, jobs, _ = _keeper(store)
     keeper.step()
     store.set_job_status(_job("prep"), "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED")
+    return keeper, jobs
+
+
+def test_a_job_lost_whole_and_submitted_again_is_followed_to_its_last_attempt():
+    store = DictStore()
+    keeper, jobs = _prep_lost_whole(store)
     store.put(f"lost/{_job('prep')}", b'{"retry": true, "next": "' + f"{_job('prep')}-attempt2".encode() + b'"}')
     store.set_job_status(f"{_job('prep')}-attempt2", "RUNNING")
     keeper.step()
@@ -182,13 +188,8 @@ def test_a_seal_with_an_id_that_could_be_read_as_another_key_is_refused():
 
 def test_a_job_lost_whole_before_its_keeper_decided_its_retry_keeps_the_jobs_after_it_waiting():
     store = DictStore()
-    _enter(store, "prep", [], at_ms=1_000_000)
-    _enter(store, "train", ["prep"], at_ms=1_000_001)
-    _seal(store, ["prep", "train"], at_ms=1_000_002)
-    keeper, jobs, _ = _keeper(store)
-    keeper.step()
     # Ray ends it lost a moment before the keeper's next look at lost jobs (every 2 s): nothing is decided yet.
-    store.set_job_status(_job("prep"), "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED")
+    keeper, jobs = _prep_lost_whole(store)
     keeper._watched_at = keeper.clock()
     (shown,) = keeper.step()["queues"]
     assert jobs.ids() == [_job("prep")], "train neither ran nor ended"
