@@ -209,7 +209,30 @@ def ray_cluster(ray_cluster_home: Path) -> Iterator[LocalCluster]:
     # The session's own RAYJOBS_HOME keeps it apart from a user's cluster of the same name,
     # and the default name lets `rayjobs` subprocesses find it without flags.
     with local_cluster_in(ray_cluster_home, DEFAULT_CLUSTER_NAME, num_cpus=2) as cluster:
-        yield cluster
+        _SESSION_CLUSTER.append(cluster)
+        try:
+            yield cluster
+        finally:
+            _SESSION_CLUSTER.clear()
+
+
+# The session cluster while it runs, for the report of a failed test on it.
+_SESSION_CLUSTER: list[LocalCluster] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test on the session cluster reports the state of the cluster's queue beside its error: a failure
+    seen only in CI is then read from CI's output."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and _SESSION_CLUSTER and uses_session_cluster(item):
+        from tests.support.cluster_state import describe_queue_state
+
+        try:
+            report.sections.append(("the session cluster's queue", describe_queue_state(_SESSION_CLUSTER[0])))
+        except Exception as exc:  # noqa: BLE001 - the failure itself is reported whatever happens here
+            report.sections.append(("the session cluster's queue", f"could not be described: {exc!r}"))
 
 
 @pytest.fixture
