@@ -117,6 +117,17 @@ def test_the_graph_has_each_job_in_its_layer_with_what_it_ran_after_its_status_a
     assert [job["job"] for job in pipeline_graph(list_runs(Folder(str(records))), OTHER_RUN)["jobs"]] == ["prep"]
 
 
+@pytest.mark.parametrize("link", [{"job": "a"}, {"run": [RUN], "job": "a"}, {"run": RUN, "job": "a", "after": ["b"]},
+                                  {"run": RUN, "job": "a", "after": {"b": 3}}, {"run": "../../etc", "job": "a"}])
+def test_a_document_whose_link_is_malformed_reads_as_a_run_of_no_pipeline_and_the_graph_is_drawn_without_it(link):
+    # Records read through the model never carry such a link; a document from any other reader must not break
+    # the graph, the runs table or the export all the same.
+    good = job_record("b", "SUCCEEDED", 1.0, {})
+    graph = pipeline_graph([(Folder("/r/bad"), {**job_record("a", "SUCCEEDED", 1.0, {}), PIPELINE_FIELD: link}),
+                            (Folder("/r/good"), good)], RUN)
+    assert [job["job"] for job in graph["jobs"]] == ["b"]
+
+
 def test_a_job_recorded_twice_shows_its_latest_record_and_a_cycle_is_shown_not_refused(tmp_path):
     write_run(tmp_path, "a-old", job_record("a", "FAILED", 1.0, {"b": "/b"}))
     write_run(tmp_path, "a-new", job_record("a", "SUCCEEDED", 2.0, {"b": "/b"}))

@@ -9,6 +9,10 @@ real cluster; here every interleaving is set up by hand.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -186,6 +190,34 @@ def test_an_order_of_other_code_makes_the_keeper_step_aside_before_it_carries_ou
     with pytest.raises(kp.StepAside):
         keeper.step()
     assert jobs.settled == [] and store.keys("waiting/") == []
+
+
+def test_a_keeper_whose_steps_keep_failing_goes_stale_so_that_a_helper_replaces_it():
+    # The heartbeat is the only thing a helper reads to leave a keeper be: one beaten before a step that then fails
+    # would stay current for ever, its orders unanswered and never replaced.
+    from rayjobs_agent.queue.actor import BEAT_FRESH_S, keeper_is_current
+
+    store = DictStore()
+    clock = Clock(1000.0)
+    keeper, _, _ = _keeper(store, clock)
+    keeper.step()
+    assert keeper_is_current(store, clock.now), "a working keeper is current"
+
+    def broken(now: float) -> None:
+        raise ConnectionError("the job table cannot be read")
+
+    keeper._take_orders = broken
+    with pytest.raises(ConnectionError):
+        keeper.step()  # its first failure comes right after a beat of its own
+    assert keeper_is_current(store, clock.now)
+    for _ in range(int(BEAT_FRESH_S / kp.STEP_EVERY_S) + 1):
+        clock.now += kp.STEP_EVERY_S
+        with pytest.raises(ConnectionError):
+            keeper.step()
+    assert not keeper_is_current(store, clock.now), "a keeper whose every step fails goes stale"
+    del keeper._take_orders
+    keeper.step()
+    assert keeper_is_current(store, clock.now), "one whose steps go through again is current again"
 
 
 def test_an_unreadable_order_is_answered_and_the_next_one_carried_out():
@@ -595,3 +627,29 @@ def test_a_stop_of_a_lost_job_whose_next_attempt_runs_stops_that_attempt():
     assert jobs.answer_to("rayjobs-order-stop-1") == {"stopped": "nightly-1", "was": "running",
                                                        "attempt": "nightly-1-attempt2"}
     assert jobs.stopped[-1] == "nightly-1-attempt2"
+
+
+def test_a_helper_job_that_hangs_answers_with_what_it_did_and_leaves_so_that_the_head_is_free_for_a_keeper(tmp_path):
+    # A helper holds the head's whole resource: one hung in starting the keeper would keep every order waiting.
+    from rayjobs_agent.pinning import ADDRESS_VARIABLE
+    from tests.support.waiting import HANG_GUARD_S
+
+    script = tmp_path / "hung_helper.py"
+    script.write_text(
+        "import sys, time\n"
+        "from rayjobs_agent.queue import orders\n"
+        "from tests.support.queue_store import DictStore\n"
+        "store = DictStore()\n"
+        "orders.GcsKeyValue = lambda address: store\n"
+        "orders.ensure_keeper = lambda store, now: time.sleep(3600)\n"
+        "orders.HELPER_DEADLINE_S = 0.5\n"
+        "sys.exit(orders.main())\n")
+    environ = {**q.order_variables({"verb": "set", "queue": "team-a", "max_running": 1, "format": q.ORDER_FORMAT}),
+               ADDRESS_VARIABLE: "127.0.0.1:1"}
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script)], env={**os.environ, **environ, "PYTHONPATH": repo},
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    # The order was carried out before the hang: its answer says so.
+    assert q.answer_in(done.stdout) == [{"queue": "team-a", "max_running": 1, "running": [], "waiting": []}]
+    assert "ran past 0.5s and leaves" in done.stdout

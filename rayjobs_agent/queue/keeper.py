@@ -142,9 +142,8 @@ class Keeper:
             StepAside: an order of other code waits; none of the orders was carried out.
         """
         now = self.clock()
-        if now - self._beat_at >= BEAT_S:
-            self.store.put("keeper", json.dumps({"at": now, "version": self.version}).encode())
-            self._beat_at = now
+        if not self._beat_at:
+            self._beat(now)  # a keeper just started counts as working for ``actor.BEAT_FRESH_S``: helpers leave it be
         self._take_orders(now)
         self._handle_stops(now)
         if now - self._watched_at >= WATCH_EVERY_S:
@@ -172,9 +171,17 @@ class Keeper:
         if now - self._cleaned_at >= CLEAN_EVERY_S:
             self._cleaned_at = now
             self._clean(now)
+        if now - self._beat_at >= BEAT_S:
+            # Beaten once a whole step went through, never before: a keeper whose steps keep failing goes stale, and
+            # the helper of a client whose order waits unanswered replaces it (``actor.ensure_keeper``).
+            self._beat(now)
         return {"at": now, "keeper": {"version": self.version, "started": self.started},
                 "queues": describe(self.store, now, reasons=reasons), "retries": self.lost.decisions(now),
                 "pipelines": recent_runs(self.store, now)}
+
+    def _beat(self, now: float) -> None:
+        self.store.put("keeper", json.dumps({"at": now, "version": self.version}).encode())
+        self._beat_at = now
 
     def watched_keys(self) -> list[str]:
         """What a step depends on: the store's keys and the order jobs in Ray's table."""

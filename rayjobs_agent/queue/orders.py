@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..pinning import ADDRESS_VARIABLE
 from ..queueing import ORDER_FORMAT, answer, order_from, order_problem, submission_id_from
+from ..wire import OWN_LINE_PREFIX
 from .actor import ensure_keeper
 from .pipelines import seal_order
 from .store import GcsKeyValue, enqueue, ray_job_info, set_order
+
+# The longest a helper job runs. It holds the head's whole resource, which a keeper needs to be placed: one that hung
+# (on a GCS that does not answer, or in Ray's own start or shutdown) would keep every order waiting behind it. Past
+# this it answers with what it did and leaves; the next order starts the keeper if this one could not.
+HELPER_DEADLINE_S = 90.0
 
 def helper(environ: Mapping[str, str]) -> int:
     """What an order job does when it runs (no keeper was alive to read it): what the order asks is written into
@@ -28,6 +35,8 @@ def helper(environ: Mapping[str, str]) -> int:
     ``after``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
     is a constant command.
     """
+    outcome: dict[str, Any] = {}
+    _leave_after_deadline(outcome)
     order = order_from(environ)
     store = GcsKeyValue(environ[ADDRESS_VARIABLE])
     now = time.time()
@@ -57,9 +66,27 @@ def helper(environ: Mapping[str, str]) -> int:
     else:
         answer({"error": f"unknown order {verb!r}"})
         return 2
+    outcome["result"] = result
     ensure_keeper(store, now)
     answer(result)
     return 0
+
+
+def _leave_after_deadline(outcome: dict[str, Any]) -> None:
+    """Past :data:`HELPER_DEADLINE_S`, answer with ``outcome["result"]`` (what the order did, once done) or an error,
+    and end the process whatever it waits on."""
+
+    def leave() -> None:
+        done = "result" in outcome
+        answer(outcome["result"] if done else {
+            "error": f"the order's helper job did not finish within {HELPER_DEADLINE_S:g}s; send it again"})
+        print(f"{OWN_LINE_PREFIX}this helper job ran past {HELPER_DEADLINE_S:g}s and leaves, so that the head's "
+              "resource is free for a keeper", flush=True)
+        os._exit(0 if done else 1)
+
+    timer = threading.Timer(HELPER_DEADLINE_S, leave)
+    timer.daemon = True
+    timer.start()
 
 def main() -> int:
     """An order job's work on the cluster when no keeper read it (its order in its variables).

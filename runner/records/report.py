@@ -14,6 +14,7 @@ from rayjobs_agent.resources import ResourceUsage, totals_lines
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table
 from runner.follow.progress import shown_metrics
+from runner.records.model import name_problem
 from runner.records.store import UNREADABLE, Folder
 
 LOST = "LOST"
@@ -91,7 +92,14 @@ def pipeline_of(document: dict[str, Any]) -> dict[str, Any] | None:
     if document.get("status") == UNREADABLE:
         return None
     link = document.get(PIPELINE_FIELD)
-    return masked_values(link) if isinstance(link, dict) else None
+    if not isinstance(link, dict) or not all(isinstance(link.get(field), str) and name_problem(link[field]) is None
+                                             for field in ("run", "job")):
+        return None  # a link written by hand, or by other code: the run reads as one of no pipeline
+    after = link.get("after") or {}
+    if not isinstance(after, dict) or not all(isinstance(name, str) and isinstance(folder, str)
+                                              for name, folder in after.items()):
+        return None
+    return masked_values({**link, "after": after})
 
 
 def pipeline_label(document: dict[str, Any]) -> str:
