@@ -12,8 +12,8 @@ processes.
 
 **Orders.** The store is reachable from inside the cluster only, so a client hands the keeper each
 order (enter a job, stop one, set a limit) as a Ray job that never runs: one request to Ray's job
-API, its order in its variables, asking for the whole of the head node's ``node:__internal_head__``
-resource, of which the keeper itself holds a sliver. While a keeper lives the order cannot be placed:
+API, its order in its variables, asking for more than nine tenths of the head node's ``node:__internal_head__``
+resource, of which the keeper itself holds a tenth. While a keeper lives the order cannot be placed:
 it waits PENDING, costing no process, and the keeper reads it from Ray's job table, carries it out
 and ends it STOPPED with its answer as the job's message. With no keeper alive (a cluster's first
 order, a keeper being replaced) the order is placed and runs as a helper job: it writes what the
@@ -72,17 +72,21 @@ ORDER_PREFIX = "rayjobs-order-"
 
 ENQUEUE_ORDER_PREFIX = f"{ORDER_PREFIX}enqueue-"
 
-# Ray's own resource of the head node, of which the head has exactly 1. The keeper holds a sliver of it and an order
-# asks for all of it: while a keeper lives no order is placed (it waits, costing no process, for the keeper to read
-# it), and with none alive an order runs as a helper job that starts one.
+# Ray's own resource of the head node, of which the head has exactly 1. The keeper holds a tenth of it and an order
+# asks for more than nine tenths: while a keeper lives no order is placed (it waits, costing no process, for the
+# keeper to read it); with none alive an order runs as a helper job that starts one, one helper at a time, and the
+# keeper is placed once the helper has ended. Not the whole: other code holds slivers of it for as long as the cluster
+# lives (Ray Train's state actor, 0.001, from a cluster's first training run on), and an order that asked for the
+# whole would never be placed there, so a cluster that trained before its first order never got a keeper. What is
+# left beside a keeper (0.9) or a helper (0.09) stays placeable for such slivers.
 HEAD_RESOURCE = "node:__internal_head__"
 
-ORDER_RESOURCES = {HEAD_RESOURCE: 1.0}
+KEEPER_RESOURCES = {HEAD_RESOURCE: 0.1}
 
-KEEPER_RESOURCES = {HEAD_RESOURCE: 0.001}
+ORDER_RESOURCES = {HEAD_RESOURCE: 0.91}
 
 # An order that asks for none of the head's resource is placed even while a keeper that works no more (its process
-# stopped, its loop hung) holds its sliver: it runs as a helper job, which replaces that keeper. A client sends one
+# stopped, its loop hung) holds its tenth: it runs as a helper job, which replaces that keeper. A client sends one
 # when an order of its own has waited unanswered while the keeper's snapshot, written every few seconds by a keeper
 # that works, was older than KEEPER_HUNG_AFTER_S by the head's clock.
 RECOVERY_RESOURCES: dict[str, float] = {}

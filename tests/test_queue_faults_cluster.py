@@ -399,7 +399,7 @@ def test_an_order_behind_a_keeper_whose_process_hangs_is_answered_by_a_keeper_th
 
 # What a stray supervisor does: Ray lists a job before it creates its supervisor actor, so an order ended in that
 # moment (or a keeper killed between ending an order and taking its supervisor down) leaves a supervisor that waits
-# for the head's whole resource; placed once the keeper dies, it finds its job ended and never exits.
+# for the order's share of the head's resource; placed once the keeper dies, it finds its job ended and never exits.
 STRAY_SUPERVISOR = """
 import asyncio, os, signal, sys
 import ray
@@ -417,7 +417,7 @@ class Stray:
         return 1
 
 Stray.options(name="_ray_internal_job_actor_" + stray, namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE",
-              lifetime="detached", resources={"node:__internal_head__": 1.0}).remote()
+              lifetime="detached", resources={"node:__internal_head__": float(sys.argv[2])}).remote()
 keeper = [actor for actor in list_actors(filters=[("name", "=", "rayjobs-queue-keeper")]) if actor.state == "ALIVE"]
 os.kill(int(keeper[0].pid), signal.SIGKILL)
 print("STRAY MADE, KEEPER KILLED", flush=True)
@@ -440,7 +440,8 @@ def test_a_supervisor_of_an_ended_order_that_holds_the_heads_resource_is_taken_d
     script = tmp_path / "stray.py"
     script.write_text(STRAY_SUPERVISOR)
     maker = f"stray-maker-{uuid.uuid4().hex[:8]}"
-    api.submit({"submission_id": maker, "entrypoint": f"python {script} {stray}"})
+    api.submit({"submission_id": maker,
+                "entrypoint": f"python {script} {stray} {q.ORDER_RESOURCES[q.HEAD_RESOURCE]}"})
     wait_for_condition(lambda: _status(api, maker) in ("SUCCEEDED", "FAILED", "STOPPED"), timeout_s=HANG_GUARD_S)
     assert _status(api, maker) == "SUCCEEDED", api.get_logs(maker)
     # The keeper, restarted by Ray, and the stray both wait for the head's resource: whichever is placed first, the
@@ -452,6 +453,67 @@ def test_a_supervisor_of_an_ended_order_that_holds_the_heads_resource_is_taken_d
                        timeout_s=KEEPER_GUARD_S)
     wait_for_condition(lambda: [actor["state"] for actor in _live_actors_named(api, "rayjobs-queue-keeper")]
                        == ["ALIVE"], timeout_s=KEEPER_GUARD_S)
+
+
+# What Ray Train's state actor does from a cluster's first training run on: a detached actor holding a sliver of the
+# head's resource for as long as the cluster lives. The keeper is taken away for good, as on a cluster that never had
+# one.
+SLIVER_HOLDER = """
+import sys
+import ray
+
+ray.init(address="auto")
+
+@ray.remote(num_cpus=0)
+class Sliver:
+    def ping(self):
+        return 1
+
+holder = Sliver.options(name=sys.argv[1], namespace="rayjobs-tests", lifetime="detached",
+                        resources={"node:__internal_head__": 0.001}).remote()
+ray.get(holder.ping.remote())
+try:
+    ray.kill(ray.get_actor("rayjobs-queue-keeper", namespace="rayjobs"), no_restart=True)
+except ValueError:
+    pass  # no keeper yet
+print("SLIVER HELD, NO KEEPER", flush=True)
+"""
+
+TAKE_AWAY = """
+import sys
+import ray
+
+ray.init(address="auto")
+ray.kill(ray.get_actor(sys.argv[1], namespace="rayjobs-tests"), no_restart=True)
+"""
+
+
+def _run_script(api, tmp_path: Path, code: str, *arguments: str) -> None:
+    script = tmp_path / f"script-{uuid.uuid4().hex[:8]}.py"
+    script.write_text(code)
+    job = f"script-{uuid.uuid4().hex[:8]}"
+    api.submit({"submission_id": job, "entrypoint": " ".join(["python", str(script), *arguments])})
+    wait_for_condition(lambda: _status(api, job) in ("SUCCEEDED", "FAILED", "STOPPED"), timeout_s=HANG_GUARD_S)
+    assert _status(api, job) == "SUCCEEDED", api.get_logs(job)
+
+
+def test_a_cluster_whose_head_resource_holds_another_actors_sliver_gets_a_keeper_and_answers(rayjobs_cli, ray_cluster,
+                                                                                             tmp_path):
+    api = direct_api(ray_cluster)
+    holder = _fresh("sliver-holder")
+    _run_script(api, tmp_path, SLIVER_HOLDER, holder)
+    try:
+        wait_for_condition(lambda: _live_actors_named(api, "rayjobs-queue-keeper") == [], timeout_s=HANG_GUARD_S)
+        queue = _fresh("sliver")
+        limited = rayjobs_cli("queue", "set", queue, "--max-running", "1", timeout=KEEPER_GUARD_S)
+        assert limited.returncode == 0, limited.stderr
+        assert f"queue {queue}: 0 of 1 running" in limited.stdout, limited.stdout
+        wait_for_condition(lambda: [actor["state"] for actor in _live_actors_named(api, "rayjobs-queue-keeper")]
+                           == ["ALIVE"], timeout_s=KEEPER_GUARD_S)
+        again = rayjobs_cli("queue", "set", queue, "--max-running", "2", timeout=KEEPER_GUARD_S)
+        assert again.returncode == 0 and f"queue {queue}: 0 of 2 running" in again.stdout, again.stderr
+    finally:
+        _run_script(api, tmp_path, TAKE_AWAY, holder)
 
 
 # Code through S3 -----------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The keeper as Ray runs it: the detached actor around :class:`~.keeper.Keeper` (its loop, its snapshot in the
 head's log folder), its start or replacement by a helper job, and the head's resource kept free for it.
 
-A keeper is placed only where its sliver of the head's ``node:__internal_head__`` is free (``queueing``): orders
-wait behind it because they ask for the whole. Whatever else holds the whole (a helper job, for a moment; the
-supervisor of an order that ended, for ever) keeps a restarted keeper waiting, so a helper that finds the keeper
+A keeper is placed only where its tenth of the head's ``node:__internal_head__`` is free (``queueing``): orders
+wait behind it because they ask for more than nine tenths. Whatever else holds that much (a helper job, for a moment;
+the supervisor of an order that ended, for ever) keeps a restarted keeper waiting, so a helper that finds the keeper
 waiting to be placed takes down such supervisors (``keeper.end_stray_order_supervisors``).
 """
 
@@ -111,16 +111,16 @@ def keeper_is_current(store: KeyValue, now: float) -> bool:
     return beat.get("version") == agent_version() and now - float(beat.get("at") or 0) < BEAT_FRESH_S
 
 def ensure_keeper(store: KeyValue, now: float) -> None:
-    """Make sure the cluster has a keeper of this code: one whose heartbeat is fresh is left alone; one of other code,
-    or one that answers but beats no more (its loop hangs), is replaced.
+    """Make sure the cluster has a keeper of this code: a live one whose heartbeat is fresh is left alone; one of
+    other code, or one that answers but beats no more (its loop hangs), is replaced; none, or a beat with no keeper
+    behind it, and one is started.
 
     It is called from a helper job, which holds the head's resource the keeper needs: the new keeper is placed once
     the helper ends, so it is not waited for. A recovery order (``queueing.RECOVERY_RESOURCES``) holds none of it:
-    it runs beside a hung keeper, which still holds its sliver, and replaces it (a process stopped whole answers
+    it runs beside a hung keeper, which still holds its tenth, and replaces it (a process stopped whole answers
     nothing, and is killed all the same).
     """
-    if keeper_is_current(store, now):
-        return
+    current = keeper_is_current(store, now)
     import ray
 
     ray.init(address="auto", namespace=KEEPER_NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
@@ -129,6 +129,10 @@ def ensure_keeper(store: KeyValue, now: float) -> None:
             existing = ray.get_actor(KEEPER_NAME)
         except ValueError:
             existing = None
+        # A fresh beat counts only with a keeper behind it: one killed for good a moment ago leaves a fresh beat, and
+        # a helper runs only while no keeper holds its tenth of the head's resource.
+        if existing is not None and current:
+            return
         if existing is not None and not _started(existing):
             # Being created or restarted (after its node died, or waiting for this helper's share of the head): the
             # beat read is its predecessor's. Killing it would leave another keeper in the same wait, and orders

@@ -576,7 +576,7 @@ def end_stray_order_supervisors(store: KeyValue, jobs: Any, say: Callable[[str],
     """Take down the supervisor actors of order jobs that have ended or left Ray's table, and return their ids.
 
     Such a supervisor (an order ended before Ray created it, or a keeper killed between ending an order and taking
-    its supervisor down) holds the head's whole resource once placed, and never exits: no keeper is placed again
+    its supervisor down) holds most of the head's resource once placed, and never exits: no keeper is placed again
     until it goes.
     """
     supervised_orders = getattr(jobs, "supervised_orders", None)

@@ -20,7 +20,7 @@ from .actor import ensure_keeper
 from .pipelines import seal_order
 from .store import GcsKeyValue, enqueue, ray_job_info, set_order
 
-# The longest a helper job runs. It holds the head's whole resource, which a keeper needs to be placed: one that hung
+# The longest a helper job runs. It holds most of the head's resource, which a keeper needs to be placed: one that hung
 # (on a GCS that does not answer, or in Ray's own start or shutdown) would keep every order waiting behind it. Past
 # this it answers with what it did and leaves; the next order starts the keeper if this one could not.
 HELPER_DEADLINE_S = 90.0
