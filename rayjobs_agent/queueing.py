@@ -12,15 +12,15 @@ processes.
 
 **Orders.** The store is reachable from inside the cluster only, so a client hands the keeper each
 order (enter a job, stop one, set a limit) as a Ray job that never runs: one request to Ray's job
-API, its order in its variables, asking for more than nine tenths of the head node's ``node:__internal_head__``
-resource, of which the keeper itself holds a tenth. While a keeper lives the order cannot be placed:
-it waits PENDING, costing no process, and the keeper reads it from Ray's job table, carries it out
-and ends it STOPPED with its answer as the job's message. With no keeper alive (a cluster's first
-order, a keeper being replaced) the order is placed and runs as a helper job: it writes what the
-order asks into the store itself and starts the keeper. An order to enter job ID is submitted as
-``rayjobs-order-enqueue-ID``, and Ray's job table takes one submission of an id only, so two
-clients entering one fixed id at once cannot both succeed; that order stays in Ray's table until the
-keeper has submitted job ID itself, so the id is never free in between.
+API, its order in its variables, asking for 0.61 of the head node's ``node:__internal_head__``
+resource, of which the keeper itself holds 0.4. While a keeper lives the order cannot be placed: it
+waits PENDING, costing no process, and the keeper reads it from Ray's job table, carries it out and
+ends it STOPPED with its answer as the job's message. With no keeper alive (a cluster's first order,
+a keeper being replaced) the order is placed and runs as a helper job: it writes what the order asks
+into the store itself and starts the keeper. An order to enter job ID is submitted as
+``rayjobs-order-enqueue-ID``, and Ray's job table takes one submission of an id only, so two clients
+entering one fixed id at once cannot both succeed; that order stays in Ray's table until the keeper
+has submitted job ID itself, so the id is never free in between.
 
 When the head node restarts, the key-value store starts empty unless the cluster keeps the GCS in
 Redis (GCS fault tolerance, ``RAY_REDIS_ADDRESS`` on the head): with it, waiting jobs, limits and
@@ -72,21 +72,34 @@ ORDER_PREFIX = "rayjobs-order-"
 
 ENQUEUE_ORDER_PREFIX = f"{ORDER_PREFIX}enqueue-"
 
-# Ray's own resource of the head node, of which the head has exactly 1. The keeper holds a tenth of it and an order
-# asks for more than nine tenths: while a keeper lives no order is placed (it waits, costing no process, for the
-# keeper to read it); with none alive an order runs as a helper job that starts one, one helper at a time, and the
-# keeper is placed once the helper has ended. Not the whole: other code holds slivers of it for as long as the cluster
-# lives (Ray Train's state actor, 0.001, from a cluster's first training run on), and an order that asked for the
-# whole would never be placed there, so a cluster that trained before its first order never got a keeper. What is
-# left beside a keeper (0.9) or a helper (0.09) stays placeable for such slivers.
+# Ray's own resource of the head node, of which the head has exactly 1. The keeper holds 0.4 of it and an order asks
+# for 0.61: a keeper and an order together, or two orders, need more than the whole. So while a keeper lives no order
+# is placed (it waits, costing no process, for the keeper to read it); with none alive an order runs as a helper job
+# that starts one, one helper at a time, and the keeper is placed once the helper has ended. Not the whole: other
+# code holds slivers of it for as long as the cluster lives (Ray Train's state actor, 0.001, from a cluster's first
+# training run on; the Serve controller; actors a user pins to the head), and an order that asked for the whole would
+# never be placed there, so a cluster that trained before its first order never got a keeper. Up to 0.39 held by
+# others leaves orders and the keeper placeable.
 HEAD_RESOURCE = "node:__internal_head__"
 
-KEEPER_RESOURCES = {HEAD_RESOURCE: 0.1}
+KEEPER_RESOURCES = {HEAD_RESOURCE: 0.4}
 
-ORDER_RESOURCES = {HEAD_RESOURCE: 0.91}
+ORDER_RESOURCES = {HEAD_RESOURCE: 0.61}
+
+
+# Why such an order is answered with an error: code from before the keeper held a share of the head sent it.
+WHOLE_HEAD_ORDER = ("it comes from older rayjobs code, whose orders ask for the whole of the head's resource and are "
+                    "never placed where other code holds a sliver of it; upgrade rayjobs where it was sent from")
+
+
+def asks_whole_head(order_info: Mapping[str, Any]) -> bool:
+    """Whether an order job (Ray's record of it) asks for the whole of the head's resource, as the orders of code
+    from before the keeper held a share of it did: wherever other code holds a sliver, it is never placed."""
+    asked = (order_info.get("entrypoint_resources") or {}).get(HEAD_RESOURCE)
+    return isinstance(asked, (int, float)) and asked >= 1.0
 
 # An order that asks for none of the head's resource is placed even while a keeper that works no more (its process
-# stopped, its loop hung) holds its tenth: it runs as a helper job, which replaces that keeper. A client sends one
+# stopped, its loop hung) holds its share: it runs as a helper job, which replaces that keeper. A client sends one
 # when an order of its own has waited unanswered while the keeper's snapshot, written every few seconds by a keeper
 # that works, was older than KEEPER_HUNG_AFTER_S by the head's clock.
 RECOVERY_RESOURCES: dict[str, float] = {}

@@ -118,7 +118,9 @@ def test_the_graph_has_each_job_in_its_layer_with_what_it_ran_after_its_status_a
 
 
 @pytest.mark.parametrize("link", [{"job": "a"}, {"run": [RUN], "job": "a"}, {"run": RUN, "job": "a", "after": ["b"]},
-                                  {"run": RUN, "job": "a", "after": {"b": 3}}, {"run": "../../etc", "job": "a"}])
+                                  {"run": RUN, "job": "a", "after": {"b": 3}}, {"run": "../../etc", "job": "a"},
+                                  {"run": RUN, "job": "a", "after": {"..": "/x"}},
+                                  {"run": RUN, "job": "a", "after": {"b": "/x\x1b[2J"}}])
 def test_a_document_whose_link_is_malformed_reads_as_a_run_of_no_pipeline_and_the_graph_is_drawn_without_it(link):
     # Records read through the model never carry such a link; a document from any other reader must not break
     # the graph, the runs table or the export all the same.

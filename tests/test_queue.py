@@ -441,7 +441,7 @@ def test_an_order_job_that_ran_as_a_helper_enters_its_job_by_its_own_submission_
     started: list[str] = []
     monkeypatch.setattr(qo, "GcsKeyValue", lambda address: store)
     monkeypatch.setattr(qo, "ensure_keeper", lambda store, now: started.append("keeper"))
-    assert qo.helper(environ) == 0
+    assert qo.helper(environ, qo.Reply(deadline_s=None)) == 0
     assert json.loads(store.get("waiting/team-a/job-1"))["submitted"] == 1234.5
     assert started == ["keeper"]  # placed once this helper job ends: the head's resource is the helper's until then
 

@@ -386,7 +386,7 @@ def test_an_order_behind_a_keeper_whose_process_hangs_is_answered_by_a_keeper_th
     ClusterQueue(api).set_limit(queue, 0)  # a keeper runs, and has answered
     before = ClusterQueue(api).snapshot()["keeper"]["started"]
     hung = psutil.Process(_actor_pid(api, "rayjobs-queue-keeper"))
-    hung.suspend()  # SIGSTOP: it holds its sliver of the head's resource, and reads no order
+    hung.suspend()  # SIGSTOP: it holds its share of the head's resource, and reads no order
     try:
         limited = rayjobs_cli("queue", "set", queue, "--max-running", "2", timeout=KEEPER_GUARD_S)
         assert limited.returncode == 0, limited.stderr
@@ -435,7 +435,7 @@ def test_a_supervisor_of_an_ended_order_that_holds_the_heads_resource_is_taken_d
         rayjobs_cli, ray_cluster, tmp_path):
     api = direct_api(ray_cluster)
     queue = _fresh("stray")
-    ClusterQueue(api).set_limit(queue, 0)  # a keeper runs, and holds its sliver of the head's resource
+    ClusterQueue(api).set_limit(queue, 0)  # a keeper runs, and holds its share of the head's resource
     stray = f"rayjobs-order-set-{uuid.uuid4().hex[:8]}"
     script = tmp_path / "stray.py"
     script.write_text(STRAY_SUPERVISOR)
@@ -510,6 +510,12 @@ def test_a_cluster_whose_head_resource_holds_another_actors_sliver_gets_a_keeper
         assert f"queue {queue}: 0 of 1 running" in limited.stdout, limited.stdout
         wait_for_condition(lambda: [actor["state"] for actor in _live_actors_named(api, "rayjobs-queue-keeper")]
                            == ["ALIVE"], timeout_s=KEEPER_GUARD_S)
+        # An order of older code, which asks for the whole head, is answered: the keeper does not step aside for it.
+        older = f"{q.ORDER_PREFIX}set-{uuid.uuid4().hex[:16]}"
+        ClusterQueue(api)._send({"verb": "set", "queue": queue, "max_running": 3}, older,
+                                {q.METADATA_AGENT_VERSION: "older"}, resources={q.HEAD_RESOURCE: 1.0})
+        refused = ClusterQueue(api).answer(older, refusal_raises=False)
+        assert "upgrade rayjobs" in refused["error"], refused
         again = rayjobs_cli("queue", "set", queue, "--max-running", "2", timeout=KEEPER_GUARD_S)
         assert again.returncode == 0 and f"queue {queue}: 0 of 2 running" in again.stdout, again.stderr
     finally:

@@ -1,8 +1,8 @@
 """The keeper as Ray runs it: the detached actor around :class:`~.keeper.Keeper` (its loop, its snapshot in the
 head's log folder), its start or replacement by a helper job, and the head's resource kept free for it.
 
-A keeper is placed only where its tenth of the head's ``node:__internal_head__`` is free (``queueing``): orders
-wait behind it because they ask for more than nine tenths. Whatever else holds that much (a helper job, for a moment;
+A keeper is placed only where its share of the head's ``node:__internal_head__`` is free (``queueing``): orders
+wait behind it because their share and its exceed the whole. Whatever else holds that much (a helper job, for a moment;
 the supervisor of an order that ended, for ever) keeps a restarted keeper waiting, so a helper that finds the keeper
 waiting to be placed takes down such supervisors (``keeper.end_stray_order_supervisors``).
 """
@@ -117,10 +117,10 @@ def ensure_keeper(store: KeyValue, now: float) -> None:
 
     It is called from a helper job, which holds the head's resource the keeper needs: the new keeper is placed once
     the helper ends, so it is not waited for. A recovery order (``queueing.RECOVERY_RESOURCES``) holds none of it:
-    it runs beside a hung keeper, which still holds its tenth, and replaces it (a process stopped whole answers
+    it runs beside a hung keeper, which still holds its share, and replaces it (a process stopped whole answers
     nothing, and is killed all the same).
     """
-    current = keeper_is_current(store, now)
+    current = keeper_is_current(store, max(now, time.time()))  # ``now``: when the helper began, perhaps long ago
     import ray
 
     ray.init(address="auto", namespace=KEEPER_NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
@@ -130,7 +130,7 @@ def ensure_keeper(store: KeyValue, now: float) -> None:
         except ValueError:
             existing = None
         # A fresh beat counts only with a keeper behind it: one killed for good a moment ago leaves a fresh beat, and
-        # a helper runs only while no keeper holds its tenth of the head's resource.
+        # a helper of this code runs only while no keeper of this code holds its share of the head's resource.
         if existing is not None and current:
             return
         if existing is not None and not _started(existing):

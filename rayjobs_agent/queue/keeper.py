@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 from ..masking import mask_url_userinfo
 from ..notify import send
 from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, TERMINAL, Admission, agent_version, answer_text,
-                        order_from, order_problem)
+                        WHOLE_HEAD_ORDER, asks_whole_head, order_from, order_problem)
 from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
@@ -142,8 +142,8 @@ class Keeper:
             StepAside: an order of other code waits; none of the orders was carried out.
         """
         now = self.clock()
-        if not self._beat_at:
-            self._beat(now)  # a keeper just started counts as working for ``actor.BEAT_FRESH_S``: helpers leave it be
+        if not self._beat_at:  # a keeper just started counts as working for ``actor.BEAT_FRESH_S``
+            self._beat_at = self._beat(now)
         self._take_orders(now)
         self._handle_stops(now)
         if now - self._watched_at >= WATCH_EVERY_S:
@@ -171,17 +171,15 @@ class Keeper:
         if now - self._cleaned_at >= CLEAN_EVERY_S:
             self._cleaned_at = now
             self._clean(now)
-        if now - self._beat_at >= BEAT_S:
-            # Beaten once a whole step went through, never before: a keeper whose steps keep failing goes stale, and
-            # the helper of a client whose order waits unanswered replaces it (``actor.ensure_keeper``).
-            self._beat(now)
+        if now - self._beat_at >= BEAT_S:  # once a whole step went through, dated at its end: a keeper whose steps
+            self._beat_at = self._beat(self.clock())  # keep failing goes stale, and a helper replaces it
         return {"at": now, "keeper": {"version": self.version, "started": self.started},
                 "queues": describe(self.store, now, reasons=reasons), "retries": self.lost.decisions(now),
                 "pipelines": recent_runs(self.store, now)}
 
-    def _beat(self, now: float) -> None:
+    def _beat(self, now: float) -> float:
         self.store.put("keeper", json.dumps({"at": now, "version": self.version}).encode())
-        self._beat_at = now
+        return now
 
     def watched_keys(self) -> list[str]:
         """What a step depends on: the store's keys and the order jobs in Ray's table."""
@@ -215,10 +213,13 @@ class Keeper:
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
         for info in pending:
             version = (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)
-            if version not in (None, self.version):
+            if version not in (None, self.version) and not asks_whole_head(info):
                 raise StepAside(str(version))
         orders = []
         for info in pending:
+            if asks_whole_head(info):  # stepped aside for, it would wait for good, and every keeper after this one
+                orders.append((info, {"unreadable": WHOLE_HEAD_ORDER}))
+                continue
             try:
                 order = order_from((info.get("runtime_env") or {}).get("env_vars") or {})
             except Exception as exc:  # noqa: BLE001 - answered as what it is: no order this keeper can read
@@ -241,8 +242,8 @@ class Keeper:
 
         Ray lists a job before it creates its supervisor. An order ended in that moment would have its supervisor
         created afterwards, waiting for the head's resource behind the keeper: placed once a keeper dies, it finds
-        its job ended, never exits, and holds the whole head resource, so no keeper would be placed again. An order
-        is read once its supervisor exists, so that ending it takes the supervisor down too; one whose supervisor
+        its job ended, never exits, and holds most of the head's resource, so no keeper would be placed again. An
+        order is read once its supervisor exists, so that ending it takes the supervisor down too; one whose supervisor
         has not come after ``PENDING_GRACE_S`` is read all the same, and :func:`end_stray_order_supervisors` takes
         down a supervisor that comes later.
         """

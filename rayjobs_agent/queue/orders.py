@@ -25,29 +25,28 @@ from .store import GcsKeyValue, enqueue, ray_job_info, set_order
 # this it answers with what it did and leaves; the next order starts the keeper if this one could not.
 HELPER_DEADLINE_S = 90.0
 
-def helper(environ: Mapping[str, str]) -> int:
+def helper(environ: Mapping[str, str], reply: "Reply") -> int:
     """What an order job does when it runs (no keeper was alive to read it): what the order asks is written into
-    the store, and a keeper is started, which carries it out once this job has ended.
+    the store, and a keeper is started, which carries it out once this job has ended. ``reply`` gives the answer.
 
     The order (``queueing.order_from``) is a JSON object with ``verb``: ``enqueue`` (``queue``, ``id``, ``name``,
     ``priority``, ``needs``, ``request``, ``packages``, ``agent_modules``; a pipeline's job also ``pipeline``,
-    ``pipeline_job``, ``after``), ``stop`` (``id``), ``set`` (``queue``, ``max_running``, ``quota``), ``seal`` (``run``, ``jobs``,
-    ``after``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
+    ``pipeline_job``, ``after``), ``stop`` (``id``), ``set`` (``queue``, ``max_running``, ``quota``), ``seal``
+    (``run``, ``jobs``, ``after``), ``ensure`` or ``withdraw`` (``id``). Nothing of it reaches a shell: the entrypoint
     is a constant command.
     """
-    outcome: dict[str, Any] = {}
-    _leave_after_deadline(outcome)
     order = order_from(environ)
     store = GcsKeyValue(environ[ADDRESS_VARIABLE])
     now = time.time()
     verb = order.get("verb")
     if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
-        answer({"error": f"an order of format {order.get('format')!r}; this code reads {ORDER_FORMAT}"})
+        reply.give({"error": f"an order of format {order.get('format')!r}; this code reads {ORDER_FORMAT}"})
         return 2
     problem = order_problem(order, submission_id_from(environ))
     if problem is not None:
-        answer({"unknown": str(order.get("id"))[:200]} if verb == "stop" else {"error": problem})
+        reply.give({"unknown": str(order.get("id"))[:200]} if verb == "stop" else {"error": problem})
         return 2
+    reply.begun = True
     if verb == "enqueue":
         # The order job's own submission time, by the head's job manager: the same clock as every other entry's.
         own = ray_job_info(store, submission_id_from(environ)) or {}
@@ -64,37 +63,62 @@ def helper(environ: Mapping[str, str]) -> int:
     elif verb == "withdraw":
         result = {"withdrawn": str(order["id"])}  # its id alone does the work (``Keeper.carry_out``)
     else:
-        answer({"error": f"unknown order {verb!r}"})
+        reply.give({"error": f"unknown order {verb!r}"})
         return 2
-    outcome["result"] = result
+    reply.result = result
     ensure_keeper(store, now)
-    answer(result)
+    reply.give(result)
     return 0
 
 
-def _leave_after_deadline(outcome: dict[str, Any]) -> None:
-    """Past :data:`HELPER_DEADLINE_S`, answer with ``outcome["result"]`` (what the order did, once done) or an error,
-    and end the process whatever it waits on."""
+class Reply:
+    """A helper job's one answer, given once: by the helper, or past ``deadline_s`` (None: no deadline) by a timer
+    that then ends the process whatever it waits on (answered already, it only ends it: the wait is then in Ray's
+    shutdown)."""
 
-    def leave() -> None:
-        done = "result" in outcome
-        answer(outcome["result"] if done else {
-            "error": f"the order's helper job did not finish within {HELPER_DEADLINE_S:g}s; send it again"})
-        print(f"{OWN_LINE_PREFIX}this helper job ran past {HELPER_DEADLINE_S:g}s and leaves, so that the head's "
-              "resource is free for a keeper", flush=True)
-        os._exit(0 if done else 1)
+    def __init__(self, deadline_s: float | None) -> None:
+        self.begun = False  # the order's work started: past the deadline it may be done in part
+        self.result: Any = None  # what the order did, once done
+        self.deadline_s = deadline_s
+        self._given = False
+        self._lock = threading.Lock()
+        if deadline_s is not None:
+            timer = threading.Timer(deadline_s, self._leave)
+            timer.daemon = True
+            timer.start()
 
-    timer = threading.Timer(HELPER_DEADLINE_S, leave)
-    timer.daemon = True
-    timer.start()
+    def give(self, document: Any) -> None:
+        """Print ``document`` as the answer, unless one was given."""
+        with self._lock:
+            if self._given:
+                return
+            self._given = True
+            answer(document)
+
+    def _leave(self) -> None:
+        with self._lock:
+            given, self._given = self._given, True
+            if not given:
+                if self.result is not None:
+                    answer(self.result)
+                else:
+                    in_part = ("; what it asked may be done in part: `rayjobs queue` shows what the queue holds"
+                               if self.begun else "")
+                    answer({"error": f"the order's helper job did not finish within {self.deadline_s:g}s"
+                                     f"{in_part}"})
+            print(f"{OWN_LINE_PREFIX}this helper job ran past {self.deadline_s:g}s and leaves, so that the head's "
+                  "resource is free for a keeper", flush=True)
+        os._exit(0 if self.result is not None else 1)
+
 
 def main() -> int:
     """An order job's work on the cluster when no keeper read it (its order in its variables).
 
     Fail soft: one paragraph for the client, never a traceback of ours.
     """
+    reply = Reply(HELPER_DEADLINE_S)
     try:
-        return helper(os.environ)
+        return helper(os.environ, reply)
     except Exception as exc:  # noqa: BLE001 - one paragraph for the client, never a traceback of ours
-        answer({"error": f"{type(exc).__name__}: {exc}"})
+        reply.give({"error": f"{type(exc).__name__}: {exc}"})
         return 1

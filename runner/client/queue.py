@@ -324,7 +324,7 @@ class ClusterQueue:
 
     def replace_keeper(self) -> None:
         """Send an order that needs none of the head's resource: it runs beside a keeper that works no more (one
-        that still holds its tenth of the resource, so that no other order is placed), and its helper job
+        that still holds its share of the resource, so that no other order is placed), and its helper job
         replaces that keeper."""
         self._send({"verb": "ensure"}, f"{ORDER_PREFIX}recover-{uuid.uuid4().hex[:16]}", resources=RECOVERY_RESOURCES)
 

@@ -96,8 +96,9 @@ def pipeline_of(document: dict[str, Any]) -> dict[str, Any] | None:
                                              for field in ("run", "job")):
         return None  # a link written by hand, or by other code: the run reads as one of no pipeline
     after = link.get("after") or {}
-    if not isinstance(after, dict) or not all(isinstance(name, str) and isinstance(folder, str)
-                                              for name, folder in after.items()):
+    if not isinstance(after, dict) or not all(
+            isinstance(name, str) and name_problem(name) is None and isinstance(folder, str) and folder.isprintable()
+            for name, folder in after.items()):
         return None
     return masked_values({**link, "after": after})
 

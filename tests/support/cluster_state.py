@@ -37,14 +37,19 @@ def _snapshot_age(logs: Path) -> str:
 
 def _keeper_lines(logs: Path) -> str:
     found = []
-    for path in sorted(logs.glob("worker-*.out"), key=lambda candidate: candidate.stat().st_mtime):
+    for path in logs.glob("worker-*.out"):
         try:
-            text = path.read_text(errors="replace")
+            with path.open("rb") as handle:
+                head = handle.read(200).decode(errors="replace")  # Ray names the actor in the file's first lines
+                if _KEEPER_MARK not in head:
+                    continue
+                handle.seek(max(0, path.stat().st_size - 8192))
+                tail = handle.read().decode(errors="replace")
+            found.append((path.stat().st_mtime, f"-- {path.name}\n" + "\n".join(tail.splitlines()[-_TAIL_LINES:])))
         except OSError:
-            continue
-        if _KEEPER_MARK in text:
-            found.append(f"-- {path.name}\n" + "\n".join(text.splitlines()[-_TAIL_LINES:]))
-    return "keepers' output:\n" + ("\n".join(found[-3:]) if found else "(no keeper's output file)")
+            continue  # a file that went meanwhile
+    found.sort()
+    return "keepers' output:\n" + ("\n".join(text for _, text in found[-3:]) if found else "(no keeper's output file)")
 
 
 def _unended_jobs(cluster: Any, logs: Path) -> str:
@@ -62,9 +67,11 @@ def _unended_jobs(cluster: Any, logs: Path) -> str:
         job_id = str(job.get("submission_id"))
         age = now - float(job.get("start_time") or now * 1000) / 1000
         lines.append(f"  {job_id} {job.get('status')} for {age:.0f}s resources={job.get('entrypoint_resources')}")
-        driver_log = logs / f"job-driver-{job_id}.log"
-        if driver_log.exists():
-            lines.extend("    | " + line for line in driver_log.read_text(errors="replace").splitlines()[-8:])
+        try:
+            driver_lines = (logs / f"job-driver-{job_id}.log").read_text(errors="replace").splitlines()[-8:]
+        except OSError:
+            driver_lines = []
+        lines.extend("    | " + line for line in driver_lines)
     return "Ray's jobs not ended:\n" + ("\n".join(lines) if lines else "  (none)")
 
 
