@@ -571,6 +571,32 @@ def test_a_job_entered_after_the_keeper_last_published_still_waits_for_its_follo
         assert place["queue"] == "team-a" and place["priority"] == 5 and "published" in place["reason"]
 
 
+def test_a_job_entered_by_a_helper_job_waits_for_its_follower_while_no_snapshot_shows_it():
+    # No keeper was alive: a helper job entered the job, its answer in its log, not in a message. On a head just
+    # restarted no keeper has published yet either: the follower must not call the job gone.
+    from runner.client import queue as client_queue
+    from runner.errors import JobNotFound
+
+    order_id = q.enqueue_order_id("job-1")
+
+    class Api:
+        address = "http://cluster"
+
+        def get_job(self, job_id: str) -> dict:
+            if job_id != order_id:
+                raise JobNotFound(job_id)
+            return {"submission_id": order_id, "status": "SUCCEEDED", "start_time": 104_000, "end_time": 105_000,
+                    "metadata": {"rayjobs.enqueues": "team-a"}, "message": "Job finished successfully.",
+                    "driver_node_id": "head"}
+
+        def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
+            assert (job_id, driver_node_id) == (order_id, "head")
+            return "starting\n" + q.answer_text({"queued": "team-a", "position": 1, "waiting": 1}) + "\n"
+
+    place = client_queue.ClusterQueue(Api()).place_of("job-1", {})  # no snapshot on the head yet
+    assert place is not None and place["queue"] == "team-a"
+
+
 def test_a_stop_of_a_lost_job_whose_next_attempt_was_already_submitted_says_it_had_ended(monkeypatch):
     # The keeper had submitted the next attempt by the time the stop came: the stop finds the lost job ended, and
     # must not say that it was taken out of a queue.

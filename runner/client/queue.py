@@ -95,9 +95,19 @@ class ClusterQueue:
         if is_terminal(order.get("status")):
             # Carried out: the job is in the keeper's snapshot, in Ray's table, or refused; or the keeper died after
             # it answered and before it published, and the job waits where no snapshot shows it yet.
-            answer = answer_in(order.get("message") or "")
             published_before = published_at is None or (order.get("end_time") or 0) / 1000 > float(published_at)
-            if not (published_before and isinstance(answer, dict) and "queued" in answer):
+            if not published_before:
+                return None
+            answer = answer_in(order.get("message") or "")
+            if answer is None and order.get("status") == "SUCCEEDED":
+                # Carried out by a helper job (no keeper was alive), whose answer is in its log: often so on a head
+                # just restarted, whose keeper has published nothing yet.
+                try:
+                    answer = answer_in(self.api.job_log(enqueue_order_id(job_id),
+                                                        driver_node_id=order.get("driver_node_id")))
+                except (ClusterRequestFailed, NotADashboard):
+                    answer = None
+            if not (isinstance(answer, dict) and "queued" in answer):
                 return None
             reason = "entered into its queue; its keeper has published nothing since"
         return {"id": job_id, "queue": metadata.get(METADATA_ENQUEUES), "position": None,
