@@ -545,14 +545,22 @@ def test_a_stop_says_what_the_keeper_found_even_when_the_jobs_turn_came_while_th
     assert client_queue.stop_job(Api(), "job-1") == said
 
 
-@pytest.mark.parametrize(("published_at", "waits"), [(100.0, True), (110.0, False)])
-def test_a_job_entered_after_the_keeper_last_published_still_waits_for_its_follower(monkeypatch, published_at, waits):
-    # The keeper answered the order (the job is in its queue) and died before it published: until a keeper
-    # publishes again, the job is missing from the snapshot, and its follower must not call it gone.
+_ENTERED = {"queued": "team-a", "position": 2, "waiting": 2}
+
+
+@pytest.mark.parametrize(("answered_by", "published_at", "waits"), [
+    ("keeper", 100.0, True),  # it answered the order (the job is in its queue) and died before it published
+    ("keeper", 110.0, False),  # it published after it answered: a job missing from that snapshot is gone
+    ("helper", None, True),  # no keeper was alive, and on a head just restarted none has published yet
+])
+def test_a_job_entered_after_the_last_snapshot_still_waits_for_its_follower(answered_by, published_at, waits):
+    # Until a keeper publishes again, the job is missing from the snapshot, and its follower must not call it gone.
+    # A helper job's answer is in its log, not in a message.
     from runner.client import queue as client_queue
     from runner.errors import JobNotFound
 
     order_id = q.enqueue_order_id("job-1")
+    by_keeper = answered_by == "keeper"
 
     class Api:
         address = "http://cluster"
@@ -560,41 +568,21 @@ def test_a_job_entered_after_the_keeper_last_published_still_waits_for_its_follo
         def get_job(self, job_id: str) -> dict:
             if job_id != order_id:
                 raise JobNotFound(job_id)
-            return {"submission_id": order_id, "status": "STOPPED", "start_time": 104_000, "end_time": 105_000,
+            return {"submission_id": order_id, "status": "STOPPED" if by_keeper else "SUCCEEDED",
+                    "start_time": 104_000, "end_time": 105_000, "driver_node_id": "head",
                     "metadata": {"rayjobs.enqueues": "team-a", "rayjobs.priority": "5"},
-                    "message": q.answer_text({"queued": "team-a", "position": 2, "waiting": 2})}
+                    "message": q.answer_text(_ENTERED) if by_keeper else "Job finished successfully."}
 
-    snapshot = {"at": published_at, "queues": [{"queue": "team-a", "max_running": 1, "running": [], "waiting": []}]}
+        def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
+            assert (job_id, driver_node_id) == (order_id, "head")
+            return "starting\n" + q.answer_text(_ENTERED) + "\n"
+
+    snapshot = {} if published_at is None else {
+        "at": published_at, "queues": [{"queue": "team-a", "max_running": 1, "running": [], "waiting": []}]}
     place = client_queue.ClusterQueue(Api()).place_of("job-1", snapshot)
     assert (place is not None) == waits
     if waits:
         assert place["queue"] == "team-a" and place["priority"] == 5 and "published" in place["reason"]
-
-
-def test_a_job_entered_by_a_helper_job_waits_for_its_follower_while_no_snapshot_shows_it():
-    # No keeper was alive: a helper job entered the job, its answer in its log, not in a message. On a head just
-    # restarted no keeper has published yet either: the follower must not call the job gone.
-    from runner.client import queue as client_queue
-    from runner.errors import JobNotFound
-
-    order_id = q.enqueue_order_id("job-1")
-
-    class Api:
-        address = "http://cluster"
-
-        def get_job(self, job_id: str) -> dict:
-            if job_id != order_id:
-                raise JobNotFound(job_id)
-            return {"submission_id": order_id, "status": "SUCCEEDED", "start_time": 104_000, "end_time": 105_000,
-                    "metadata": {"rayjobs.enqueues": "team-a"}, "message": "Job finished successfully.",
-                    "driver_node_id": "head"}
-
-        def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
-            assert (job_id, driver_node_id) == (order_id, "head")
-            return "starting\n" + q.answer_text({"queued": "team-a", "position": 1, "waiting": 1}) + "\n"
-
-    place = client_queue.ClusterQueue(Api()).place_of("job-1", {})  # no snapshot on the head yet
-    assert place is not None and place["queue"] == "team-a"
 
 
 def test_a_stop_of_a_lost_job_whose_next_attempt_was_already_submitted_says_it_had_ended(monkeypatch):
