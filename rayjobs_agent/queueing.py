@@ -75,7 +75,8 @@ ENQUEUE_ORDER_PREFIX = f"{ORDER_PREFIX}enqueue-"
 # Ray's own resource of the head node, of which the head has exactly 1. The keeper holds 0.4 of it and an order asks
 # for 0.61: a keeper and an order together, or two orders, need more than the whole. So while a keeper lives no order
 # is placed (it waits, costing no process, for the keeper to read it); with none alive an order runs as a helper job
-# that starts one, one helper at a time, and the keeper is placed once the helper has ended. Not the whole: other
+# that starts one, one such helper at a time (a recovery order asks for none and runs beside), and the keeper is
+# placed once the helper has ended. Not the whole: other
 # code holds slivers of it for as long as the cluster lives (Ray Train's state actor, 0.001, from a cluster's first
 # training run on; the Serve controller; actors a user pins to the head), and an order that asked for the whole would
 # never be placed there, so a cluster that trained before its first order never got a keeper. Up to 0.39 held by
@@ -87,16 +88,23 @@ KEEPER_RESOURCES = {HEAD_RESOURCE: 0.4}
 ORDER_RESOURCES = {HEAD_RESOURCE: 0.61}
 
 
-# Why such an order is answered with an error: code from before the keeper held a share of the head sent it.
-WHOLE_HEAD_ORDER = ("it comes from older rayjobs code, whose orders ask for the whole of the head's resource and are "
-                    "never placed where other code holds a sliver of it; upgrade rayjobs where it was sent from")
+# An order of other code than the keeper's is stepped aside for: it then runs as a helper job of its own code. One
+# still PENDING this long after Ray took it was never placed though keepers stepped aside (it asks for more of the
+# head than is free there), and every keeper after would step aside for it in turn: it is refused instead.
+OTHER_CODE_PLACED_WITHIN_S = 60.0
+
+# Why such an order is refused.
+UNPLACEABLE_ORDER = ("it comes from other rayjobs code, whose orders ask for more of the head's resource than is free "
+                     "on this cluster (older code asked for the whole of it): upgrade rayjobs where it was sent from")
 
 
-def asks_whole_head(order_info: Mapping[str, Any]) -> bool:
-    """Whether an order job (Ray's record of it) asks for the whole of the head's resource, as the orders of code
-    from before the keeper held a share of it did: wherever other code holds a sliver, it is never placed."""
+def never_placed(order_info: Mapping[str, Any], now: float) -> bool:
+    """Whether an order job of other code (Ray's record of it) will never be placed: it asks for the whole of the
+    head's resource, as the orders of code from before the keeper held a share of it did, or it has waited PENDING
+    for :data:`OTHER_CODE_PLACED_WITHIN_S` (``now``: the head's clock)."""
     asked = (order_info.get("entrypoint_resources") or {}).get(HEAD_RESOURCE)
-    return isinstance(asked, (int, float)) and asked >= 1.0
+    submitted = float(order_info.get("start_time") or now * 1000) / 1000
+    return (isinstance(asked, (int, float)) and asked >= 1.0) or now - submitted >= OTHER_CODE_PLACED_WITHIN_S
 
 # An order that asks for none of the head's resource is placed even while a keeper that works no more (its process
 # stopped, its loop hung) holds its share: it runs as a helper job, which replaces that keeper. A client sends one

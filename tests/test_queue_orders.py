@@ -182,8 +182,8 @@ def test_a_stop_of_a_job_nobody_knows_is_answered_unknown():
 
 def test_an_order_of_other_code_makes_the_keeper_step_aside_before_it_carries_out_any():
     store = DictStore()
-    _enqueue_order(store, "mine", at_ms=1_000)
-    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=2_000,
+    _enqueue_order(store, "mine", at_ms=998_000)
+    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=999_000,  # a second before the keeper's now
                          metadata={"rayjobs.agent_version": "other"},
                          runtime_env={"env_vars": {q.REQUEST_ENV_VAR: "an order in a format this code cannot read"}})
     keeper, jobs, _ = _keeper(store)
@@ -675,18 +675,44 @@ def test_a_helper_job_that_hangs_answers_with_what_it_did_and_leaves_so_that_the
     assert "ran past 0.5s and leaves" in done.stdout
 
 
-def test_an_order_from_code_that_asks_for_the_whole_head_is_answered_not_stepped_aside_for():
-    # Such an order (code from before the keeper held a share of the head) is never placed where other code holds a
-    # sliver: a keeper that stepped aside for it would leave it waiting, and so would every keeper after it.
+@pytest.mark.parametrize(("asked", "waited_s", "refused"), [
+    (1.0, 0.0, True),  # older code asked for the whole head: never placed where other code holds a sliver
+    (q.ORDER_RESOURCES[q.HEAD_RESOURCE], q.OTHER_CODE_PLACED_WITHIN_S, True),  # keepers stepped aside; never placed
+    (q.ORDER_RESOURCES[q.HEAD_RESOURCE], 1.0, False),  # just sent: the keeper steps aside for it
+])
+def test_an_order_of_other_code_that_could_never_be_placed_is_refused_not_stepped_aside_for(asked, waited_s, refused):
+    # A keeper that stepped aside for such an order would leave it waiting, and so would every keeper after it.
     store = DictStore()
-    mine = _enqueue_order(store, "mine", at_ms=1_000)
-    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=2_000,
-                         metadata={"rayjobs.agent_version": "older"},
-                         entrypoint_resources={q.HEAD_RESOURCE: 1.0},
+    clock = Clock(1000.0)
+    mine = _enqueue_order(store, "mine", at_ms=(clock.now - waited_s - 1) * 1000)
+    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=(clock.now - waited_s) * 1000,
+                         metadata={"rayjobs.agent_version": "other"}, entrypoint_resources={q.HEAD_RESOURCE: asked},
                          runtime_env={"env_vars": q.order_variables({"verb": "set", "queue": "team-a",
                                                                      "max_running": 1, "format": q.ORDER_FORMAT})})
-    keeper, jobs, _ = _keeper(store)
+    keeper, jobs, _ = _keeper(store, clock)
+    if not refused:
+        with pytest.raises(kp.StepAside):
+            keeper.step()
+        return
     keeper.step()
     assert "upgrade rayjobs" in jobs.answer_to("rayjobs-order-set-1")["error"]
     assert jobs.answer_to(mine)["queued"] == "team-a"
-    assert qs.max_running(store, "team-a") is None, "the old order was not carried out"
+    assert qs.max_running(store, "team-a") is None, "the other code's order was not carried out"
+
+
+def test_a_helper_whose_keeper_could_not_be_started_answers_what_the_order_did(monkeypatch, capsys):
+    # The order stands (the job waits in its queue): telling the client it failed would have it called gone.
+    from rayjobs_agent.queue import orders
+
+    done = [{"queue": "team-a", "max_running": 1, "running": [], "waiting": []}]
+
+    def carried_out_then_no_keeper(environ, reply):
+        reply.result = done
+        raise ConnectionError("the GCS did not answer")
+
+    monkeypatch.setattr(orders, "helper", carried_out_then_no_keeper)
+    monkeypatch.setattr(orders, "HELPER_DEADLINE_S", None)  # no timer in this process
+    assert orders.main() == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith(q.ANSWER_MARKER)] == [q.answer_text(done)]
+    assert "no keeper could be started (ConnectionError: the GCS did not answer)" in out

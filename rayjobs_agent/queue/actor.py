@@ -130,7 +130,7 @@ def ensure_keeper(store: KeyValue, now: float) -> None:
         except ValueError:
             existing = None
         # A fresh beat counts only with a keeper behind it: one killed for good a moment ago leaves a fresh beat, and
-        # a helper of this code runs only while no keeper of this code holds its share of the head's resource.
+        # an order's helper (not a recovery order's) runs only while no keeper holds its share of the head's resource.
         if existing is not None and current:
             return
         if existing is not None and not _started(existing):

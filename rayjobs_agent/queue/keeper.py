@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 from ..masking import mask_url_userinfo
 from ..notify import send
 from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, TERMINAL, Admission, agent_version, answer_text,
-                        WHOLE_HEAD_ORDER, asks_whole_head, order_from, order_problem)
+                        UNPLACEABLE_ORDER, never_placed, order_from, order_problem)
 from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
@@ -211,14 +211,15 @@ class Keeper:
         pending = sorted((info for info in ray_jobs(self.store, ORDER_PREFIX) if info.get("status") == "PENDING"
                           and self._supervisor_created(info, now)),
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
+        other_code = {info["submission_id"]: code for info in pending
+                      if (code := (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)) not in (None, self.version)}
         for info in pending:
-            version = (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)
-            if version not in (None, self.version) and not asks_whole_head(info):
-                raise StepAside(str(version))
+            if info["submission_id"] in other_code and not never_placed(info, now):
+                raise StepAside(str(other_code[info["submission_id"]]))
         orders = []
         for info in pending:
-            if asks_whole_head(info):  # stepped aside for, it would wait for good, and every keeper after this one
-                orders.append((info, {"unreadable": WHOLE_HEAD_ORDER}))
+            if info["submission_id"] in other_code:  # stepped aside for, it would wait for good, and every keeper after
+                orders.append((info, {"refused": UNPLACEABLE_ORDER}))
                 continue
             try:
                 order = order_from((info.get("runtime_env") or {}).get("env_vars") or {})
@@ -238,14 +239,10 @@ class Keeper:
                          f"({type(exc).__name__}: {last_line(str(exc))}); it is read again")
 
     def _supervisor_created(self, info: dict[str, Any], now: float) -> bool:
-        """Whether Ray has created the supervisor actor of a PENDING order yet.
+        """Whether Ray has created the supervisor actor of a PENDING order yet (after ``PENDING_GRACE_S``: True).
 
-        Ray lists a job before it creates its supervisor. An order ended in that moment would have its supervisor
-        created afterwards, waiting for the head's resource behind the keeper: placed once a keeper dies, it finds
-        its job ended, never exits, and holds most of the head's resource, so no keeper would be placed again. An
-        order is read once its supervisor exists, so that ending it takes the supervisor down too; one whose supervisor
-        has not come after ``PENDING_GRACE_S`` is read all the same, and :func:`end_stray_order_supervisors` takes
-        down a supervisor that comes later.
+        Ray lists a job before it creates its supervisor: one created after its order ended would, once placed,
+        never exit and hold most of the head's resource (:func:`end_stray_order_supervisors` takes such down).
         """
         has_supervisor = getattr(self.jobs, "has_supervisor", None)
         if has_supervisor is None or now - float(info.get("start_time") or now * 1000) / 1000 >= PENDING_GRACE_S:
@@ -259,6 +256,8 @@ class Keeper:
         """Carry out one order (``order_id``: its job's id; ``submitted``: when Ray took it, the head's clock)."""
         if "unreadable" in order:
             return {"error": f"the order could not be read ({order['unreadable']})"}
+        if "refused" in order:
+            return {"error": f"the order was refused: {order['refused']}"}
         if order.get("format", ORDER_FORMAT) != ORDER_FORMAT:
             return {"error": f"an order of format {order.get('format')!r}; this keeper reads {ORDER_FORMAT}"}
         verb = order.get("verb")

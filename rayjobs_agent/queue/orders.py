@@ -80,6 +80,7 @@ class Reply:
         self.begun = False  # the order's work started: past the deadline it may be done in part
         self.result: Any = None  # what the order did, once done
         self.deadline_s = deadline_s
+        self._answered: Any = None
         self._given = False
         self._lock = threading.Lock()
         if deadline_s is not None:
@@ -92,23 +93,29 @@ class Reply:
         with self._lock:
             if self._given:
                 return
-            self._given = True
             answer(document)
+            self._given, self._answered = True, document
 
     def _leave(self) -> None:
-        with self._lock:
-            given, self._given = self._given, True
-            if not given:
+        # A main thread stuck in its own print holds the lock: the process ends all the same.
+        locked = self._lock.acquire(timeout=5.0)
+        try:
+            if locked and not self._given:
                 if self.result is not None:
-                    answer(self.result)
+                    self._answered = self.result
                 else:
                     in_part = ("; what it asked may be done in part: `rayjobs queue` shows what the queue holds"
                                if self.begun else "")
-                    answer({"error": f"the order's helper job did not finish within {self.deadline_s:g}s"
-                                     f"{in_part}"})
+                    self._answered = {"error": f"the order's helper job did not finish within {self.deadline_s:g}s"
+                                               f"{in_part}"}
+                answer(self._answered)
+                self._given = True
             print(f"{OWN_LINE_PREFIX}this helper job ran past {self.deadline_s:g}s and leaves, so that the head's "
                   "resource is free for a keeper", flush=True)
-        os._exit(0 if self.result is not None else 1)
+        finally:
+            refused = not isinstance(self._answered, (dict, list)) or (isinstance(self._answered, dict)
+                                                                       and "error" in self._answered)
+            os._exit(1 if refused else 0)
 
 
 def main() -> int:
@@ -120,5 +127,12 @@ def main() -> int:
     try:
         return helper(os.environ, reply)
     except Exception as exc:  # noqa: BLE001 - one paragraph for the client, never a traceback of ours
-        reply.give({"error": f"{type(exc).__name__}: {exc}"})
-        return 1
+        problem = f"{type(exc).__name__}: {exc}"
+        if reply.result is None:
+            reply.give({"error": problem})
+            return 1
+        # Carried out, and only the keeper's start failed: the order stands, and the next order starts a keeper.
+        print(f"{OWN_LINE_PREFIX}the order was carried out, but no keeper could be started ({problem}); the next "
+              "order starts one", flush=True)
+        reply.give(reply.result)
+        return 0

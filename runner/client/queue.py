@@ -49,6 +49,7 @@ class ClusterQueue:
     def __init__(self, api: JobsApi) -> None:
         self.api = api
         self._head_node: str | None = None
+        self._helper_answers: dict[tuple[str, Any], Any] = {}
 
     def snapshot(self) -> dict[str, Any] | None:
         """What the keeper published last (``queues``: each queue's limit, running and waiting jobs); None when the
@@ -101,18 +102,25 @@ class ClusterQueue:
             answer = answer_in(order.get("message") or "")
             if answer is None and order.get("status") == "SUCCEEDED":
                 # Carried out by a helper job (no keeper was alive), whose answer is in its log: often so on a head
-                # just restarted, whose keeper has published nothing yet.
-                try:
-                    answer = answer_in(self.api.job_log(enqueue_order_id(job_id),
-                                                        driver_node_id=order.get("driver_node_id")))
-                except (ClusterRequestFailed, NotADashboard):
-                    answer = None
+                # just restarted, whose keeper has published nothing yet. An ended job's log is read once.
+                answer = self._helper_answer(enqueue_order_id(job_id), order)
             if not (isinstance(answer, dict) and "queued" in answer):
                 return None
             reason = "entered into its queue; its keeper has published nothing since"
         return {"id": job_id, "queue": metadata.get(METADATA_ENQUEUES), "position": None,
                 "priority": int(metadata.get(METADATA_PRIORITY) or 0), "spec_hash": metadata.get(METADATA_SPEC_HASH),
                 "submitted": (order.get("start_time") or 0) / 1000, "metadata": metadata, "reason": reason}
+
+    def _helper_answer(self, order_id: str, order: dict[str, Any]) -> Any:
+        """The answer in the log of order ``order_id``, which ran as a helper job and ended (None: none read)."""
+        seen = (order_id, order.get("end_time"))
+        if seen not in self._helper_answers:
+            try:
+                log = self.api.job_log(order_id, driver_node_id=order.get("driver_node_id"))
+            except (ClusterRequestFailed, NotADashboard, JobNotFound):
+                return None  # deleted meanwhile, or no log to read: looked at again next time
+            self._helper_answers[seen] = answer_in(log)
+        return self._helper_answers[seen]
 
     def entry_of(self, job_id: str) -> dict[str, Any] | None:
         """The order that entered job ``job_id`` into its queue, as Ray's table keeps it until the job is in Ray's
