@@ -89,8 +89,8 @@ ORDER_RESOURCES = {HEAD_RESOURCE: 0.61}
 
 
 # An order of other code than the keeper's is stepped aside for: it then runs as a helper job of its own code. One
-# still PENDING this long after Ray took it was never placed though keepers stepped aside (it asks for more of the
-# head than is free there), and every keeper after would step aside for it in turn: it is refused instead.
+# still PENDING this long after a keeper first stepped aside for it was never placed (it asks for more of the head
+# than is free there), and every keeper after would step aside for it in turn: it is refused instead.
 OTHER_CODE_PLACED_WITHIN_S = 60.0
 
 # Why such an order is refused.
@@ -98,13 +98,12 @@ UNPLACEABLE_ORDER = ("it comes from other rayjobs code, whose orders ask for mor
                      "on this cluster (older code asked for the whole of it): upgrade rayjobs where it was sent from")
 
 
-def never_placed(order_info: Mapping[str, Any], now: float) -> bool:
+def never_placed(order_info: Mapping[str, Any], aside_for_s: float) -> bool:
     """Whether an order job of other code (Ray's record of it) will never be placed: it asks for the whole of the
-    head's resource, as the orders of code from before the keeper held a share of it did, or it has waited PENDING
-    for :data:`OTHER_CODE_PLACED_WITHIN_S` (``now``: the head's clock)."""
+    head's resource, as the orders of code from before the keeper held a share of it did, or it still waits
+    :data:`OTHER_CODE_PLACED_WITHIN_S` after a keeper first stepped aside for it (``aside_for_s`` ago)."""
     asked = (order_info.get("entrypoint_resources") or {}).get(HEAD_RESOURCE)
-    submitted = float(order_info.get("start_time") or now * 1000) / 1000
-    return (isinstance(asked, (int, float)) and asked >= 1.0) or now - submitted >= OTHER_CODE_PLACED_WITHIN_S
+    return (isinstance(asked, (int, float)) and asked >= 1.0) or aside_for_s >= OTHER_CODE_PLACED_WITHIN_S
 
 # An order that asks for none of the head's resource is placed even while a keeper that works no more (its process
 # stopped, its loop hung) holds its share: it runs as a helper job, which replaces that keeper. A client sends one
@@ -121,6 +120,13 @@ HELPER_ENTRYPOINT = "python -m rayjobs_agent.queue"
 ORDER_FORMAT = 1
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+# Where a stop found its job, as the keeper answers it (``was``): the client's words for the stop follow from it.
+STOP_FOUND_WAITING = "waiting"
+STOP_FOUND_RUNNING = "running"
+STOP_FOUND_ENDED = "ended"
+# Lost whole, with its next attempt decided but not yet submitted: the stop withdraws that attempt.
+STOP_FOUND_RETRY_DUE = "waiting to be submitted again"
 
 # A pipeline job's state as its client and its keeper both word it: a status of Ray's, ``waiting (why)``, or
 # ``not run (why)`` for a job that ended without running because a job it ran after did not succeed.

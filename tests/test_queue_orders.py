@@ -527,7 +527,8 @@ def test_the_stand_in_of_a_job_stopped_while_it_waited_is_never_run_again_when_i
     assert snapshot["retries"]["doomed"]["retry"] is False
 
 
-@pytest.mark.parametrize(("was", "said"), [("waiting", "queued"), ("running", "stopped"), ("ended", "ended")])
+@pytest.mark.parametrize(("was", "said"), [("waiting", "queued"), ("running", "stopped"), ("ended", "ended"),
+                                           ("waiting to be submitted again", "withdrawn")])
 def test_a_stop_says_what_the_keeper_found_even_when_the_jobs_turn_came_while_the_stop_was_on_its_way(
         monkeypatch, was, said):
     # Ray did not know the job yet, so the stop went to the queue; the keeper let it in before it read the stop.
@@ -552,15 +553,18 @@ _ENTERED = {"queued": "team-a", "position": 2, "waiting": 2}
     ("keeper", 100.0, True),  # it answered the order (the job is in its queue) and died before it published
     ("keeper", 110.0, False),  # it published after it answered: a job missing from that snapshot is gone
     ("helper", None, True),  # no keeper was alive, and on a head just restarted none has published yet
+    ("neighbour", None, False),  # a job of someone else's under the order's id, printing an answer line
 ])
 def test_a_job_entered_after_the_last_snapshot_still_waits_for_its_follower(answered_by, published_at, waits):
     # Until a keeper publishes again, the job is missing from the snapshot, and its follower must not call it gone.
-    # A helper job's answer is in its log, not in a message.
+    # A helper job's answer is in its log, not in a message; a log is trusted only when the helper's command wrote it.
     from runner.client import queue as client_queue
     from runner.errors import JobNotFound
+    from rayjobs_agent.wire import METADATA_NAME
 
     order_id = q.enqueue_order_id("job-1")
     by_keeper = answered_by == "keeper"
+    command = "python -c 'print(\"rayjobs-queue {}\")'" if answered_by == "neighbour" else q.HELPER_ENTRYPOINT
 
     class Api:
         address = "http://cluster"
@@ -569,12 +573,12 @@ def test_a_job_entered_after_the_last_snapshot_still_waits_for_its_follower(answ
             if job_id != order_id:
                 raise JobNotFound(job_id)
             return {"submission_id": order_id, "status": "STOPPED" if by_keeper else "SUCCEEDED",
-                    "start_time": 104_000, "end_time": 105_000, "driver_node_id": "head",
-                    "metadata": {"rayjobs.enqueues": "team-a", "rayjobs.priority": "5"},
+                    "start_time": 104_000, "end_time": 105_000, "driver_node_id": "head", "entrypoint": command,
+                    "metadata": {"rayjobs.enqueues": "team-a", "rayjobs.priority": "5", METADATA_NAME: q.HELPER_NAME},
                     "message": q.answer_text(_ENTERED) if by_keeper else "Job finished successfully."}
 
         def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
-            assert (job_id, driver_node_id) == (order_id, "head")
+            assert (job_id, driver_node_id) == (order_id, "head") and tail is not None
             return "starting\n" + q.answer_text(_ENTERED) + "\n"
 
     snapshot = {} if published_at is None else {
@@ -585,9 +589,11 @@ def test_a_job_entered_after_the_last_snapshot_still_waits_for_its_follower(answ
         assert place["queue"] == "team-a" and place["priority"] == 5 and "published" in place["reason"]
 
 
-def test_a_stop_of_a_lost_job_whose_next_attempt_was_already_submitted_says_it_had_ended(monkeypatch):
-    # The keeper had submitted the next attempt by the time the stop came: the stop finds the lost job ended, and
-    # must not say that it was taken out of a queue.
+def test_a_stop_of_a_lost_job_says_it_had_ended_or_that_its_next_attempt_is_withdrawn_never_that_it_never_starts(
+        monkeypatch):
+    # The keeper had submitted the next attempt by the time the stop came: the stop finds the lost job ended. Or the
+    # next attempt was still due: the stop withdraws it. Either way the job had run, so the stop must not say that it
+    # was taken out of a queue and never starts.
     from runner.client import queue as client_queue
 
     class Api:
@@ -602,7 +608,7 @@ def test_a_stop_of_a_lost_job_whose_next_attempt_was_already_submitted_says_it_h
     assert client_queue.stop_job(Api(), "job-1") == "ended"
     monkeypatch.setattr(client_queue.ClusterQueue, "stop",
                         lambda self, job_id: {"stopped": job_id, "was": "waiting to be submitted again"})
-    assert client_queue.stop_job(Api(), "job-1") == "queued"
+    assert client_queue.stop_job(Api(), "job-1") == "withdrawn"
 
 
 @pytest.mark.parametrize("supervisor", [False, True])
@@ -675,29 +681,46 @@ def test_a_helper_job_that_hangs_answers_with_what_it_did_and_leaves_so_that_the
     assert "ran past 0.5s and leaves" in done.stdout
 
 
-@pytest.mark.parametrize(("asked", "waited_s", "refused"), [
-    (1.0, 0.0, True),  # older code asked for the whole head: never placed where other code holds a sliver
-    (q.ORDER_RESOURCES[q.HEAD_RESOURCE], q.OTHER_CODE_PLACED_WITHIN_S, True),  # keepers stepped aside; never placed
-    (q.ORDER_RESOURCES[q.HEAD_RESOURCE], 1.0, False),  # just sent: the keeper steps aside for it
+_SHARE = q.ORDER_RESOURCES[q.HEAD_RESOURCE]
+
+
+@pytest.mark.parametrize(("asked", "sent_s_ago", "aside_s_ago", "refused"), [
+    (1.0, 0.0, None, True),  # older code asked for the whole head: never placed where other code holds a sliver
+    (_SHARE, 90.0, q.OTHER_CODE_PLACED_WITHIN_S, True),  # a keeper stepped aside for it long ago: never placed
+    (_SHARE, 1.0, None, False),  # just sent: the keeper steps aside for it
+    # Sent long ago while a helper or a keeper being replaced held the head, and never stepped aside for: its time
+    # counts from the first keeper that steps aside, not from when it was sent.
+    (_SHARE, q.OTHER_CODE_PLACED_WITHIN_S + 30, None, False),
+    (_SHARE, 90.0, 1.0, False),
 ])
-def test_an_order_of_other_code_that_could_never_be_placed_is_refused_not_stepped_aside_for(asked, waited_s, refused):
+def test_an_order_of_other_code_that_could_never_be_placed_is_refused_not_stepped_aside_for(
+        asked, sent_s_ago, aside_s_ago, refused):
     # A keeper that stepped aside for such an order would leave it waiting, and so would every keeper after it.
     store = DictStore()
     clock = Clock(1000.0)
-    mine = _enqueue_order(store, "mine", at_ms=(clock.now - waited_s - 1) * 1000)
-    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=(clock.now - waited_s) * 1000,
+    mine = _enqueue_order(store, "mine", at_ms=(clock.now - sent_s_ago - 1) * 1000)
+    store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=(clock.now - sent_s_ago) * 1000,
                          metadata={"rayjobs.agent_version": "other"}, entrypoint_resources={q.HEAD_RESOURCE: asked},
                          runtime_env={"env_vars": q.order_variables({"verb": "set", "queue": "team-a",
                                                                      "max_running": 1, "format": q.ORDER_FORMAT})})
+    if aside_s_ago is not None:
+        store.put(f"{qs.STEPPED_ASIDE_PREFIX}rayjobs-order-set-1", repr(clock.now - aside_s_ago).encode())
     keeper, jobs, _ = _keeper(store, clock)
     if not refused:
         with pytest.raises(kp.StepAside):
             keeper.step()
-        return
+        # The keeper started next steps aside as well, until the order has waited that long since the first did.
+        clock.now += q.OTHER_CODE_PLACED_WITHIN_S - (aside_s_ago or 0) - 1
+        with pytest.raises(kp.StepAside):
+            _keeper(store, clock)[0].step()
+        clock.now += 1
+        keeper, jobs, _ = _keeper(store, clock)
     keeper.step()
     assert "upgrade rayjobs" in jobs.answer_to("rayjobs-order-set-1")["error"]
     assert jobs.answer_to(mine)["queued"] == "team-a"
     assert qs.max_running(store, "team-a") is None, "the other code's order was not carried out"
+    keeper.step()
+    assert store.keys(qs.STEPPED_ASIDE_PREFIX) == [], "what was kept of an order that waits no more is forgotten"
 
 
 def test_a_helper_whose_keeper_could_not_be_started_answers_what_the_order_did(monkeypatch, capsys):

@@ -39,8 +39,9 @@ from typing import Any, Callable, Mapping
 
 from ..masking import mask_url_userinfo
 from ..notify import send
-from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, TERMINAL, Admission, agent_version, answer_text,
-                        UNPLACEABLE_ORDER, never_placed, order_from, order_problem)
+from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE,
+                        STOP_FOUND_RUNNING, STOP_FOUND_WAITING, TERMINAL, UNPLACEABLE_ORDER, Admission, agent_version,
+                        answer_text, never_placed, order_from, order_problem)
 from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
@@ -50,7 +51,7 @@ from .ray_jobs import AlreadySubmitted, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, claim, describe, enqueue,
                     enqueues_in_flight, finished_orders, free_slot, held, KeyValue, max_running,
                     not_yet_placed, order_key, over_quota, queues_in, quota, quota_use, ray_job_info, ray_jobs,
-                    release, set_order, shortfall, Slot, slots, waiting)
+                    release, set_order, shortfall, Slot, slots, stepped_aside_since, waiting)
 
 # A step is taken when the store's keys or the order jobs changed (a slot given back, a job entered, an order come),
 # or every STEP_EVERY_S (a job that ended without giving its slot back, resources freed elsewhere), IDLE_STEP_EVERY_S
@@ -213,9 +214,9 @@ class Keeper:
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
         other_code = {info["submission_id"]: code for info in pending
                       if (code := (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)) not in (None, self.version)}
-        for info in pending:
-            if info["submission_id"] in other_code and not never_placed(info, now):
-                raise StepAside(str(other_code[info["submission_id"]]))
+        for order_id, since in stepped_aside_since(self.store, other_code, now).items():
+            if not never_placed(next(info for info in pending if info["submission_id"] == order_id), now - since):
+                raise StepAside(str(other_code[order_id]))
         orders = []
         for info in pending:
             if info["submission_id"] in other_code:  # stepped aside for, it would wait for good, and every keeper after
@@ -293,12 +294,12 @@ class Keeper:
             self._end_without_running(queue, job_id, entry, Admission(
                 queue, waited_s=now - float(entry.get("submitted") or now), position=position,
                 outcome="STOPPED", reason=f"stopped while it waited in queue {queue} (position {position})"))
-            return {"stopped": job_id, "was": "waiting", "queue": queue}
+            return {"stopped": job_id, "was": STOP_FOUND_WAITING, "queue": queue}
         if self.lost.cancel(job_id):
-            return {"stopped": job_id, "was": "waiting to be submitted again"}
+            return {"stopped": job_id, "was": STOP_FOUND_RETRY_DUE}
         if ray_job_info(self.store, job_id) is not None:
             if self.jobs.stop(job_id):
-                return {"stopped": job_id, "was": "running"}
+                return {"stopped": job_id, "was": STOP_FOUND_RUNNING}
             # Ended: lost whole, and its next attempt already submitted or waiting in its queue? That is the run
             # the stop was asked of.
             following = self.lost.next_attempt_of(job_id)
@@ -306,7 +307,7 @@ class Keeper:
                 found = self.stop(following, now)
                 if "unknown" not in found:
                     return {**found, "stopped": job_id, "attempt": following}
-            return {"stopped": job_id, "was": "ended"}
+            return {"stopped": job_id, "was": STOP_FOUND_ENDED}
         return {"unknown": job_id}
 
     def _handle_stops(self, now: float) -> None:

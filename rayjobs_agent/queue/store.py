@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from ..queueing import NAMESPACE, TERMINAL, checked_queue_name, entered_job, is_order
 from ..wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
@@ -63,6 +63,9 @@ UNKNOWN_HOLDER_GRACE_S = 30.0
 # An enqueue still on its way (its order running as a helper job, its entry not yet written) holds back a job
 # behind it in order for at most this long: a helper that never ran does not block its queue for good.
 ENQUEUE_IN_FLIGHT_S = 60.0
+
+# When a keeper first stepped aside for an order of other code, by the order's id (``stepped_aside_since``).
+STEPPED_ASIDE_PREFIX = "aside/"
 
 
 class KeyValue(Protocol):
@@ -203,6 +206,25 @@ def over_quota(queue: str, needs: Mapping[str, float], used: Mapping[str, float]
             return (f"queue {queue} holds {used.get(name, 0.0):g} of its {most:g} {name}, and this job needs "
                     f"{wanted:g} more")
     return ""
+
+def stepped_aside_since(store: KeyValue, other_code: Iterable[str], now: float) -> dict[str, float]:
+    """When a keeper first stepped aside for each order of other code in ``other_code`` (``now`` for one no keeper
+    has): the order's time to be placed counts from then, not from when it was sent, for it may have been sent while
+    a helper or a keeper being replaced held the head. What was kept of orders that wait no more is forgotten."""
+    waiting_ids = set(other_code)
+    for key in store.keys(STEPPED_ASIDE_PREFIX):
+        if key[len(STEPPED_ASIDE_PREFIX):] not in waiting_ids:
+            store.delete(key)
+    since = {}
+    for order_id in waiting_ids:
+        key = f"{STEPPED_ASIDE_PREFIX}{order_id}"
+        store.put(key, repr(now).encode(), only_if_absent=True)
+        try:
+            since[order_id] = float(store.get(key) or now)
+        except ValueError:
+            since[order_id] = now
+    return since
+
 
 def ray_job_info(store: KeyValue, job_id: str) -> dict[str, Any] | None:
     """The record Ray's job manager keeps of submission ``job_id`` (None when it has none)."""

@@ -49,6 +49,9 @@ app = typer.Typer(
 )
 
 STOP_WAIT_S = 60.0
+# What `rayjobs stop` adds to "stop requested", by where the stop found the job (`runner.client.queue.stop_job`).
+STOP_WORDS = {"queued": " (waiting in its queue: it never starts)",
+              "withdrawn": " (it was lost whole and waited for its next attempt: none is submitted)"}
 # How much of a job's log `status` reads for its progress and a failure's cause.
 STATUS_LOG_LINES = 5000
 
@@ -336,8 +339,7 @@ def stop(
         info = client.get_job(job_id)
         _say(f"job {job_id} had already ended: {info.get('status')}")
         return
-    _say(f"stop requested for job {job_id}" + (" (waiting in its queue: it never starts)" if stopped == "queued"
-                                               else ""))
+    _say(f"stop requested for job {job_id}" + STOP_WORDS.get(stopped, ""))
     if wait:
         status_now, ended = wait_until_ended(client, job_id, within_s=STOP_WAIT_S)
         if not ended:

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.infra.status import is_terminal
 from jobs.submission import AGENT_PACKAGE_DIR
-from rayjobs_agent.queueing import (KEEPER_HUNG_AFTER_S, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
-                                    SNAPSHOT_FILE, answer_in, enqueue_order_id, order_submission)
-from rayjobs_agent.wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
+from rayjobs_agent.queueing import (HELPER_ENTRYPOINT, HELPER_NAME, KEEPER_HUNG_AFTER_S, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
+                                    SNAPSHOT_FILE, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE, STOP_FOUND_RUNNING,
+                                    answer_in, enqueue_order_id, order_submission)
+from rayjobs_agent.wire import METADATA_ENQUEUES, METADATA_NAME, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
 from runner.errors import BadInput, ClusterRequestFailed, JobNotFound, NotADashboard
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
 # How often a client whose order waits unanswered looks whether the keeper's snapshot says it is hung.
 _HUNG_LOOK_EVERY_S = 5.0
+# How much of a helper job's log is read for its answer: it prints it last, before Ray's few lines of leaving.
+_HELPER_LOG_TAIL_LINES = 200
 
 
 class ClusterQueue:
@@ -113,10 +116,14 @@ class ClusterQueue:
 
     def _helper_answer(self, order_id: str, order: dict[str, Any]) -> Any:
         """The answer in the log of order ``order_id``, which ran as a helper job and ended (None: none read)."""
+        # Anyone may submit a job under an order's id: only the helper's own command prints answers to trust.
+        if order.get("entrypoint") != HELPER_ENTRYPOINT or (order.get("metadata") or {}).get(METADATA_NAME) != HELPER_NAME:
+            return None
         seen = (order_id, order.get("end_time"))
         if seen not in self._helper_answers:
             try:
-                log = self.api.job_log(order_id, driver_node_id=order.get("driver_node_id"))
+                # The answer is among a helper's last lines; a long log is no answer.
+                log = self.api.job_log(order_id, tail=_HELPER_LOG_TAIL_LINES, driver_node_id=order.get("driver_node_id"))
             except (ClusterRequestFailed, NotADashboard, JobNotFound):
                 return None  # deleted meanwhile, or no log to read: looked at again next time
             self._helper_answers[seen] = answer_in(log)
@@ -375,7 +382,9 @@ def stop_job(api: JobsApi, job_id: str) -> str:
     and waiting to be submitted again (no further attempt is submitted).
 
     Returns:
-        ``"stopped"`` (a stop was asked of Ray), ``"queued"`` (asked of the queue) or ``"ended"`` (nothing to stop).
+        ``"stopped"`` (a stop was asked of Ray), ``"queued"`` (taken out of its queue: it never starts),
+        ``"withdrawn"`` (it had run and was lost whole: its next attempt is not submitted) or ``"ended"`` (nothing to
+        stop).
 
     Raises:
         JobNotFound: neither Ray nor any queue knows the job.
@@ -402,9 +411,10 @@ def stop_job(api: JobsApi, job_id: str) -> str:
 
 
 def _what_the_stop_found(answer: Any) -> str:
-    """``stopped``, ``ended`` or ``queued``, from the keeper's answer to a stop (``was``)."""
+    """``stopped``, ``ended``, ``withdrawn`` or ``queued``, from the keeper's answer to a stop (``was``)."""
     was = answer.get("was") if isinstance(answer, dict) else None
-    return {"running": "stopped", "ended": "ended"}.get(was, "queued")
+    return {STOP_FOUND_RUNNING: "stopped", STOP_FOUND_ENDED: "ended",
+            STOP_FOUND_RETRY_DUE: "withdrawn"}.get(was, "queued")
 
 
 __all__ = ["ClusterQueue", "stop_job"]

@@ -633,7 +633,7 @@ def check(history: History, state: FinalState, limits: Limits, needs_of: dict[st
                                             f"{run.status} ({run.info.get('error_type')})", [op]))
         for attempt in jobs.values():
             if attempt.parent == (run.parent or job_id) and attempt.attempt > run.attempt and attempt.starts \
-                    and attempt.starts[0] > (op.completed or math.inf) and said in ("stopped", "queued"):
+                    and attempt.starts[0] > (op.completed or math.inf) and said in ("stopped", "queued", "withdrawn"):
                 violations.append(Violation("stop-is-final", f"attempt {attempt.job_id} of {job_id} started after "
                                             "the stop was answered", [op]))
 
