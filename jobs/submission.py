@@ -16,6 +16,7 @@ from jobs.queueing import queue_metadata
 from jobs.retry import retry_policy
 from jobs.secrets import masked_runtime_env
 from jobs.workload_contract import workload_needs
+from rayjobs_agent import AGENT_PACKAGE_DIR
 from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH, default_run_dir, run_of_this_submission
 from rayjobs_agent.storage_location import uri_scheme
 from rayjobs_agent.vocabulary import EVENT_MARKER
@@ -38,7 +39,6 @@ DEFAULT_EXCLUDES = [
 
 # The agent beside every job (rayjobs_agent): shipped as a py_modules entry, so that any job's processes can import
 # it by this name whatever its working_dir holds.
-AGENT_PACKAGE_DIR = Path(__file__).resolve().parents[1] / "rayjobs_agent"
 TRAIN_STATE_ENV_VAR = "RAY_TRAIN_ENABLE_STATE_TRACKING"
 # Where a job keeps its record when its workload names no storage_path: the workloads' own default.
 # Ray folds alike lines from different processes of a job into one; an event must never be folded.
@@ -217,18 +217,6 @@ def run_folder(loaded: LoadedSpec, job_id: str, *, per_submission: bool = False)
         return run_of_this_submission(run_dir, environ)
     return default_run_dir({"base": loaded.spec.record_path or DEFAULT_RECORD_PATH, "name": loaded.spec.name},
                            {SUBMISSION_ID_KEY: job_id})
-
-
-def user_entrypoint(entrypoint: str) -> str:
-    """The spec's own entrypoint inside one that runs under the run record's keeper (any other as it is)."""
-    prefix = RECORD_COMMAND + " "
-    if not entrypoint.startswith(prefix):
-        return entrypoint
-    try:
-        words = shlex.split(entrypoint[len(prefix):])
-    except ValueError:
-        return entrypoint
-    return words[0] if len(words) == 1 else entrypoint
 
 
 def resolved_spec(loaded: LoadedSpec) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any
 from .events import emit
 from .job_processes import JobProcesses, open_files
 from .vocabulary import EventKind, kind_of
-from .wire import OWN_LINE_PREFIX
+from .wire import CPU_PRICE_ENV_VAR, GPU_PRICE_ENV_VAR, OWN_LINE_PREFIX
 
 EVERY_S_ENV_VAR = "RAYJOBS_RESOURCES_EVERY_S"
 DEFAULT_EVERY_S = 10.0
@@ -48,12 +48,8 @@ TICK_S = 1.0
 PSS_EVERY = 5
 # How long the sample at an attempt's end waits for one the sampler's thread is taking.
 LAST_SAMPLE_WAIT_S = 2.0
-# Prices for ``rayjobs show``'s cost (per CPU core·hour and per GPU·hour, in the user's currency).
-CPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_CPU_HOUR"
-GPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_GPU_HOUR"
 # NVIDIA's device files: a process with a GPU context holds them open.
 GPU_DEVICE_FILES = "/dev/nvidia"
-_GIB = 1024 ** 3
 
 
 def sampling_every_s(environ: Mapping[str, str]) -> float | None:
@@ -422,36 +418,6 @@ def prices_from(environ: Mapping[str, str]) -> dict[str, float | None]:
     return prices
 
 
-def usage_line(event: Mapping[str, Any]) -> str:
-    """The live view's line for one sample: ``CPU 1.9/2 · RSS 3.1 GiB · GPU 64 % · 2.0/80 GiB``."""
-    parts = [f"CPU {float(event.get('cpu') or 0):.1f}/{float(event.get('cpus') or 0):g}",
-             f"RSS {float(event.get('rss_bytes') or 0) / _GIB:.1f} GiB"]
-    if _amount(event.get("gpus")) and event["gpus"] > 0:
-        parts.append(f"GPU {float(event.get('gpu_util') or 0):.0f} %")
-        parts.append(f"{float(event.get('gpu_mem_bytes') or 0) / _GIB:.1f}/"
-                     f"{float(event.get('gpu_mem_total_bytes') or 0) / _GIB:.0f} GiB")
-    return " · ".join(parts)
-
-
-def totals_lines(totals: Mapping[str, Any]) -> list[str]:
-    """``rayjobs show``'s lines for the totals (none when the run has no samples)."""
-    if not totals.get("samples"):
-        return []
-    # A run whose samples covered no time to speak of (it ended within a tick of starting) has no mean.
-    mean = "" if totals.get("mean_cpu") is None else f" (mean {totals['mean_cpu']:.2f} cores)"
-    lines = [f"CPU {totals['cpu_hours']:.3f} core·h{mean} · peak RSS {totals['peak_rss_bytes'] / _GIB:.2f} GiB"]
-    if totals.get("gpu_hours"):
-        # A record's totals may hold GPU seconds without the samples they came from (written by hand).
-        mean = "" if totals.get("mean_gpu_util") is None else f" (mean utilisation {totals['mean_gpu_util']:.0f} %)"
-        lines.append(f"GPU {totals['gpu_hours']:.3f} GPU·h{mean} · "
-                     f"peak GPU memory {totals['peak_gpu_mem_bytes'] / _GIB:.2f} GiB")
-    if totals.get("data_wait_share") is not None:
-        lines.append(f"waiting for data: {totals['data_wait_share']:.0%} of training time")
-    if totals.get("cost") is not None:
-        lines.append(f"cost: {totals['cost']:.4f} (at the prices in {CPU_PRICE_ENV_VAR}/{GPU_PRICE_ENV_VAR})")
-    return lines
-
-
 # No reading of one process reaches this (2**53 bytes is 8 PiB; 2**53 seconds, 285 million years): above it a sample
 # was written by hand, and sums of such could overflow to infinity, which no JSON reader takes.
 LARGEST_AMOUNT = float(2 ** 53)
@@ -469,5 +435,5 @@ def _amount(value: Any) -> bool:
         return False
 
 
-__all__ = ["CPU_PRICE_ENV_VAR", "EVERY_S_ENV_VAR", "GPU_PRICE_ENV_VAR", "UNATTRIBUTED_GPUS", "Gpus", "ResourceSampler",
-           "ResourceUsage", "prices_from", "resource_totals", "sampling_every_s", "totals_lines", "usage_line"]
+__all__ = ["EVERY_S_ENV_VAR", "UNATTRIBUTED_GPUS", "Gpus", "ResourceSampler",
+           "ResourceUsage", "prices_from", "resource_totals", "sampling_every_s"]

@@ -8,6 +8,7 @@ Standard library only: names, and the one way a JSON document becomes such a var
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 # What Ray's job manager hands every job's driver: its runtime_env (with the uploaded packages' URIs) and
@@ -72,7 +73,23 @@ def ray_env_json(document: Any) -> str:
     return json.dumps(document, sort_keys=True, default=str).replace("$", "\\u0024")
 
 
-__all__ = ["AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "ray_env_json"]
+# Prices for ``rayjobs show``'s cost (per CPU core·hour and per GPU·hour, in the user's currency).
+CPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_CPU_HOUR"
+GPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_GPU_HOUR"
+
+def user_entrypoint(entrypoint: str) -> str:
+    """The spec's own entrypoint inside one that runs under the run record's keeper (any other as it is)."""
+    prefix = RECORD_COMMAND + " "
+    if not entrypoint.startswith(prefix):
+        return entrypoint
+    try:
+        words = shlex.split(entrypoint[len(prefix):])
+    except ValueError:
+        return entrypoint
+    return words[0] if len(words) == 1 else entrypoint
+
+
+__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "ray_env_json", "user_entrypoint"]
 
 # How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
 # (which the follower shows among its own, apart from the job's output).

@@ -1,6 +1,6 @@
-"""How rayjobs words numbers for a person: durations, times, metric values, aligned rows. One module, used by the
-agent's notifications and every client command alike, so a duration reads the same in a Slack message, the
-terminal and ``rayjobs runs``.
+"""How rayjobs words numbers for a person: durations, times, metric values, aligned rows, resource use. One module,
+used by the agent's notifications and every client command alike, so a duration reads the same in a Slack message,
+the terminal and ``rayjobs runs``.
 
 Standard library only: it runs in the job's wrapper.
 """
@@ -8,9 +8,12 @@ Standard library only: it runs in the job's wrapper.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+from .wire import CPU_PRICE_ENV_VAR, GPU_PRICE_ENV_VAR
 
 _METRICS_IN_A_LINE = 8
+_GIB = 1024 ** 3
 
 
 def format_duration(seconds: float | None) -> str:
@@ -54,3 +57,40 @@ def labelled_rows(rows: Sequence[tuple[str, str]]) -> str:
     """``label:  value`` lines, the values aligned after the longest label."""
     width = max((len(label) for label, _ in rows), default=0) + 1
     return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)
+
+
+def usage_line(event: Mapping[str, Any]) -> str:
+    """The live view's line for one sample: ``CPU 1.9/2 · RSS 3.1 GiB · GPU 64 % · 2.0/80 GiB``."""
+    parts = [f"CPU {_number(event.get('cpu')):.1f}/{_number(event.get('cpus')):g}",
+             f"RSS {_number(event.get('rss_bytes')) / _GIB:.1f} GiB"]
+    if _number(event.get("gpus")) > 0:
+        parts.append(f"GPU {_number(event.get('gpu_util')):.0f} %")
+        parts.append(f"{_number(event.get('gpu_mem_bytes')) / _GIB:.1f}/"
+                     f"{_number(event.get('gpu_mem_total_bytes')) / _GIB:.0f} GiB")
+    return " · ".join(parts)
+
+
+def totals_lines(totals: Mapping[str, Any]) -> list[str]:
+    """``rayjobs show``'s lines for the totals (none when the run has no samples)."""
+    if not totals.get("samples"):
+        return []
+    # A run whose samples covered no time to speak of (it ended within a tick of starting) has no mean.
+    mean = "" if totals.get("mean_cpu") is None else f" (mean {totals['mean_cpu']:.2f} cores)"
+    lines = [f"CPU {totals['cpu_hours']:.3f} core·h{mean} · peak RSS {totals['peak_rss_bytes'] / _GIB:.2f} GiB"]
+    if totals.get("gpu_hours"):
+        # A record's totals may hold GPU seconds without the samples they came from (written by hand).
+        mean = "" if totals.get("mean_gpu_util") is None else f" (mean utilisation {totals['mean_gpu_util']:.0f} %)"
+        lines.append(f"GPU {totals['gpu_hours']:.3f} GPU·h{mean} · "
+                     f"peak GPU memory {totals['peak_gpu_mem_bytes'] / _GIB:.2f} GiB")
+    if totals.get("data_wait_share") is not None:
+        lines.append(f"waiting for data: {totals['data_wait_share']:.0%} of training time")
+    if totals.get("cost") is not None:
+        lines.append(f"cost: {totals['cost']:.4f} (at the prices in {CPU_PRICE_ENV_VAR}/{GPU_PRICE_ENV_VAR})")
+    return lines
+
+
+def _number(value: Any) -> float:
+    """``value`` as a number for a line: 0 for what is none (a sample written by hand may hold text there)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return float(value)

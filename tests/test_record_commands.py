@@ -18,7 +18,8 @@ import pytest
 
 from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.loader import load_spec
-from jobs.submission import AGENT_PACKAGE_DIR, RECORD_COMMAND, build_submission, user_entrypoint
+from jobs.submission import AGENT_PACKAGE_DIR, RECORD_COMMAND, build_submission
+from rayjobs_agent.wire import user_entrypoint
 from runner.errors import ExitCode
 from runner.records.report import LOST, run_status
 from tests.support.cli import cli_env, rayjobs_in_process, run_rayjobs

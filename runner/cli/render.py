@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT, user_entrypoint
 from jobs.secrets import job_mask
-from jobs.submission import user_entrypoint
 from rayjobs_agent.wording import format_duration, plain_table
 from runner.follow.messages import duration_s, job_id_of
 

@@ -25,7 +25,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from jobs.infra.status import is_terminal
-from jobs.submission import AGENT_PACKAGE_DIR
+from rayjobs_agent import AGENT_PACKAGE_DIR
 from rayjobs_agent.queueing import (HELPER_ENTRYPOINT, HELPER_NAME, KEEPER_HUNG_AFTER_S, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
                                     SNAPSHOT_FILE, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE, STOP_FOUND_RUNNING,
                                     answer_in, enqueue_order_id, order_submission)

@@ -15,9 +15,8 @@ import time
 from typing import Any, TextIO
 
 from runner.reporter import Reporter, own_line
-from rayjobs_agent.resources import usage_line
 from rayjobs_agent.vocabulary import EventKind, kind_of
-from rayjobs_agent.wording import format_duration, format_value
+from rayjobs_agent.wording import format_duration, format_value, usage_line
 from runner.follow.progress import (RunProgress, epochs_done, event_line, pace_parts,
                                     position_text, short_reason, shown_metrics)
 

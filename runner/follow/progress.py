@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayjobs_agent.causes import Diagnosis, short_reason
-from rayjobs_agent.resources import usage_line
 from rayjobs_agent.vocabulary import AGENT_KINDS, RETRY_WAITING, EventKind, kind_of
-from rayjobs_agent.wording import format_duration, format_value
+from rayjobs_agent.wording import format_duration, format_value, usage_line
 
 # How many of the last epochs the pace (and so the ETA) is taken over: recent enough to follow a
 # change of speed, long enough that one slow evaluation does not swing it.
