@@ -344,6 +344,27 @@ def order_variables(order: dict[str, Any]) -> dict[str, str]:
     return {REQUEST_ENV_VAR if index == 0 else f"{REQUEST_ENV_VAR}_{index}": chunk
             for index, chunk in enumerate(chunks)}
 
+def ran_as_helper(order_info: Mapping[str, Any], verb: str, job_id: str) -> bool:
+    """Whether Ray's record of an order job shows what :func:`order_submission` sends for order ``verb`` about job
+    ``job_id``, run as a helper job: the helper's command under its name, the agent's uploaded package and the
+    order's variables alone. Anyone may submit a job under an order's id; only such a job's log holds an answer to
+    read (one that copies all of it too can only say what an order of that client would have said)."""
+    runtime_env = order_info.get("runtime_env") or {}
+    env_vars = runtime_env.get("env_vars") or {}
+    modules = runtime_env.get("py_modules") or []
+    if (order_info.get("entrypoint") != HELPER_ENTRYPOINT
+            or (order_info.get("metadata") or {}).get(METADATA_NAME) != HELPER_NAME
+            or set(runtime_env) - {"py_modules", "env_vars"} or not isinstance(env_vars, dict)
+            or not isinstance(modules, list) or not all(str(uri).startswith("gcs://") for uri in modules)
+            or not all(str(name).startswith(REQUEST_ENV_VAR) for name in env_vars)):
+        return False
+    try:
+        order = order_from(env_vars)
+    except Exception:  # noqa: BLE001 - variables that hold no order: no helper of ours
+        return False
+    return isinstance(order, dict) and order.get("verb") == verb and order.get("id") == job_id
+
+
 def order_from(environ: Mapping[str, str]) -> dict[str, Any]:
     """The order :func:`order_variables` wrote, read back from a helper job's environment."""
     chunks, index = [environ.get(REQUEST_ENV_VAR) or ""], 1

@@ -35,6 +35,7 @@ from .events import emit
 from .job_processes import JobProcesses, open_files
 from .vocabulary import EventKind, kind_of
 from .wire import CPU_PRICE_ENV_VAR, GPU_PRICE_ENV_VAR, OWN_LINE_PREFIX
+from .wording import sample_amount
 
 EVERY_S_ENV_VAR = "RAYJOBS_RESOURCES_EVERY_S"
 DEFAULT_EVERY_S = 10.0
@@ -326,27 +327,27 @@ class ResourceUsage:
         if kind == EventKind.REPORT:
             metrics = event.get("metrics") or {}
             wait, epoch = metrics.get("data_wait_s"), metrics.get("epoch_s")
-            if _amount(wait) and _amount(epoch) and epoch > 0:
+            if sample_amount(wait) and sample_amount(epoch) and epoch > 0:
                 self.data_wait_s += float(wait)
                 self.epoch_s += float(epoch)
             return
-        if kind != EventKind.RESOURCES or not _amount(event.get("cpu")):
+        if kind != EventKind.RESOURCES or not sample_amount(event.get("cpu")):
             return
         # The seconds this sample covers and the CPU·s used in them; an older sample, which said neither, is taken
         # to cover its interval at the mean it gives.
-        seconds = event.get("interval_s") if _amount(event.get("interval_s")) else \
-            event.get("every_s") if _amount(event.get("every_s")) else DEFAULT_EVERY_S
+        seconds = event.get("interval_s") if sample_amount(event.get("interval_s")) else \
+            event.get("every_s") if sample_amount(event.get("every_s")) else DEFAULT_EVERY_S
         self.samples += 1
         self.seconds += float(seconds)
         self.cpu_sum += float(event["cpu"])
-        self.cpu_core_s += float(event["cpu_s"]) if _amount(event.get("cpu_s")) else float(event["cpu"]) * seconds
-        if _amount(event.get("rss_bytes")):
+        self.cpu_core_s += float(event["cpu_s"]) if sample_amount(event.get("cpu_s")) else float(event["cpu"]) * seconds
+        if sample_amount(event.get("rss_bytes")):
             self.peak_rss_bytes = max(self.peak_rss_bytes, int(event["rss_bytes"]))
-        if _amount(event.get("gpus")) and event["gpus"] > 0:
+        if sample_amount(event.get("gpus")) and event["gpus"] > 0:
             self.gpu_s += float(event["gpus"]) * seconds
             self.gpu_samples += 1
-            self.gpu_util_sum += float(event["gpu_util"]) if _amount(event.get("gpu_util")) else 0.0
-            if _amount(event.get("gpu_mem_bytes")):
+            self.gpu_util_sum += float(event["gpu_util"]) if sample_amount(event.get("gpu_util")) else 0.0
+            if sample_amount(event.get("gpu_mem_bytes")):
                 self.peak_gpu_mem_bytes = max(self.peak_gpu_mem_bytes, int(event["gpu_mem_bytes"]))
         self.last = dict(event)
 
@@ -366,7 +367,7 @@ class ResourceUsage:
         for name in ("samples", "seconds", "cpu_core_s", "gpu_s", "peak_rss_bytes", "peak_gpu_mem_bytes",
                      "cpu_sum", "gpu_util_sum", "gpu_samples", "data_wait_s", "epoch_s"):
             value = (kept or {}).get(name)
-            if _amount(value):
+            if sample_amount(value):
                 setattr(usage, name, type(getattr(usage, name))(value))
         return usage
 
@@ -416,23 +417,6 @@ def prices_from(environ: Mapping[str, str]) -> dict[str, float | None]:
         except ValueError:
             raise ValueError(f"{variable} must be a number (a price per hour), not {environ[variable]!r}") from None
     return prices
-
-
-# No reading of one process reaches this (2**53 bytes is 8 PiB; 2**53 seconds, 285 million years): above it a sample
-# was written by hand, and sums of such could overflow to infinity, which no JSON reader takes.
-LARGEST_AMOUNT = float(2 ** 53)
-
-
-def _amount(value: Any) -> bool:
-    """Whether ``value`` is an amount of a resource: a number, 0 or more and at most :data:`LARGEST_AMOUNT` (a sample
-    or record written by hand with text, NaN, a negative or a huge number there counts as absent, so no total goes
-    below zero or to infinity)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return 0 <= value <= LARGEST_AMOUNT
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 __all__ = ["EVERY_S_ENV_VAR", "UNATTRIBUTED_GPUS", "Gpus", "ResourceSampler",

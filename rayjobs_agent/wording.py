@@ -89,8 +89,23 @@ def totals_lines(totals: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _number(value: Any) -> float:
-    """``value`` as a number for a line: 0 for what is none (a sample written by hand may hold text there)."""
+# No reading of one process reaches this (2**53 bytes is 8 PiB; 2**53 seconds, 285 million years): above it a sample
+# was written by hand, and sums of such could overflow to infinity, which no JSON reader takes.
+LARGEST_AMOUNT = float(2 ** 53)
+
+
+def sample_amount(value: Any) -> bool:
+    """Whether ``value`` is an amount of a resource: a number, 0 or more and at most :data:`LARGEST_AMOUNT` (a sample
+    or record written by hand with text, NaN, a negative or a huge number there counts as absent, so no total goes
+    below zero or to infinity)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    return float(value)
+        return False
+    try:
+        return 0 <= value <= LARGEST_AMOUNT
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _number(value: Any) -> float:
+    """``value`` for a line: 0 for what is no amount (:func:`sample_amount`)."""
+    return float(value) if sample_amount(value) else 0.0

@@ -227,6 +227,24 @@ def test_logs_follow_exits_with_the_outcome(client):
     assert "last lines" not in result.stderr
 
 
+@pytest.mark.parametrize(("found", "words"), [
+    ("queued", "job raysubmit_x was lost whole; stop requested for job raysubmit_x-attempt2 (waiting in its queue: "
+               "it never starts)"),
+    ("stopped", "job raysubmit_x was lost whole; stop requested for job raysubmit_x-attempt2"),
+])
+def test_a_stop_that_acted_on_a_lost_jobs_next_attempt_names_it_and_waits_for_it(client, monkeypatch, found, words):
+    # The job named had run and was lost whole: what the stop found is true of its next attempt, which --wait follows.
+    from runner.client import queue as client_queue
+
+    client.existing("raysubmit_x", Script(["FAILED"], error_type="JOB_SUPERVISOR_ACTOR_DIED"), {})
+    client.existing("raysubmit_x-attempt2", Script(["STOPPED"]), {})
+    monkeypatch.setattr(client_queue, "stop_job",
+                        lambda api, job_id: client_queue.StopFound(found, f"{job_id}-attempt2"))
+    stopped = rayjobs("stop", "raysubmit_x", "--wait", *ADDRESS)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert stopped.stderr == f"rayjobs: {words}\nrayjobs: job raysubmit_x-attempt2 is STOPPED\n"
+
+
 def test_stop_wait_and_delete(client):
     client.existing("raysubmit_x", Script(["RUNNING"]), {})
     stopped = rayjobs("stop", "raysubmit_x", "--wait", *ADDRESS)

@@ -528,7 +528,8 @@ def test_the_stand_in_of_a_job_stopped_while_it_waited_is_never_run_again_when_i
 
 
 @pytest.mark.parametrize(("was", "said"), [("waiting", "queued"), ("running", "stopped"), ("ended", "ended"),
-                                           ("waiting to be submitted again", "withdrawn")])
+                                           ("waiting to be submitted again", "withdrawn"),
+                                           (None, "requested")])  # a helper job took the stop: no more is known
 def test_a_stop_says_what_the_keeper_found_even_when_the_jobs_turn_came_while_the_stop_was_on_its_way(
         monkeypatch, was, said):
     # Ray did not know the job yet, so the stop went to the queue; the keeper let it in before it read the stop.
@@ -542,29 +543,46 @@ def test_a_stop_says_what_the_keeper_found_even_when_the_jobs_turn_came_while_th
             raise JobNotFound(job_id)
 
     monkeypatch.setattr(client_queue.ClusterQueue, "place_of", lambda self, job_id, snapshot=None: {"id": job_id})
-    monkeypatch.setattr(client_queue.ClusterQueue, "stop", lambda self, job_id: {"stopped": job_id, "was": was})
-    assert client_queue.stop_job(Api(), "job-1") == said
+    monkeypatch.setattr(client_queue.ClusterQueue, "stop", lambda self, job_id: (
+        {"stopped": job_id, "was": was} if was else {"stopping": job_id}))
+    assert client_queue.stop_job(Api(), "job-1") == client_queue.StopFound(said)
 
 
 _ENTERED = {"queued": "team-a", "position": 2, "waiting": 2}
+
+
+# How a job under an enqueue order's id differs from what the client sends (None: as sent).
+_NEIGHBOURS = {
+    "its own command": {"entrypoint": "python -c 'print(\"rayjobs-queue {}\")'"},
+    "the helper's command with its own code": {"runtime_env": {"working_dir": "gcs://_ray_pkg_theirs.zip"}},
+    "the helper's command, another job's order": {"order_of": "job-2"},
+}
 
 
 @pytest.mark.parametrize(("answered_by", "published_at", "waits"), [
     ("keeper", 100.0, True),  # it answered the order (the job is in its queue) and died before it published
     ("keeper", 110.0, False),  # it published after it answered: a job missing from that snapshot is gone
     ("helper", None, True),  # no keeper was alive, and on a head just restarted none has published yet
-    ("neighbour", None, False),  # a job of someone else's under the order's id, printing an answer line
+    # Jobs of someone else's under the order's id that print an answer line: in their log, or in the message Ray
+    # writes from a failed job's last lines.
+    *((name, None, False) for name in _NEIGHBOURS),
+    ("a neighbour that failed", 100.0, False),
 ])
 def test_a_job_entered_after_the_last_snapshot_still_waits_for_its_follower(answered_by, published_at, waits):
     # Until a keeper publishes again, the job is missing from the snapshot, and its follower must not call it gone.
-    # A helper job's answer is in its log, not in a message; a log is trusted only when the helper's command wrote it.
+    # A helper job's answer is in its log, not in a message; a log is trusted only from what the client sends.
     from runner.client import queue as client_queue
     from runner.errors import JobNotFound
-    from rayjobs_agent.wire import METADATA_NAME
 
     order_id = q.enqueue_order_id("job-1")
-    by_keeper = answered_by == "keeper"
-    command = "python -c 'print(\"rayjobs-queue {}\")'" if answered_by == "neighbour" else q.HELPER_ENTRYPOINT
+    differs = dict(_NEIGHBOURS.get(answered_by, {}))
+    order = {"verb": "enqueue", "id": differs.pop("order_of", "job-1"), "format": q.ORDER_FORMAT}
+    sent = q.order_submission(order, order_id, ["gcs://_ray_pkg_agent.zip"],
+                              {"rayjobs.enqueues": "team-a", "rayjobs.priority": "5"})
+    status, message = {"keeper": ("STOPPED", q.answer_text(_ENTERED)),
+                       "a neighbour that failed": ("FAILED", "Job entrypoint command failed with exit code 1, last "
+                                                             f"available logs:\n{q.answer_text(_ENTERED)}\n")
+                       }.get(answered_by, ("SUCCEEDED", "Job finished successfully."))
 
     class Api:
         address = "http://cluster"
@@ -572,10 +590,8 @@ def test_a_job_entered_after_the_last_snapshot_still_waits_for_its_follower(answ
         def get_job(self, job_id: str) -> dict:
             if job_id != order_id:
                 raise JobNotFound(job_id)
-            return {"submission_id": order_id, "status": "STOPPED" if by_keeper else "SUCCEEDED",
-                    "start_time": 104_000, "end_time": 105_000, "driver_node_id": "head", "entrypoint": command,
-                    "metadata": {"rayjobs.enqueues": "team-a", "rayjobs.priority": "5", METADATA_NAME: q.HELPER_NAME},
-                    "message": q.answer_text(_ENTERED) if by_keeper else "Job finished successfully."}
+            return {**sent, **differs, "status": status, "start_time": 104_000, "end_time": 105_000,
+                    "driver_node_id": "head", "message": message}
 
         def job_log(self, job_id: str, tail: int | None = None, driver_node_id: str | None = None) -> str:
             assert (job_id, driver_node_id) == (order_id, "head") and tail is not None
@@ -605,10 +621,10 @@ def test_a_stop_of_a_lost_job_says_it_had_ended_or_that_its_next_attempt_is_with
     monkeypatch.setattr(client_queue.ClusterQueue, "decision_about",
                         lambda self, job_id: {"retry": True, "next": f"{job_id}-attempt2"})
     monkeypatch.setattr(client_queue.ClusterQueue, "stop", lambda self, job_id: {"stopped": job_id, "was": "ended"})
-    assert client_queue.stop_job(Api(), "job-1") == "ended"
+    assert client_queue.stop_job(Api(), "job-1") == client_queue.StopFound("ended")
     monkeypatch.setattr(client_queue.ClusterQueue, "stop",
                         lambda self, job_id: {"stopped": job_id, "was": "waiting to be submitted again"})
-    assert client_queue.stop_job(Api(), "job-1") == "withdrawn"
+    assert client_queue.stop_job(Api(), "job-1") == client_queue.StopFound("withdrawn")
 
 
 @pytest.mark.parametrize("supervisor", [False, True])
@@ -647,6 +663,30 @@ def test_a_stop_of_a_lost_job_whose_next_attempt_runs_stops_that_attempt():
     assert jobs.answer_to("rayjobs-order-stop-1") == {"stopped": "nightly-1", "was": "running",
                                                        "attempt": "nightly-1-attempt2"}
     assert jobs.stopped[-1] == "nightly-1-attempt2"
+    from runner.client import queue as client_queue
+
+    assert client_queue._what_the_stop_found(jobs.answer_to("rayjobs-order-stop-1")) == client_queue.StopFound(
+        "stopped", "nightly-1-attempt2")
+
+
+def test_a_stop_of_a_lost_job_whose_next_attempt_waits_in_its_queue_names_that_attempt_not_the_job_that_ran():
+    # The job had run: "waiting in its queue: it never starts" is true of its next attempt only.
+    from runner.client import queue as client_queue
+
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 0)  # nothing is let in: the next attempt waits in the queue
+    _retried_job(store, "nightly-1", status="FAILED", queue="team-a")
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=999_000)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    clock.now += 5 + kp.WATCH_EVERY_S
+    keeper.step()
+    assert [job_id for job_id, _ in qs.waiting(store, "team-a")] == ["nightly-1-attempt2"]
+    store.order("rayjobs-order-stop-1", {"verb": "stop", "id": "nightly-1"}, start_time_ms=clock.now * 1000)
+    keeper.step()
+    found = client_queue._what_the_stop_found(jobs.answer_to("rayjobs-order-stop-1"))
+    assert found == client_queue.StopFound("queued", "nightly-1-attempt2")
 
 
 @pytest.mark.parametrize("hangs", ["starting the keeper", "leaving after its answer"])
@@ -692,6 +732,10 @@ _SHARE = q.ORDER_RESOURCES[q.HEAD_RESOURCE]
     # counts from the first keeper that steps aside, not from when it was sent.
     (_SHARE, q.OTHER_CODE_PLACED_WITHIN_S + 30, None, False),
     (_SHARE, 90.0, 1.0, False),
+    # What no keeper wrote for this order is not believed: it counts from now.
+    (_SHARE, 90.0, "an earlier order of the same id", False),
+    (_SHARE, 90.0, "in the future", False),
+    (_SHARE, 90.0, "not a time", False),
 ])
 def test_an_order_of_other_code_that_could_never_be_placed_is_refused_not_stepped_aside_for(
         asked, sent_s_ago, aside_s_ago, refused):
@@ -703,8 +747,14 @@ def test_an_order_of_other_code_that_could_never_be_placed_is_refused_not_steppe
                          metadata={"rayjobs.agent_version": "other"}, entrypoint_resources={q.HEAD_RESOURCE: asked},
                          runtime_env={"env_vars": q.order_variables({"verb": "set", "queue": "team-a",
                                                                      "max_running": 1, "format": q.ORDER_FORMAT})})
+    sent = clock.now - sent_s_ago
+    kept = {"an earlier order of the same id": {"sent": sent - 3600, "since": sent - 3600},
+            "in the future": {"sent": sent, "since": clock.now + 3600},
+            "not a time": {"sent": sent, "since": "yesterday"}}.get(aside_s_ago)
     if aside_s_ago is not None:
-        store.put(f"{qs.STEPPED_ASIDE_PREFIX}rayjobs-order-set-1", repr(clock.now - aside_s_ago).encode())
+        kept = kept or {"sent": sent, "since": clock.now - aside_s_ago}
+        store.put(f"{qs.STEPPED_ASIDE_PREFIX}rayjobs-order-set-1", json.dumps(kept).encode())
+        aside_s_ago = aside_s_ago if isinstance(aside_s_ago, float) else None
     keeper, jobs, _ = _keeper(store, clock)
     if not refused:
         with pytest.raises(kp.StepAside):

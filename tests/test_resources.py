@@ -615,6 +615,8 @@ def test_prices_come_from_the_environment_and_a_price_that_is_no_number_is_refus
 def test_the_live_views_line_and_the_plain_report_line_show_the_last_sample():
     assert usage_line(SAMPLES[0]) == "CPU 1.5/2 · RSS 2.0 GiB"
     assert usage_line(SAMPLES[2]) == "CPU 1.9/2 · RSS 3.0 GiB · GPU 64 % · 4.0/160 GiB"
+    # A sample written by hand: what is no amount reads as none, by the totals' own rule, and nothing raises.
+    assert usage_line({"cpu": 10 ** 400, "cpus": "two", "rss_bytes": -1, "gpus": float("inf")}) == "CPU 0.0/0 · RSS 0.0 GiB"
     progress = RunProgress()
     progress.update(SAMPLES[2])
     assert progress.resources == SAMPLES[2]

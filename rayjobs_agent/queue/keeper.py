@@ -41,7 +41,7 @@ from ..masking import mask_url_userinfo
 from ..notify import send
 from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE,
                         STOP_FOUND_RUNNING, STOP_FOUND_WAITING, TERMINAL, UNPLACEABLE_ORDER, Admission, agent_version,
-                        answer_text, never_placed, order_from, order_problem)
+                        answer_text, order_from, order_problem)
 from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
@@ -51,7 +51,7 @@ from .ray_jobs import AlreadySubmitted, RayJobs, Refused, last_line
 from .store import (ENQUEUE_IN_FLIGHT_S, PIN_FOR_S, RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, claim, describe, enqueue,
                     enqueues_in_flight, finished_orders, free_slot, held, KeyValue, max_running,
                     not_yet_placed, order_key, over_quota, queues_in, quota, quota_use, ray_job_info, ray_jobs,
-                    release, set_order, shortfall, Slot, slots, stepped_aside_since, waiting)
+                    order_to_step_aside_for, release, set_order, shortfall, Slot, slots, waiting)
 
 # A step is taken when the store's keys or the order jobs changed (a slot given back, a job entered, an order come),
 # or every STEP_EVERY_S (a job that ended without giving its slot back, resources freed elsewhere), IDLE_STEP_EVERY_S
@@ -214,9 +214,8 @@ class Keeper:
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
         other_code = {info["submission_id"]: code for info in pending
                       if (code := (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)) not in (None, self.version)}
-        for order_id, since in stepped_aside_since(self.store, other_code, now).items():
-            if not never_placed(next(info for info in pending if info["submission_id"] == order_id), now - since):
-                raise StepAside(str(other_code[order_id]))
+        if (stepped_for := order_to_step_aside_for(self.store, pending, other_code, now)) is not None:
+            raise StepAside(str(other_code[stepped_for]))
         orders = []
         for info in pending:
             if info["submission_id"] in other_code:  # stepped aside for, it would wait for good, and every keeper after

@@ -18,6 +18,7 @@ The store's namespace is ``rayjobs-queue``::
     notrun/ID                      job ID ended without running, for a job it ran after: {"reason"}
     notified/RUN                   {"at"}: a keeper took the sending of run RUN's notification (it has ended)
     keeper                         the keeper's heartbeat: {"at", "version"}
+    aside/ORDER                    {"sent", "since"}: a keeper first stepped aside for order ORDER of other code
 
 A slot is taken by writing the generation after the one just read, and only if that key is absent,
 which the store does atomically; a claim that finds a newer generation of its slot after writing
@@ -38,9 +39,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
-from ..queueing import NAMESPACE, TERMINAL, checked_queue_name, entered_job, is_order
+from ..queueing import NAMESPACE, TERMINAL, checked_queue_name, entered_job, is_order, never_placed
 from ..wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
 
 # Ray's job manager keeps each submission's record here (ray.dashboard.modules.job.common.JobInfoStorageClient).
@@ -207,23 +208,48 @@ def over_quota(queue: str, needs: Mapping[str, float], used: Mapping[str, float]
                     f"{wanted:g} more")
     return ""
 
-def stepped_aside_since(store: KeyValue, other_code: Iterable[str], now: float) -> dict[str, float]:
-    """When a keeper first stepped aside for each order of other code in ``other_code`` (``now`` for one no keeper
-    has): the order's time to be placed counts from then, not from when it was sent, for it may have been sent while
-    a helper or a keeper being replaced held the head. What was kept of orders that wait no more is forgotten."""
-    waiting_ids = set(other_code)
+def order_to_step_aside_for(store: KeyValue, pending: list[Mapping[str, Any]], other_code: Mapping[str, Any],
+                            now: float) -> str | None:
+    """The order of other code (``other_code``: their ids, among Ray's records ``pending``) that a keeper steps aside
+    for, so that it starts a keeper of its own code; None when there is none, or each could never be placed (it is
+    then refused, for every keeper after would step aside for it in turn)."""
+    infos = {info["submission_id"]: info for info in pending if info["submission_id"] in other_code}
+    sent = {order_id: float(info.get("start_time") or 0) / 1000 for order_id, info in infos.items()}
+    for order_id, since in stepped_aside_since(store, sent, now).items():
+        if not never_placed(infos[order_id], now - since):
+            return order_id
+    return None
+
+
+def stepped_aside_since(store: KeyValue, other_code: Mapping[str, float], now: float) -> dict[str, float]:
+    """When a keeper first stepped aside for each order of other code in ``other_code`` (order id -> when Ray took
+    it, by the head's clock): ``now`` for one no keeper has. The order's time to be placed counts from then, not from
+    when it was sent, for it may have been sent while a helper or a keeper being replaced held the head. A time kept
+    for an earlier order of the same id, or one that is no time between the order's sending and now (written by
+    another hand, or a clock that stepped back), is replaced; what was kept of orders that wait no more is forgotten."""
     for key in store.keys(STEPPED_ASIDE_PREFIX):
-        if key[len(STEPPED_ASIDE_PREFIX):] not in waiting_ids:
+        if key[len(STEPPED_ASIDE_PREFIX):] not in other_code:
             store.delete(key)
     since = {}
-    for order_id in waiting_ids:
+    for order_id, sent in other_code.items():
         key = f"{STEPPED_ASIDE_PREFIX}{order_id}"
-        store.put(key, repr(now).encode(), only_if_absent=True)
-        try:
-            since[order_id] = float(store.get(key) or now)
-        except ValueError:
-            since[order_id] = now
+        kept = _kept_aside(store.get(key), sent, now)
+        if kept is None:
+            kept = now
+            store.put(key, json.dumps({"sent": sent, "since": now}).encode())
+        since[order_id] = kept
     return since
+
+
+def _kept_aside(raw: bytes | None, sent: float, now: float) -> float | None:
+    """The time kept under an ``aside/`` key, when it was kept for the order sent at ``sent`` and lies between then
+    and ``now`` (None: it was not)."""
+    try:
+        kept = json.loads(raw) if raw else None
+        since = float(kept["since"])
+        return since if float(kept["sent"]) == sent and sent <= since <= now else None
+    except (ValueError, TypeError, KeyError, OverflowError):
+        return None
 
 
 def ray_job_info(store: KeyValue, job_id: str) -> dict[str, Any] | None:

@@ -49,9 +49,10 @@ app = typer.Typer(
 )
 
 STOP_WAIT_S = 60.0
-# What `rayjobs stop` adds to "stop requested", by where the stop found the job (`runner.client.queue.stop_job`).
-STOP_WORDS = {"queued": " (waiting in its queue: it never starts)",
-              "withdrawn": " (it was lost whole and waited for its next attempt: none is submitted)"}
+# What `rayjobs stop` says after "stop requested for", by where the stop found the job (`StopFound.found`).
+_STOP_WORDS = {"queued": " (waiting in its queue: it never starts)",
+               "withdrawn": " (it was lost whole and waited for its next attempt: none is submitted)",
+               "requested": " (its queue carries it out at its next step)"}
 # How much of a job's log `status` reads for its progress and a failure's cause.
 STATUS_LOG_LINES = 5000
 
@@ -335,16 +336,19 @@ def stop(
         if stop_pipeline(client, job_id):
             return
         raise
-    if stopped == "ended":
-        info = client.get_job(job_id)
-        _say(f"job {job_id} had already ended: {info.get('status')}")
+    # A job lost whole whose next attempt was submitted or entered: the stop acted on that attempt.
+    target = stopped.attempt or job_id
+    lost = f"job {job_id} was lost whole; " if stopped.attempt else ""
+    if stopped.found == "ended":
+        info = client.get_job(target)
+        _say(f"{lost}job {target} had already ended: {info.get('status')}")
         return
-    _say(f"stop requested for job {job_id}" + STOP_WORDS.get(stopped, ""))
+    _say(f"{lost}stop requested for job {target}" + _STOP_WORDS.get(stopped.found, ""))
     if wait:
-        status_now, ended = wait_until_ended(client, job_id, within_s=STOP_WAIT_S)
+        status_now, ended = wait_until_ended(client, target, within_s=STOP_WAIT_S)
         if not ended:
-            _fail(f"job {job_id} has not stopped after {STOP_WAIT_S:g}s (still {status_now})", ExitCode.FAILED)
-        _say(f"job {job_id} is {status_now}")
+            _fail(f"job {target} has not stopped after {STOP_WAIT_S:g}s (still {status_now})", ExitCode.FAILED)
+        _say(f"job {target} is {status_now}")
 
 
 @app.command("list")

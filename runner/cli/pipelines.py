@@ -119,8 +119,8 @@ def stop_pipeline(client: JobsApi, run_id: str) -> bool:
             stopped = stop_job(client, job_id)
         except JobNotFound:
             continue
-        if stopped != "ended":
-            _say(f"{run_id}: stop requested for {name} ({job_id})")
+        if stopped.found != "ended":
+            _say(f"{run_id}: stop requested for {name} ({stopped.attempt or job_id})")
     return True
 
 

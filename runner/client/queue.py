@@ -22,14 +22,16 @@ import json
 import time
 import urllib.parse
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobs.infra.status import is_terminal
 from rayjobs_agent import AGENT_PACKAGE_DIR
-from rayjobs_agent.queueing import (HELPER_ENTRYPOINT, HELPER_NAME, KEEPER_HUNG_AFTER_S, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
+from rayjobs_agent.queueing import (KEEPER_HUNG_AFTER_S, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
                                     SNAPSHOT_FILE, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE, STOP_FOUND_RUNNING,
-                                    answer_in, enqueue_order_id, order_submission)
-from rayjobs_agent.wire import METADATA_ENQUEUES, METADATA_NAME, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
+                                    STOP_FOUND_WAITING, answer_in, enqueue_order_id, order_submission,
+                                    ran_as_helper)
+from rayjobs_agent.wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
 from runner.errors import BadInput, ClusterRequestFailed, JobNotFound, NotADashboard
 
 if TYPE_CHECKING:
@@ -102,11 +104,13 @@ class ClusterQueue:
             published_before = published_at is None or (order.get("end_time") or 0) / 1000 > float(published_at)
             if not published_before:
                 return None
-            answer = answer_in(order.get("message") or "")
+            # A keeper ends an order it carried out STOPPED, its answer the message. Ray writes a failed job's last
+            # lines there: a job of someone else's under the order's id could print one.
+            answer = answer_in(order.get("message") or "") if order.get("status") == "STOPPED" else None
             if answer is None and order.get("status") == "SUCCEEDED":
                 # Carried out by a helper job (no keeper was alive), whose answer is in its log: often so on a head
                 # just restarted, whose keeper has published nothing yet. An ended job's log is read once.
-                answer = self._helper_answer(enqueue_order_id(job_id), order)
+                answer = self._helper_answer(job_id, order)
             if not (isinstance(answer, dict) and "queued" in answer):
                 return None
             reason = "entered into its queue; its keeper has published nothing since"
@@ -114,16 +118,18 @@ class ClusterQueue:
                 "priority": int(metadata.get(METADATA_PRIORITY) or 0), "spec_hash": metadata.get(METADATA_SPEC_HASH),
                 "submitted": (order.get("start_time") or 0) / 1000, "metadata": metadata, "reason": reason}
 
-    def _helper_answer(self, order_id: str, order: dict[str, Any]) -> Any:
-        """The answer in the log of order ``order_id``, which ran as a helper job and ended (None: none read)."""
-        # Anyone may submit a job under an order's id: only the helper's own command prints answers to trust.
-        if order.get("entrypoint") != HELPER_ENTRYPOINT or (order.get("metadata") or {}).get(METADATA_NAME) != HELPER_NAME:
+    def _helper_answer(self, job_id: str, order: dict[str, Any]) -> Any:
+        """The answer in the log of the order that entered job ``job_id``, which ran as a helper job and ended (None:
+        none read, or the job under the order's id is no helper of ours)."""
+        if not ran_as_helper(order, "enqueue", job_id):
             return None
+        order_id = enqueue_order_id(job_id)
         seen = (order_id, order.get("end_time"))
         if seen not in self._helper_answers:
             try:
                 # The answer is among a helper's last lines; a long log is no answer.
-                log = self.api.job_log(order_id, tail=_HELPER_LOG_TAIL_LINES, driver_node_id=order.get("driver_node_id"))
+                log = self.api.job_log(order_id, tail=_HELPER_LOG_TAIL_LINES,
+                                       driver_node_id=order.get("driver_node_id"))
             except (ClusterRequestFailed, NotADashboard, JobNotFound):
                 return None  # deleted meanwhile, or no log to read: looked at again next time
             self._helper_answers[seen] = answer_in(log)
@@ -377,21 +383,30 @@ class ClusterQueue:
         return self._head_node
 
 
-def stop_job(api: JobsApi, job_id: str) -> str:
-    """Stop a job wherever it is: running (Ray stops it), waiting in a queue (its keeper takes it out), or lost whole
-    and waiting to be submitted again (no further attempt is submitted).
+@dataclass(frozen=True)
+class StopFound:
+    """Where a stop found its job, as the keeper or Ray answered it.
 
-    Returns:
-        ``"stopped"`` (a stop was asked of Ray), ``"queued"`` (taken out of its queue: it never starts),
-        ``"withdrawn"`` (it had run and was lost whole: its next attempt is not submitted) or ``"ended"`` (nothing to
-        stop).
+    ``found``: ``"stopped"`` (a stop was asked of Ray), ``"queued"`` (taken out of its queue: it never starts),
+    ``"withdrawn"`` (it had run and was lost whole: its next attempt is not submitted), ``"ended"`` (nothing to stop)
+    or ``"requested"`` (the queue takes the stop and carries it out at its next step, wherever the job is then).
+    ``attempt``: the next attempt of a job lost whole that the stop acted on instead (None: the job itself).
+    """
+
+    found: str
+    attempt: str | None = None
+
+
+def stop_job(api: JobsApi, job_id: str) -> StopFound:
+    """Stop a job wherever it is: running (Ray stops it), waiting in a queue (its keeper takes it out), or lost whole
+    and waiting to be submitted again (no further attempt is submitted; one already submitted or entered is stopped).
 
     Raises:
         JobNotFound: neither Ray nor any queue knows the job.
     """
     try:
         if api.stop_job(job_id):
-            return "stopped"
+            return StopFound("stopped")
     except JobNotFound:
         queue = ClusterQueue(api)
         # An order that entered the job a moment ago may not show in the keeper's snapshot yet: the keeper, which
@@ -407,14 +422,18 @@ def stop_job(api: JobsApi, job_id: str) -> str:
     if decision and decision.get("retry") and decision.get("next"):
         # Lost, and waiting for its next attempt: none is submitted; unless the keeper had submitted it already.
         return _what_the_stop_found(ClusterQueue(api).stop(job_id))
-    return "ended"
+    return StopFound("ended")
 
 
-def _what_the_stop_found(answer: Any) -> str:
-    """``stopped``, ``ended``, ``withdrawn`` or ``queued``, from the keeper's answer to a stop (``was``)."""
-    was = answer.get("was") if isinstance(answer, dict) else None
-    return {STOP_FOUND_RUNNING: "stopped", STOP_FOUND_ENDED: "ended",
-            STOP_FOUND_RETRY_DUE: "withdrawn"}.get(was, "queued")
+def _what_the_stop_found(answer: Any) -> StopFound:
+    """Where the keeper's answer to a stop (``was``, and ``attempt`` when it acted on the next attempt of a job lost
+    whole) says the stop found the job; ``requested`` when the answer says no more (a helper job took the stop)."""
+    if not isinstance(answer, dict):
+        return StopFound("requested")
+    found = {STOP_FOUND_RUNNING: "stopped", STOP_FOUND_ENDED: "ended", STOP_FOUND_RETRY_DUE: "withdrawn",
+             STOP_FOUND_WAITING: "queued"}.get(answer.get("was"), "requested")
+    attempt = answer.get("attempt")
+    return StopFound(found, str(attempt) if isinstance(attempt, str) and attempt else None)
 
 
-__all__ = ["ClusterQueue", "stop_job"]
+__all__ = ["ClusterQueue", "StopFound", "stop_job"]

@@ -607,7 +607,8 @@ def check(history: History, state: FinalState, limits: Limits, needs_of: dict[st
     for op in stops:
         if op.outcome != "ok":
             continue
-        job_id = op.args["job_id"]
+        # A stop of a job lost whole may act on its next attempt instead: its promises are about that attempt.
+        job_id = op.result.get("attempt") or op.args["job_id"]
         run = jobs.get(job_id)
         said = op.result.get("said")
         if run is None:

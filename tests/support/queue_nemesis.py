@@ -256,8 +256,12 @@ def stop_by_cli(shared: _Shared, client: str, job_id: str) -> None:
                           stdin=subprocess.DEVNULL)
     text = done.stderr + done.stdout
     if done.returncode == 0:
-        said = "ended" if "had already ended" in text else "queued" if "waiting in its queue" in text else "stopped"
-        shared.history.complete(op, "ok", said=said, exit_code=0)
+        said = ("ended" if "had already ended" in text else "queued" if "waiting in its queue" in text
+                else "withdrawn" if "none is submitted" in text else "requested" if "carries it out" in text
+                else "stopped")
+        # A job lost whole whose next attempt was submitted or entered: the words name the attempt the stop acted on.
+        attempt = re.search(r"was lost whole; (?:stop requested for )?job (\S+)", text)
+        shared.history.complete(op, "ok", said=said, attempt=attempt.group(1) if attempt else None, exit_code=0)
     elif done.returncode == 6:
         shared.history.complete(op, "fail", said="not found", exit_code=6, error=text.strip()[-300:])
     else:
@@ -277,7 +281,7 @@ def stop_by_api(shared: _Shared, client: str, job_id: str) -> None:
     except RayJobsError as exc:
         shared.history.complete(op, "info", error=f"{type(exc).__name__}: {exc}")
     else:
-        shared.history.complete(op, "ok", said=said)
+        shared.history.complete(op, "ok", said=said.found, attempt=said.attempt)
 
 
 def set_limit_by_cli(shared: _Shared, client: str, queue: str, limit: int) -> None:
