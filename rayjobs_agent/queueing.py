@@ -128,6 +128,10 @@ STOP_FOUND_ENDED = "ended"
 # Lost whole, with its next attempt decided but not yet submitted: the stop withdraws that attempt.
 STOP_FOUND_RETRY_DUE = "waiting to be submitted again"
 
+# In a helper job's answer: the order was carried out, but the keeper that would act on it could not be started
+# (why); the client says so, and the next order starts one.
+NO_KEEPER_ANSWER_KEY = "keeper_not_started"
+
 # A pipeline job's state as its client and its keeper both word it: a status of Ray's, ``waiting (why)``, or
 # ``not run (why)`` for a job that ended without running because a job it ran after did not succeed.
 NOT_RUN = "not run"

@@ -789,3 +789,82 @@ def test_a_helper_whose_keeper_could_not_be_started_answers_what_the_order_did(m
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith(q.ANSWER_MARKER)] == [q.answer_text(done)]
     assert "no keeper could be started (ConnectionError: the GCS did not answer)" in out
+
+
+def test_a_helper_whose_keeper_could_not_be_started_says_so_in_its_answer_and_the_client_prints_it(monkeypatch,
+                                                                                                   capsys):
+    # Told only "queued", a user would wait for a keeper that never comes: the answer carries why, and the client
+    # says it once, the order's result kept as it was.
+    from rayjobs_agent.queue import orders
+    from runner.client.queue import ClusterQueue
+
+    done = {"queued": "team-a", "position": 1}
+
+    def carried_out_then_no_keeper(environ, reply):
+        reply.result = done
+        raise ConnectionError("the GCS did not answer")
+
+    monkeypatch.setattr(orders, "helper", carried_out_then_no_keeper)
+    monkeypatch.setattr(orders, "HELPER_DEADLINE_S", None)
+    assert orders.main() == 0
+    log = capsys.readouterr().out
+    answered = q.answer_in(log)
+    assert answered == {**done, q.NO_KEEPER_ANSWER_KEY: "ConnectionError: the GCS did not answer"}
+
+    class EndedHelper:  # Ray's job API as the client reads an order that ran as a helper job
+        def get_job(self, order_id):
+            return {"submission_id": order_id, "status": "SUCCEEDED", "message": "", "driver_node_id": "head"}
+
+        def job_log(self, order_id, tail=None, driver_node_id=None):
+            return "".join(log.splitlines(keepends=True)[-tail:]) if tail else log
+
+    assert ClusterQueue(EndedHelper()).answer("rayjobs-order-enqueue-x")["queued"] == "team-a"
+    said = capsys.readouterr().err
+    assert "could not start the queue's keeper (ConnectionError: the GCS did not answer)" in said
+    assert said.count("rayjobs: ") == 1
+
+
+def test_a_helper_whose_answer_is_stuck_in_a_blocked_print_ends_at_its_deadline_without_writing(tmp_path):
+    # The deadline's own print would block on the same pipe: the process ends before writing anything.
+    from tests.support.waiting import HANG_GUARD_S
+
+    script = tmp_path / "blocked_helper.py"
+    script.write_text(
+        "from rayjobs_agent.queue import orders\n"
+        "orders.ANSWER_LOCK_WAIT_S = 0.2\n"
+        "reply = orders.Reply(0.3)\n"
+        "reply._lock.acquire()  # as a main thread blocked in its answer's print holds it\n"
+        "import time; time.sleep(3600)\n")
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": repo},
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 1 and done.stdout == ""
+
+
+def test_a_stop_follows_a_job_lost_twice_to_the_attempt_that_runs_and_a_looping_chain_ends():
+    store = DictStore()
+    clock = Clock(1000.0)
+    keeper, jobs, _ = _keeper(store, clock)
+    for job_id in ("nightly-1", "nightly-1-attempt2"):
+        _retried_job(store, job_id, status="FAILED")
+        store.set_job_status(job_id, "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=999_000)
+    _retried_job(store, "nightly-1-attempt3", status="RUNNING", node="node-1")
+    store.put("lost/nightly-1", json.dumps({"retry": True, "next": "nightly-1-attempt2"}).encode())
+    store.put("lost/nightly-1-attempt2", json.dumps({"retry": True, "next": "nightly-1-attempt3"}).encode())
+    found = keeper.stop("nightly-1", clock.now)
+    assert (found["stopped"], found["attempt"], found["was"]) == ("nightly-1", "nightly-1-attempt3", "running")
+
+    # Written by another hand, the chain loops back: the stop ends, saying the job had ended.
+    store.put("lost/nightly-1-attempt2", json.dumps({"retry": True, "next": "nightly-1"}).encode())
+    store.set_job_status("nightly-1-attempt3", "FAILED", end_time=999_000)
+    found = keeper.stop("nightly-1", clock.now)
+    assert (found["stopped"], found["was"]) == ("nightly-1", q.STOP_FOUND_ENDED)
+
+
+def test_a_head_clock_behind_the_orders_sending_keeps_the_time_a_keeper_first_stepped_aside():
+    # Reset at every step, the time would never reach the window and the order would be stepped aside for forever.
+    store = DictStore()
+    sent = 2000.0
+    assert qs.stepped_aside_since(store, {"order-1": sent}, now=1990.0) == {"order-1": sent}
+    assert qs.stepped_aside_since(store, {"order-1": sent}, now=1995.0) == {"order-1": sent}
+    assert qs.stepped_aside_since(store, {"order-1": sent}, now=2100.0) == {"order-1": sent}

@@ -280,7 +280,7 @@ class Keeper:
             return {"withdrawn": str(order.get("id"))}
         return {"error": f"unknown order {verb!r}"}
 
-    def stop(self, job_id: str, now: float) -> dict[str, Any]:
+    def stop(self, job_id: str, now: float, _followed: frozenset[str] = frozenset()) -> dict[str, Any]:
         """Stop job ``job_id`` wherever it is: waiting (it ends without running), running (Ray stops it), or lost and
         waiting to be submitted again (no further attempt is submitted)."""
         entry_key = next((found for found in self.store.keys("waiting/") if found.rpartition("/")[2] == job_id), None)
@@ -301,11 +301,12 @@ class Keeper:
                 return {"stopped": job_id, "was": STOP_FOUND_RUNNING}
             # Ended: lost whole, and its next attempt already submitted or waiting in its queue? That is the run
             # the stop was asked of.
+            # A chain of attempts written by another hand may loop back: each is followed once.
             following = self.lost.next_attempt_of(job_id)
-            if following is not None and following != job_id:
-                found = self.stop(following, now)
+            if following is not None and following != job_id and following not in _followed:
+                found = self.stop(following, now, _followed | {job_id})
                 if "unknown" not in found:
-                    return {**found, "stopped": job_id, "attempt": following}
+                    return {**found, "stopped": job_id, "attempt": found.get("attempt", following)}
             return {"stopped": job_id, "was": STOP_FOUND_ENDED}
         return {"unknown": job_id}
 

@@ -14,7 +14,7 @@ import time
 from typing import Any, Mapping
 
 from ..pinning import ADDRESS_VARIABLE
-from ..queueing import ORDER_FORMAT, answer, order_from, order_problem, submission_id_from
+from ..queueing import NO_KEEPER_ANSWER_KEY, ORDER_FORMAT, answer, order_from, order_problem, submission_id_from
 from ..wire import OWN_LINE_PREFIX
 from .actor import ensure_keeper
 from .pipelines import seal_order
@@ -24,6 +24,10 @@ from .store import GcsKeyValue, enqueue, ray_job_info, set_order
 # (on a GCS that does not answer, or in Ray's own start or shutdown) would keep every order waiting behind it. Past
 # this it answers with what it did and leaves; the next order starts the keeper if this one could not.
 HELPER_DEADLINE_S = 90.0
+
+# How long the deadline's timer waits for a main thread that is giving the answer: one that still holds it then is
+# stuck in its print, and the process ends without a word.
+ANSWER_LOCK_WAIT_S = 5.0
 
 def helper(environ: Mapping[str, str], reply: "Reply") -> int:
     """What an order job does when it runs (no keeper was alive to read it): what the order asks is written into
@@ -97,10 +101,12 @@ class Reply:
             self._given, self._answered = True, document
 
     def _leave(self) -> None:
-        # A main thread stuck in its own print holds the lock: the process ends all the same.
-        locked = self._lock.acquire(timeout=5.0)
+        # A main thread stuck in its own print holds the lock, and a stdout that blocks would block this thread's
+        # print too: the process then ends at once, before writing anything.
+        if not self._lock.acquire(timeout=ANSWER_LOCK_WAIT_S):
+            os._exit(1)
         try:
-            if locked and not self._given:
+            if not self._given:
                 if self.result is not None:
                     self._answered = self.result
                 else:
@@ -134,5 +140,7 @@ def main() -> int:
         # Carried out, and only the keeper's start failed: the order stands, and the next order starts a keeper.
         print(f"{OWN_LINE_PREFIX}the order was carried out, but no keeper could be started ({problem}); the next "
               "order starts one", flush=True)
-        reply.give(reply.result)
+        carried_out = reply.result
+        reply.give({**carried_out, NO_KEEPER_ANSWER_KEY: problem[:500]} if isinstance(carried_out, dict)
+                   else carried_out)
         return 0

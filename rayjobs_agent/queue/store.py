@@ -235,8 +235,8 @@ def stepped_aside_since(store: KeyValue, other_code: Mapping[str, float], now: f
         key = f"{STEPPED_ASIDE_PREFIX}{order_id}"
         kept = _kept_aside(store.get(key), sent, now)
         if kept is None:
-            kept = now
-            store.put(key, json.dumps({"sent": sent, "since": now}).encode())
+            kept = max(now, sent)  # a head clock behind Ray's sending time counts from the sending
+            store.put(key, json.dumps({"sent": sent, "since": kept}).encode())
         since[order_id] = kept
     return since
 
@@ -247,7 +247,7 @@ def _kept_aside(raw: bytes | None, sent: float, now: float) -> float | None:
     try:
         kept = json.loads(raw) if raw else None
         since = float(kept["since"])
-        return since if float(kept["sent"]) == sent and sent <= since <= now else None
+        return since if float(kept["sent"]) == sent and sent <= since <= max(now, sent) else None
     except (ValueError, TypeError, KeyError, OverflowError):
         return None
 

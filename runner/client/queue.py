@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.infra.status import is_terminal
 from rayjobs_agent import AGENT_PACKAGE_DIR
-from rayjobs_agent.queueing import (KEEPER_HUNG_AFTER_S, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
+from rayjobs_agent.queueing import (KEEPER_HUNG_AFTER_S, NO_KEEPER_ANSWER_KEY, ORDER_PREFIX, ORDER_RESOURCES, RECOVERY_RESOURCES,
                                     SNAPSHOT_FILE, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE, STOP_FOUND_RUNNING,
                                     STOP_FOUND_WAITING, answer_in, enqueue_order_id, order_submission,
                                     ran_as_helper)
 from rayjobs_agent.wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
 from runner.errors import BadInput, ClusterRequestFailed, JobNotFound, NotADashboard
+from runner.reporter import say
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -127,13 +128,16 @@ class ClusterQueue:
         seen = (order_id, order.get("end_time"))
         if seen not in self._helper_answers:
             try:
-                # The answer is among a helper's last lines; a long log is no answer.
-                log = self.api.job_log(order_id, tail=_HELPER_LOG_TAIL_LINES,
-                                       driver_node_id=order.get("driver_node_id"))
+                log = self._helper_log(order_id, order)
             except (ClusterRequestFailed, NotADashboard, JobNotFound):
                 return None  # deleted meanwhile, or no log to read: looked at again next time
             self._helper_answers[seen] = answer_in(log)
         return self._helper_answers[seen]
+
+    def _helper_log(self, order_id: str, order: dict[str, Any]) -> str:
+        """The last lines of the log of order ``order_id`` (``order``: Ray's record of it), which ran as a helper job:
+        its answer is among them, printed before Ray's few lines of leaving; a long log is no answer."""
+        return self.api.job_log(order_id, tail=_HELPER_LOG_TAIL_LINES, driver_node_id=order.get("driver_node_id"))
 
     def entry_of(self, job_id: str) -> dict[str, Any] | None:
         """The order that entered job ``job_id`` into its queue, as Ray's table keeps it until the job is in Ray's
@@ -328,8 +332,11 @@ class ClusterQueue:
         found = answer_in(info.get("message") or "")
         log = ""
         if found is None:
-            log = self.api.job_log(order_id, driver_node_id=info.get("driver_node_id"))
+            log = self._helper_log(order_id, info)
             found = answer_in(log)
+        if isinstance(found, dict) and found.get(NO_KEEPER_ANSWER_KEY):
+            say(f"order {order_id} was carried out, but its helper job could not start the queue's keeper "
+                f"({found[NO_KEEPER_ANSWER_KEY]}); the next order starts one")
         if isinstance(found, dict) and "error" in found and not refusal_raises:
             return found
         if found is None or (isinstance(found, dict) and "error" in found):
