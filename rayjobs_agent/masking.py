@@ -23,7 +23,7 @@ import re
 from typing import Any, AnyStr, Iterable, Iterator, Mapping
 from urllib.parse import quote, urlsplit
 
-from .wire import METADATA_SECRETS, NOTIFY_ENV_VAR, RAY_JOB_CONFIG_ENV_VAR
+from .wire import METADATA_SECRETS, NOTIFY_ENV_VAR, job_metadata
 
 # What a secret becomes wherever it is shown: its value in a log or an argument, the value of a secret
 # variable in a copy of a spec or a job's info, the password of a URL, the token of a notification URL.
@@ -96,11 +96,7 @@ def marked_names(metadata: Mapping[str, Any]) -> list[str]:
 
 def marked_in_job_config(environ: Mapping[str, str]) -> list[str]:
     """The spec's ``secret_env_vars``, from the job config Ray hands every process of the job (its metadata)."""
-    try:
-        metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
-        return marked_names(metadata)
-    except (ValueError, AttributeError):
-        return []
+    return marked_names(job_metadata(environ))
 
 
 def environment_mask(environ: Mapping[str, str]) -> SecretMask:

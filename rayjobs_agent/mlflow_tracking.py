@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .masking import environment_mask
-from .wire import METADATA_ATTEMPT, METADATA_SPEC_HASH, RECORD_ENV_VAR, SUBMISSION_ID_KEY, TRACKING_ENV_VAR
-from .wire import RAY_JOB_CONFIG_ENV_VAR as JOB_CONFIG_ENV_VAR
+from .wire import (METADATA_ATTEMPT, METADATA_SPEC_HASH, RECORD_ENV_VAR, SUBMISSION_ID_KEY, TRACKING_ENV_VAR,
+                   job_metadata)
 
 RUN_DIR_TAG = "rayjobs.run_dir"
 # MLflow's client retries a failed request for minutes by default; a job must not wait on it that long.
@@ -61,8 +61,8 @@ def flat_params(document: Mapping[str, Any], prefix: str = "") -> dict[str, str]
 def job_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """What Ray and rayjobs tell the job about itself: spec hash, submission id, attempt, git commit."""
     tags: dict[str, str] = {}
+    metadata = job_metadata(environ)
     try:
-        metadata = json.loads(environ.get(JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
         record = json.loads(environ.get(RECORD_ENV_VAR) or "{}")
     except (ValueError, AttributeError):
         return tags

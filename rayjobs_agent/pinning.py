@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from .wire import RAY_JOB_CONFIG_ENV_VAR as JOB_CONFIG_VARIABLE
+from .wire import RAY_JOB_CONFIG_ENV_VAR as JOB_CONFIG_VARIABLE, job_config
 
 # Where Ray's job supervisor hands the driver its cluster (the GCS address): Ray's own variable.
 ADDRESS_VARIABLE = "RAY_ADDRESS"
@@ -24,15 +24,13 @@ def pinned_to_this_cluster(environ: Mapping[str, str]) -> dict[str, str]:
 
     Fail soft: a job config that does not read as expected is left as it is.
     """
-    address, config_text = environ.get(ADDRESS_VARIABLE), environ.get(JOB_CONFIG_VARIABLE)
-    if not address or not config_text:
+    address, config = environ.get(ADDRESS_VARIABLE), job_config(environ)
+    if not address or not config:  # none, or one that does not read as a config: left as it is
         return {}
-    try:
-        config = json.loads(config_text)
-        runtime_env = config.get("runtime_env") or {}
-        env_vars = runtime_env.get("env_vars") or {}
-    except (ValueError, AttributeError):
+    runtime_env = config.get("runtime_env") or {}
+    if not isinstance(runtime_env, dict):
         return {}
+    env_vars = runtime_env.get("env_vars") or {}
     if not isinstance(env_vars, dict) or ADDRESS_VARIABLE in env_vars:
         return {}
     config["runtime_env"] = {**runtime_env, "env_vars": {**env_vars, ADDRESS_VARIABLE: address}}

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .wire import (JOB_ID_PATTERN, METADATA_AGENT_VERSION, METADATA_NAME, RAY_JOB_CONFIG_ENV_VAR, SUBMISSION_ID_KEY, ray_env_json)
+from .wire import (JOB_ID_PATTERN, METADATA_AGENT_VERSION, METADATA_NAME, SUBMISSION_ID_KEY, job_metadata,
+                   ray_env_json)
 
 NAMESPACE = b"rayjobs-queue"
 
@@ -289,11 +290,7 @@ def order_submission(order: dict[str, Any], order_id: str, agent_modules: list[s
 
 def submission_id_from(environ: Any) -> str:
     """The job's submission id, from the job config Ray hands its driver ("" when there is none)."""
-    try:
-        metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
-    except ValueError:
-        return ""
-    return str(metadata.get(SUBMISSION_ID_KEY) or "")
+    return str(job_metadata(environ).get(SUBMISSION_ID_KEY) or "")
 
 @dataclass
 class Admission:

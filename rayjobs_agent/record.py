@@ -44,14 +44,14 @@ from .queueing import Admission, submission_id_from
 from .record_layout import RECORD_DIR, RECORD_ENV_VAR, RUN_FILE
 from .record_store import reason
 from .resources import ResourceSampler, local_addresses
-from .recorder import ATTEMPT_KEY, JOB_CONFIG_ENV_VAR, Recorder, open_own_log, say
+from .recorder import ATTEMPT_KEY, Recorder, open_own_log, say
 from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry, retries_whole_jobs
 from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
 from .vocabulary import RETRY_STARTED, RETRY_WAITING, EventKind
 from .wire import METADATA_PARENT as PARENT_KEY
-from .wire import RECORD_COMMAND
+from .wire import RECORD_COMMAND, job_metadata
 
-__all__ = ["ATTEMPT_KEY", "JOB_CONFIG_ENV_VAR", "PARENT_KEY", "RECORD_COMMAND", "RECORD_DIR", "RECORD_ENV_VAR",
+__all__ = ["ATTEMPT_KEY", "PARENT_KEY", "RECORD_COMMAND", "RECORD_DIR", "RECORD_ENV_VAR",
            "RUN_FILE", "main"]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -238,9 +238,8 @@ def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:
 def first_attempt(environ: Mapping[str, str]) -> int:
     """The number of this job's first attempt: 1, or what the client gave a job it submitted again."""
     try:
-        metadata = json.loads(environ.get(JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
-        return int(metadata.get(ATTEMPT_KEY) or 1)
-    except (ValueError, TypeError, AttributeError):
+        return int(job_metadata(environ).get(ATTEMPT_KEY) or 1)
+    except (ValueError, TypeError):
         return 1
 
 

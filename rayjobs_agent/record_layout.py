@@ -12,12 +12,11 @@ reader of an older major says so rather than misread it. A record without ``sche
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping, NamedTuple
 
 from .wire import METADATA_PARENT as PARENT_KEY
-from .wire import RAY_JOB_CONFIG_ENV_VAR, RECORD_ENV_VAR, RUN_PER_SUBMISSION_ENV_VAR, SUBMISSION_ID_KEY
+from .wire import RECORD_ENV_VAR, job_metadata, RUN_PER_SUBMISSION_ENV_VAR, SUBMISSION_ID_KEY
 
 # Where a spec with neither record_path nor storage_path keeps its runs (on the node that runs the job).
 DEFAULT_RECORD_PATH = "~/rayjobs-results"
@@ -56,10 +55,7 @@ def run_of_this_submission(name: str, environ: Mapping[str, str]) -> str:
     """
     if environ.get(RUN_PER_SUBMISSION_ENV_VAR) != "1":
         return name
-    try:
-        metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV_VAR) or "{}").get("metadata") or {}
-    except (ValueError, AttributeError):
-        metadata = {}
+    metadata = job_metadata(environ)
     # A retried attempt (the keeper's next one, after a loss) goes on in its first attempt's folder, as the record does.
     submission = str(metadata.get(PARENT_KEY) or metadata.get(SUBMISSION_ID_KEY) or "")
     return f"{name.rstrip('/')}-{submission}" if submission else name

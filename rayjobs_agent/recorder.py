@@ -27,9 +27,9 @@ from .record_layout import (ATTEMPTS_FIELD, EVENT_PART_SUFFIX, FORMAT_FIELD, FOR
 from .record_parts import DriverLog, LineBuffer, PartedFile
 from .record_store import Store, Uploader, reason
 from .resources import ResourceUsage
-from .vocabulary import EVENT_MARKER, EventKind, kind_of
+from .vocabulary import EVENT_MARKER, EventKind, decode, kind_of
 from .wire import METADATA_ATTEMPT as ATTEMPT_KEY
-from .wire import RAY_JOB_CONFIG_ENV_VAR as JOB_CONFIG_ENV_VAR
+from .wire import job_config
 from .wire import OWN_LINE_PREFIX, SUBMISSION_ID_KEY
 
 __all__ = ["RECORD_DIR", "RECORD_ENV_VAR", "RUN_FILE", "Recorder"]
@@ -95,10 +95,10 @@ class Recorder:
         """The recorder ``config`` (the record's variable, parsed) asks for, keeping ``log`` (the driver log, as the
         agent reads it); None (said in the log) when none can be kept."""
         try:
-            job_config = json.loads(environ.get(JOB_CONFIG_ENV_VAR) or "{}")
+            config_of_job = job_config(environ)
             run_dir = (run_of_this_submission(config["run_dir"], environ) if config.get("run_dir")
-                       else default_run_dir(config, job_config.get("metadata") or {}))
-            return cls(Store.at(run_dir), config, job_config, log, environ)
+                       else default_run_dir(config, config_of_job.get("metadata") or {}))
+            return cls(Store.at(run_dir), config, config_of_job, log, environ)
         except Exception as exc:  # the record is a courtesy; the job must run whatever went wrong here
             say(f"no run record is kept: {reason(exc)}")
             return None
@@ -271,16 +271,10 @@ class Recorder:
 
     def _keep(self, masked: bytes) -> None:
         self.log_file.append(masked)
-        marker = EVENT_MARKER.encode() + b" "
+        marker = EVENT_MARKER.encode()
         for line in self.event_lines.feed(masked):
-            at = line.find(marker)
-            if at < 0:
-                continue
-            try:
-                event = json.loads(line[at + len(marker):])
-            except ValueError:
-                continue
-            if isinstance(event, dict):
+            # Events are read by the one rule every reader of the log follows (``vocabulary.decode``).
+            if marker in line and (event := decode(line.decode("utf-8", "replace"))) is not None:
                 self.add_event(event)
 
 

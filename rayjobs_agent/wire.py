@@ -62,6 +62,22 @@ METADATA_QUEUED_ID = "rayjobs.queued_id"  # and that job's id
 METADATA_AGENT_VERSION = "rayjobs.agent_version"  # on an order job: the code of the client's agent package
 METADATA_PIPELINE = "rayjobs.pipeline"  # the pipeline run a job is part of
 
+def job_config(environ: Any) -> dict[str, Any]:
+    """The job config Ray hands every process of a job (its ``runtime_env`` and ``metadata``), read from
+    ``environ``; empty when there is none or it does not read as one (a job must run whatever it holds)."""
+    try:
+        config = json.loads(environ.get(RAY_JOB_CONFIG_ENV_VAR) or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def job_metadata(environ: Any) -> dict[str, Any]:
+    """The job's metadata from its job config (:func:`job_config`): its submission id and rayjobs' keys."""
+    metadata = job_config(environ).get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def after_variable(name: str) -> str:
     """The variable that holds the run folder of job ``name``, for the jobs that run after it in a pipeline."""
     return f"{AFTER_ENV_VAR}_{name.upper().replace('-', '_')}"
@@ -89,7 +105,7 @@ def user_entrypoint(entrypoint: str) -> str:
     return words[0] if len(words) == 1 else entrypoint
 
 
-__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "ray_env_json", "user_entrypoint"]
+__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "job_config", "job_metadata", "ray_env_json", "user_entrypoint"]
 
 # How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
 # (which the follower shows among its own, apart from the job's output).

@@ -18,7 +18,7 @@ import pytest
 
 from rayjobs_agent.record_layout import RECORD_DIR, RUN_FILE
 from rayjobs_agent.vocabulary import EVENT_MARKER
-from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, RECORD_ENV_VAR
+from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, RAY_JOB_CONFIG_ENV_VAR, RECORD_ENV_VAR
 from runner.records.store import Folder, attempt_events, attempt_log, list_runs, read_run
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
 from rayjobs_agent import record
@@ -31,7 +31,7 @@ def keeper_env(config: dict, submission_id: str = "raysubmit_one", **metadata: s
     """The environment Ray and rayjobs give a job's driver: the record's config, the job's config, the module."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_JOB_CONFIG", "RAYJOBS_"))}
     env[RECORD_ENV_VAR] = json.dumps(config)
-    env[record.JOB_CONFIG_ENV_VAR] = json.dumps({
+    env[RAY_JOB_CONFIG_ENV_VAR] = json.dumps({
         "runtime_env": {"working_dir": f"gcs://{PACKAGE}", "py_modules": ["gcs://_ray_pkg_observe.zip"]},
         "metadata": {"job_submission_id": submission_id, **metadata}})
     env["PYTHONPATH"] = os.pathsep.join([str(OBSERVE_PARENT), env.get("PYTHONPATH", "")])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rayjobs_agent.wire import RECORD_ENV_VAR
+from rayjobs_agent.wire import RAY_JOB_CONFIG_ENV_VAR, RECORD_ENV_VAR
 from jobs.loader import load_spec
 from jobs.submission import AGENT_PACKAGE_DIR, RECORD_COMMAND, build_submission
 from rayjobs_agent.wire import user_entrypoint
@@ -42,7 +42,7 @@ def keep_record(run_dir: Path, submission_id: str, entrypoint: str, spec: dict |
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAYJOBS_")}
     env[RECORD_ENV_VAR] = json.dumps({"name": "cmp", "run_dir": str(run_dir), "every_s": 5, "spec_hash": "h",
                                       "spec": spec or {"name": "cmp", "entrypoint": "train"}})
-    env[record.JOB_CONFIG_ENV_VAR] = json.dumps({"metadata": {"job_submission_id": submission_id}})
+    env[RAY_JOB_CONFIG_ENV_VAR] = json.dumps({"metadata": {"job_submission_id": submission_id}})
     env["PYTHONPATH"] = str(OBSERVE_PARENT)
     log = run_dir.parent / f"{submission_id}.log"
     with open(log, "ab") as handle:
