@@ -27,7 +27,7 @@ from .record_parts import READ_BYTES, LineBuffer
 from .record_store import reason
 from .recorder import say
 from .vocabulary import EventKind
-from .watch import QUIET_S, JobWatch, StallDecision, WaitDecision
+from .watch import JobWatch, StallDecision, WaitDecision
 from .wire import WATCH_ENV_VAR
 
 # How often the watch reads the log: a wait or a stall is said within about this much of becoming one.
@@ -58,7 +58,6 @@ class Judge:
         self._between_attempts = threading.Event()
         # Why the watch stopped taking lines (None: it takes them); the cause table reads on without it.
         self._watch_broken: str | None = None
-        self._quiet_asked_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rayjobs-watch", daemon=True)
         try:
             self.mask: Any = environment_mask(environ)
@@ -151,12 +150,10 @@ class Judge:
     def _ask_the_cluster_when_quiet(self) -> None:
         """Quiet for a while before its workers started: Ray Train waits for its worker group without a word,
         so the cluster is asked what it has pending (its first demand is the wait)."""
-        now = time.monotonic()
         watch = self.watch
-        if (watch.waiting is not None or watch.cluster is not None or now - watch.last_life < QUIET_S
-                or now - self._quiet_asked_at < QUIET_S or ADDRESS_VARIABLE not in os.environ):
-            return
-        self._quiet_asked_at = now
+        with self._lock:
+            if ADDRESS_VARIABLE not in os.environ or not watch.time_to_ask_the_cluster(time.monotonic()):
+                return
         from .ray_internals import gcs_client, pending_demand
 
         demand = pending_demand(gcs_client(os.environ[ADDRESS_VARIABLE]))

@@ -108,7 +108,7 @@ def data_starved_in(line: str) -> str | None:
     return match["op"] if match else None
 
 
-def pending_demand(cluster_status: str) -> ResourceWait | None:
+def demand_in_cluster_status(cluster_status: str) -> ResourceWait | None:
     """The first of the cluster's pending demands in its autoscaler's status report, or None when it has none.
 
     This is how a job that waits says so where Ray prints nothing while it waits (Ray Train V2's worker group).

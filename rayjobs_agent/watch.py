@@ -32,8 +32,9 @@ STALL_PACE_FACTOR = 3.0
 # worker group): the agent asks the cluster what it has pending.
 QUIET_S = 45.0
 # Events that show the job got what it waited for.
-_WAIT_OVER = frozenset({EventKind.ATTEMPT, EventKind.REPORT, EventKind.STEP})
+WAIT_OVER = frozenset({EventKind.ATTEMPT, EventKind.REPORT, EventKind.STEP})
 _EVIDENCE_CHARS = 300
+_WAIT_ADVICE = "Ask for less, or add nodes: Ray keeps it waiting until they are free or the cluster grows"
 
 
 def stall_limit_s(stall_after_s: float | None, slowest_report_s: float | None) -> float:
@@ -94,9 +95,15 @@ class JobWatch:
         # Where the current attempt's training workers run (their nodes' addresses).
         self.worker_addresses: set[str] = set()
         self.waiting: WaitDecision | None = None
-        self._pending: WaitDecision | None = None
+        self._pending: list[WaitDecision] = []  # waits seen and not yet said, each said in turn
         self._waits_said: set[str] = set()
         self._stall_said = False
+        self._cluster_asked_at = now
+
+    def started(self, now: float) -> None:
+        """The job's entrypoint began to run at ``now``: its silence counts from then (a follower that watched it
+        wait for its turn first)."""
+        self._alive(now)
 
     def line(self, text: str, now: float) -> None:
         """Take in one complete line of the log (colour and all) written at ``now``."""
@@ -136,7 +143,7 @@ class JobWatch:
             if self.last_report is not None:
                 self.slowest_report_s = max(self.slowest_report_s, now - self.last_report)
             self.last_report = now
-        if kind in _WAIT_OVER and self.waiting is not None:
+        if kind in WAIT_OVER and self.waiting is not None:
             self.waiting = None
             self._waits_said.clear()  # a later wait (after a restart) is a new one
         self._alive(now)
@@ -148,20 +155,27 @@ class JobWatch:
     def decide(self, now: float) -> WaitDecision | StallDecision | None:
         """What there is to say now that has not been said: a new wait, or a stall (never while it waits)."""
         self.now = now
-        if self._pending is not None:
-            said, self._pending = self._pending, None
-            return said
+        if self._pending:
+            return self._pending.pop(0)
         silent_s = now - self.last_life
         if self.waiting is None and not self._stall_said and silent_s >= self.limit_s():
             self._stall_said = True
             return StallDecision(silent_s, self.limit_s())
         return None
 
+    def time_to_ask_the_cluster(self, now: float) -> bool:
+        """Whether the cluster should be asked now what it has pending (:meth:`demand_pending` takes the answer): the
+        job has been quiet for :data:`QUIET_S` before its workers started, and was not asked within as long."""
+        if (self.waiting is not None or self.cluster is not None or now - self.last_life < QUIET_S
+                or now - self._cluster_asked_at < QUIET_S):
+            return False
+        self._cluster_asked_at = now
+        return True
+
     def demand_pending(self, asked: dict[str, float], for_what: str, total: dict[str, float]) -> None:
         """The cluster says it has a demand pending while the job is quiet: that is the wait, in words."""
         wait = ResourceWait(asked, for_what, total or None, "on the cluster")
-        self._wait_seen(WaitDecision(wait.text(), "Ask for less, or add nodes: Ray keeps it waiting until they are "
-                                     "free or the cluster grows", dict(asked), ""))
+        self._wait_seen(WaitDecision(wait.text(), _WAIT_ADVICE, dict(asked), ""))
 
     def _alive(self, now: float) -> None:
         self.last_life = now
@@ -171,7 +185,8 @@ class JobWatch:
         if wait.text in self._waits_said:
             return
         self._waits_said.add(wait.text)
-        self.waiting = self._pending = wait
+        self.waiting = wait
+        self._pending.append(wait)
 
     def _data_wait(self, operator: str, line: str) -> WaitDecision:
         """Ray Data's tasks can get nothing: typically the training workers hold what they would need."""
@@ -199,8 +214,7 @@ class JobWatch:
         if wait.cluster is None and cpus is not None:
             wait = ResourceWait(wait.asked, wait.for_what, {"CPU": float(cpus), "GPU": float(
                 (self.cluster or {}).get("gpus") or 0)}, "on the cluster", wait.source)
-        return WaitDecision(wait.text(), "Ask for less, or add nodes: Ray keeps it waiting until they are free or "
-                            "the cluster grows", dict(wait.asked), _clip(wait.source))
+        return WaitDecision(wait.text(), _WAIT_ADVICE, dict(wait.asked), _clip(wait.source))
 
 
 def _count(amount: Any) -> str:

@@ -21,6 +21,9 @@ from runner.follow.messages import summary_line
 from runner.follow.progress import RunProgress
 from rayjobs_agent.waits import resource_wait_in
 from runner.follow.watching import Watch
+from rayjobs_agent import watch as agent_watch
+from rayjobs_agent.watch import JobWatch
+from rayjobs_agent.wire import RECORD_COMMAND
 
 
 def ray_log_line(level: int, filename: str, lineno: int, message: str) -> str:
@@ -90,9 +93,15 @@ class LocalCluster:
     status = ""
 
 
-def watch_of(cluster: LocalCluster, *, live: bool = False) -> tuple[Watch, io.StringIO, io.StringIO]:
+def watch_of(cluster: LocalCluster, *, live: bool = False, beside_agent: bool = False,
+             stall_after_s: float | None = None) -> tuple[Watch, io.StringIO, io.StringIO]:
+    """The follower's watch over a RUNNING job, submitted with the agent beside it or (by default) without."""
     logs, notes = io.StringIO(), io.StringIO()
-    return Watch(cluster, "raysubmit_x", logs, notes, raw=False, live=live, stream_logs=True), logs, notes
+    watch = Watch(cluster, "raysubmit_x", logs, notes, raw=False, live=live, stream_logs=True,
+                  stall_after_s=stall_after_s)
+    watch.job_info({"entrypoint": f"{RECORD_COMMAND} 'python train.py'" if beside_agent else "python train.py",
+                    "status": "RUNNING"})
+    return watch, logs, notes
 
 
 # --------------------------------------------------------------------------- errors are never chatter
@@ -113,7 +122,10 @@ def test_rays_error_lines_are_shown_and_its_other_lines_are_not():
     view.close()
     assert out.getvalue().splitlines() == [f"(RayTrainWorker pid=4242) {error}", f"(RayTrainWorker pid=4242) {fatal}",
                                            core_error]
-    assert view.last_activity_at is None, "Ray's lines, errors included, are no sign of the job's own life"
+    judge = JobWatch(None, 0.0)
+    for line in log.splitlines():
+        judge.line(line, 10.0)
+    assert judge.last_life == 0.0, "Ray's lines, errors included, are no sign of the job's own life"
 
 
 # --------------------------------------------------------------------------- bars in a pipe
@@ -216,10 +228,22 @@ def test_a_train_v1_wait_is_named_once_with_its_numbers(autoscaler_printer):
     assert said[0].startswith("rayjobs: waiting for resources: 3 CPUs for the trainer and workers, 2 on the cluster")
     assert len(said) == 2, said  # the trainer's wait, then the task the autoscaler names; each once
     assert "1 CPU for one task or actor, 2 on its largest node" in said[1]
-    assert logs.getvalue() == "" and watch.last_activity() is None
+    assert said[1].endswith("Ask for less, or add nodes: Ray keeps it waiting until they are free or the cluster grows")
+    life = watch.judge.last_life
+    assert logs.getvalue() == ""
     assert watch.waiting_text() == "waiting for resources: 1 CPU for one task or actor, 2 on its largest node"
     watch.view.write(event(event="attempt", attempt=1, workers=[], nodes=1) + "\n")
-    assert watch.waiting_text() is None and watch.last_activity() is not None
+    assert watch.waiting_text() is None and watch.judge.last_life > life
+
+
+def test_a_job_beside_the_agent_is_judged_there_and_the_follower_only_shows_what_it_said():
+    watch, _, notes = watch_of(LocalCluster([{"CPU": 2.0}]), beside_agent=True, stall_after_s=0.0)
+    watch.view.write(train_v1_waiting(3.0, 2.0) + "\n")
+    assert notes.getvalue() == "" and watch.new_stall() is None, "the agent names waits and stalls, not the follower"
+    watch.view.write(event(event="wait", text="waiting for resources: 3 CPUs") + "\n")
+    assert watch.waiting_text() == "waiting for resources: 3 CPUs"
+    watch.view.write(event(event="stall", silent_s=400.0, limit_s=300.0) + "\n")
+    assert (watch.new_stall(), watch.stall_limit_s(), watch.new_stall()) == (400.0, 300.0, None)
 
 
 def test_the_autoscalers_infeasible_request_is_read_from_rays_own_line(autoscaler_printer):
@@ -252,26 +276,23 @@ def test_a_quiet_job_that_waits_for_its_worker_group_is_named_from_the_clusters_
     group = format_pg({"strategy": "PACK", "bundles": [({"CPU": 1.0}, 3)]})
     cluster.status = cluster_status_pending([f" {group}: 1+ pending placement groups"])
     watch, _, notes = watch_of(cluster)
-    monkeypatch.setattr(following, "QUIET_S", 0.0)
+    monkeypatch.setattr(agent_watch, "QUIET_S", 0.0)
     quiet = following.Follower(cluster, "raysubmit_x", logs_out=watch.view, notes=io.StringIO(),
-                               stall_after=lambda: 3600.0,
-                               on_stall=StallRule(cluster, "raysubmit_x", watch, None).on_stall,
-                               activity=watch.last_activity,
-                               on_quiet=watch.on_quiet)
+                               new_stall=watch.new_stall, on_stall=StallRule(cluster, "raysubmit_x", watch).on_stall)
     asyncio.run(quiet._watch_for_a_stall({}))
     asyncio.run(quiet._watch_for_a_stall({}))
     assert [line for line in notes.getvalue().splitlines() if "waiting" in line] == [
-        "rayjobs: waiting for resources: 3 CPUs for a placement group, 2 on the cluster; Ray keeps it waiting "
-        "until they are free or the cluster grows (ask for less, or add nodes)"]
+        "rayjobs: waiting for resources: 3 CPUs for a placement group, 2 on the cluster. Ask for less, or add nodes: "
+        "Ray keeps it waiting until they are free or the cluster grows"]
 
     running, _, running_notes = watch_of(cluster)
     running.view.write(event(event="attempt", attempt=1, workers=[], nodes=1) + "\n")
     cluster.status = cluster_status_pending(format_resource_demand_summary([({"CPU": 3.0}, 1)]))
-    running.on_quiet(60.0)
+    running.new_stall()
     assert "waiting" not in running_notes.getvalue(), "a job whose workers run is not waiting for them"
     cluster.status = cluster_status_pending([" (no resource demands)"])
     idle, _, idle_notes = watch_of(cluster)
-    idle.on_quiet(60.0)
+    idle.new_stall()
     assert idle_notes.getvalue() == ""
 
 
@@ -300,9 +321,12 @@ def test_what_rays_own_processes_print_is_no_sign_of_the_jobs_life():
     view = LogView(out, strip_ansi=True)
     view.write(traceback_line)
     assert "Found multiple active Ray instances" in out.getvalue(), "shown: it is an error"
-    assert view.last_activity_at is None
-    view.write(forwarded(["loss went down"], 12, "RayTrainWorker"))
-    assert view.last_activity_at is not None
+    judge = JobWatch(None, 0.0)
+    for line in traceback_line.splitlines():
+        judge.line(line, 10.0)
+    assert judge.last_life == 0.0
+    judge.line(forwarded(["loss went down"], 12, "RayTrainWorker").rstrip("\n"), 11.0)
+    assert judge.last_life == 11.0
 
 
 def test_the_agents_lines_go_among_rayjobs_lines_and_the_jobs_output_keeps_only_the_jobs():

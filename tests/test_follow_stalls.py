@@ -24,11 +24,10 @@ def test_rays_own_chatter_does_not_keep_a_deadlocked_job_from_being_called_stall
     """Ray Train's PlacementGroupCleaner warns every few seconds when a second Ray instance runs on the host."""
     from runner.follow.follower import Follower
 
-    watch, _, _ = watch_of(LocalCluster([]))
+    watch, _, _ = watch_of(LocalCluster([]), stall_after_s=0.0)
     stalls: list[float] = []
     follower = Follower(LocalCluster([]), "raysubmit_x", logs_out=watch.view, notes=io.StringIO(),
-                        stall_after=lambda: 0.0, on_stall=lambda silent, info: stalls.append(silent),
-                        activity=watch.last_activity)
+                        new_stall=watch.new_stall, on_stall=lambda silent, info: stalls.append(silent))
     cleaner = forwarded([ray_log_line(logging.WARNING, "_private/services.py", 443,
                                       "Found multiple active Ray instances: {'127.0.0.1:6379', '127.0.0.1:6380'}. "
                                       "Connecting to latest cluster at 127.0.0.1:6380. You can override this by "
@@ -103,7 +102,7 @@ def test_a_stall_is_told_in_one_line_per_process_and_the_whole_stacks_are_kept(t
         local_cluster = None
 
     cluster.connection = Connection()
-    StallRule(cluster, "raysubmit_x", watch, None).on_stall(301.0, {"submission_id": "raysubmit_x"})
+    StallRule(cluster, "raysubmit_x", watch).on_stall(301.0, {"submission_id": "raysubmit_x"})
     said = notes.getvalue().splitlines()
     assert said[1:3] == ["rayjobs:   rank 0: waiting in concurrent.futures.Future.result (deadlock.py:15)",
                          "rayjobs:   rank 1: wait_forever (deadlock.py:7) ← loop (deadlock.py:12) ← <module> "
@@ -132,7 +131,7 @@ def test_a_stall_of_a_job_that_waits_for_resources_names_the_wait_instead_of_sta
     cluster = LocalCluster([{"CPU": 2.0}])
     watch, _, notes = watch_of(cluster)
     watch.view.write(train_v1_waiting(3.0, 2.0) + "\n")
-    StallRule(cluster, "raysubmit_x", watch, None).on_stall(301.0, {"submission_id": "raysubmit_x"})
+    StallRule(cluster, "raysubmit_x", watch).on_stall(301.0, {"submission_id": "raysubmit_x"})
     assert notes.getvalue().splitlines()[-1] == (
         "rayjobs: warning: job raysubmit_x is RUNNING but has made no progress for 301s: waiting for resources: "
         "3 CPUs for the trainer and workers, 2 on the cluster; it is left running")
@@ -152,3 +151,17 @@ def test_where_each_process_of_a_real_ray_train_job_is(recorded, expected):
     text = (Path(__file__).parent / "data" / "stacks" / recorded).read_text()
     processes = [part.split(" ---\n", 1) for part in text.split("--- ")[1:]]
     assert [ProcessStack(label, body, who=label.split(" (")[0]).where() for label, body in processes] == expected
+
+
+def test_a_job_without_the_agent_is_silent_only_from_when_it_starts_to_run():
+    # A job that waited its turn for minutes has not stalled the moment it starts.
+    from runner.follow.watching import Watch
+
+    watch = Watch(LocalCluster([]), "raysubmit_x", io.StringIO(), io.StringIO(), raw=False, live=False,
+                  stream_logs=True, stall_after_s=60.0)
+    watch.job_info({"entrypoint": "python train.py", "status": "PENDING"})
+    watch.judge.last_life -= 600.0
+    watch.job_info({"entrypoint": "python train.py", "status": "RUNNING"})
+    assert watch.new_stall() is None
+    watch.judge.last_life -= 61.0
+    assert watch.new_stall() is not None and watch.new_stall() is None, "one stall, said once"

@@ -45,7 +45,6 @@ STOP_GRACE_S = 60.0
 FIRST_LOG_RECONNECT_S = 0.5
 MAX_LOG_RECONNECT_S = 5.0
 _FLUSH_SERVER_ERRORS = 3
-QUIET_S = 45.0  # quiet this long, a RUNNING job may be waiting for resources that Ray says nothing of
 
 
 @dataclass
@@ -91,13 +90,9 @@ class Follower:
         timeout_s: float | None = None,
         start_timeout_s: float | None = None,
         demand: dict[str, float] | None = None,
-        stall_after: Callable[[], float] | None = None,
+        new_stall: Callable[[], float | None] | None = None,
         on_stall: Callable[[float, dict[str, Any]], None] | None = None,
-        activity: Callable[[], float | None] | None = None,
-        on_quiet: Callable[[float], None] | None = None,
         on_info: Callable[[dict[str, Any]], None] | None = None,
-        agent_stall: Callable[[], float | None] | None = None,
-        beside_agent: Callable[[], bool | None] | None = None,
     ) -> None:
         self.api = api
         self.job_id = job_id
@@ -108,16 +103,10 @@ class Follower:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.demand = demand or {}  # the entrypoint's resources, named in the start-timeout message
-        # A RUNNING job silent (no output, no event) for stall_after() seconds is reported once to on_stall.
-        self.stall_after = stall_after
-        self.on_stall = on_stall
-        # Signs of the job's own life (None: any byte of its log); on_quiet is told once per QUIET_S of quiet.
-        self.activity, self.on_quiet = activity, on_quiet
-        # The job's status as it is read (whether it runs beside the agent), and the stalls the agent said.
-        self.on_info, self.agent_stall, self.beside_agent = on_info, agent_stall, beside_agent
-        self._quiet_asked_at = 0.0
-        self._running_since: float | None = None
-        self._stall_reported_at: float | None = None
+        # While the job runs, new_stall() is asked for a stall judged since (by the agent beside the job, or by the
+        # same judge run on this side for a job without it); on_stall answers each (the stacks, which only the
+        # client can take). on_info is told the job's status at each read.
+        self.new_stall, self.on_stall, self.on_info = new_stall, on_stall, on_info
         # Made in _run, inside the event loop that waits on them (each run() has a loop of its own).
         self._wake: asyncio.Event
         self._driver_known: asyncio.Event
@@ -249,25 +238,11 @@ class Follower:
             await self._sleep(poll.next_delay())
 
     async def _watch_for_a_stall(self, info: dict[str, Any]) -> None:
-        if self.stall_after is None or self.on_stall is None:
+        if self.new_stall is None or self.on_stall is None:
             return
-        if self.beside_agent is not None and self.beside_agent():
-            # The agent decides; a stall it said is answered here (the stacks, which only the client can take).
-            silent_s = self.agent_stall() if self.agent_stall is not None else None
-            if silent_s is not None:
-                await asyncio.to_thread(self.on_stall, silent_s, info)
-            return
-        now = time.monotonic()
-        self._running_since = self._running_since or now
-        last_sign = max(self._running_since, (self.activity() if self.activity else self.cursor.last_byte_at) or 0.0)
-        if self._stall_reported_at is not None and last_sign > self._stall_reported_at:
-            self._stall_reported_at = None  # it moved again: a later silence is a new stall
-        silent_s = now - last_sign
-        if self.on_quiet is not None and silent_s >= QUIET_S and now - self._quiet_asked_at >= QUIET_S:
-            self._quiet_asked_at = now
-            await asyncio.to_thread(self.on_quiet, silent_s)
-        if self._stall_reported_at is None and silent_s >= self.stall_after():
-            self._stall_reported_at = now
+        # A thread: for a job without the agent, judging may ask the cluster what it has pending.
+        silent_s = await asyncio.to_thread(self.new_stall)
+        if silent_s is not None:
             await asyncio.to_thread(self.on_stall, silent_s, info)
 
     def _deadline_passed(self, info: dict[str, Any]) -> str | None:

@@ -4,21 +4,18 @@ The follower hands every decoded piece of the log to a :class:`LogView`, which c
 takes the progress events out of it (to :class:`runner.follow.progress.RunProgress`), keeps lines
 of Ray's own machinery out of sight unless asked (``--raw``), and writes the rest. An error is never
 chatter: Ray's ERROR and FATAL lines are always shown. Ray's complaints that the job waits for
-resources are taken out: the agent beside the job names the wait in its own line (``rayjobs_agent.watch``),
-and the follower names it only for a job without the agent (``rayjobs_agent.waits``). In a pipe, a
+resources are taken out: the agent's judge names the wait in its own line (``rayjobs_agent.watch``), beside the job
+or, for a job without the agent, in the follower (``runner.follow.watching``). In a pipe, a
 progress bar redrawn with carriage returns is written once, as its last state. ``rayjobs logs JOB``
 without ``--follow`` does not come through here: it prints the log exactly as written.
 
-Which lines are Ray's own is the agent's rule (``rayjobs_agent.ray_lines``). For a job without the agent,
-the follower's stall watch reads its signs of life here (:attr:`LogView.last_activity_at`): an event, or a
-line of the job's own.
+Which lines are Ray's own is the agent's rule (``rayjobs_agent.ray_lines``).
 """
 
 from __future__ import annotations
 
 import io
 import re
-import time
 from collections.abc import Collection
 from typing import Any, Callable, TextIO
 
@@ -27,7 +24,7 @@ from rayjobs_agent.vocabulary import EVENT_MARKER, EventKind, kind_of
 from rayjobs_agent.vocabulary import decode as parse_event
 from runner.follow.progress import RunProgress
 from rayjobs_agent.ray_lines import ANSI_ESCAPE, FORWARD_PREFIX, RAY_WARNING_LINE, is_ray_chatter, is_rays_own
-from rayjobs_agent.waits import ResourceWait, resource_wait_in
+from rayjobs_agent.waits import resource_wait_in
 from rayjobs_agent.wire import OWN_LINE_PREFIX
 
 # A tqdm bar's state: ``Parquet dataset sampling: 100%|##########| 3.00/3.00 [00:00<00:00, 12.4k file/s]``.
@@ -71,7 +68,8 @@ class LogView:
         out: where the shown lines go.
         on_event: called with each progress event found in the log.
         on_line: called with every complete line, colour removed, shown or not (to read a failure's cause).
-        on_wait: called with each line of Ray's that says the job waits for resources (taken out of the view).
+        after_write: called once what a piece of the log shows is written (what follows from its lines is said
+            after them).
         on_agent_line: called with each line the agent beside the job wrote (taken out of the job's output);
             None: they stay in it.
         raw: show everything, Ray's chatter and the event lines too, as the log has it.
@@ -83,20 +81,19 @@ class LogView:
 
     def __init__(self, out: TextIO, on_event: Callable[[dict], None] | None = None, *, raw: bool = False,
                  strip_ansi: bool = False, on_line: Callable[[str], None] | None = None,
-                 on_wait: Callable[[ResourceWait], None] | None = None,
+                 after_write: Callable[[], None] | None = None,
                  on_agent_line: Callable[[str], None] | None = None, pipe: bool = False,
                  echoed: Collection[str] = ()) -> None:
         self.out = out
         self.on_event = on_event or (lambda event: None)
         self.on_line = on_line or (lambda line: None)
-        self.on_wait = on_wait or (lambda wait: None)
+        self.after_write = after_write or (lambda: None)
         self.on_agent_line = on_agent_line
         self.raw = raw
         self.strip_ansi = strip_ansi
         self.pipe = pipe and not raw  # --raw: the log as written, carriage returns and all
         self.echoed = frozenset(echoed)
         self.hidden_lines = 0
-        self.last_activity_at: float | None = None  # time.monotonic() of the last event or line of the job's own
         self._held = ""  # the start of a line not yet complete and not yet shown
         self._warned_by: str | None = None  # the forwarding prefix of a Ray warning just hidden
         self._shown_partial = False  # part of the current line already went out
@@ -132,20 +129,12 @@ class LogView:
                 shown = []
                 self.on_agent_line(plain)
                 continue
-            wait = None if self.raw else resource_wait_in(plain)
-            if wait is not None:
-                self.hidden_lines += 1
-                self._emit("".join(shown))
-                shown = []
-                self.on_wait(wait)
+            if not self.raw and resource_wait_in(plain) is not None:
+                self.hidden_lines += 1  # named in rayjobs' words by the judge of the job's waits
                 continue
-            if not is_rays_own(plain):
-                self.last_activity_at = time.monotonic()
             if self._keep(plain):
                 self._show(line, plain, shown)
         if last:
-            if "\r" in last or not self._could_be_hidden(last):
-                self.last_activity_at = time.monotonic()  # a bar moving, or a line of the job's on its way
             if self._shown_partial or not self._could_be_hidden(last):
                 self._release_echo(shown)
                 shown.append(last)
@@ -153,6 +142,7 @@ class LogView:
             else:
                 self._held = last[-_HELD_PARTIAL_CHARS:]
         self._emit("".join(shown))
+        self.after_write()
         return len(text)
 
     def flush(self) -> None:
@@ -177,7 +167,6 @@ class LogView:
 
     def _took_event(self, event: dict, line: str, shown: list[str]) -> None:
         """An event: what came before it goes out before what it leads to, unless the event says it again."""
-        self.last_activity_at = time.monotonic()
         self._events_seen.add(kind_of(event))
         self._warned_by = None
         if self._echo is not None and self._echo[0] == _fact_of(event):

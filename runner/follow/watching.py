@@ -1,29 +1,31 @@
-"""What a followed job's log feeds, wired together: its progress display, the failure reader, and the wait for
-resources.
+"""What a followed job's log feeds, wired together: its progress display, the failure reader, and the judge of its
+waits and stalls.
 
-A job that runs beside the agent (every job rayjobs submits) has its waits and stalls decided there and said in
-its log (``wait`` and ``stall`` events, with the agent's own line): the follower shows them and decides nothing.
-A job submitted by other means has no agent; for it, the follower applies the agent's rules itself
-(``rayjobs_agent.waits``, and ``runner.run.stall`` for the stall limit)."""
+Waits and stalls are judged by one rule, the agent's (``rayjobs_agent.watch.JobWatch``), with two drivers. A job
+that runs beside the agent (every job rayjobs submits) has them judged there and said in its log (``wait`` and
+``stall`` events, with the agent's own line): the follower shows them and decides nothing. A job submitted by other
+means has no agent: the follower runs the same judge on the log it streams, and asks the cluster's dashboard what
+the agent would ask Ray's GCS.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from runner.reporter import Reporter, own_line
-from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.causes import FailureReader
+from rayjobs_agent.vocabulary import EventKind, kind_of
+from rayjobs_agent.waits import demand_in_cluster_status
+from rayjobs_agent.watch import WAIT_OVER, JobWatch, StallDecision, WaitDecision
+from rayjobs_agent.wire import OWN_LINE_PREFIX, RECORD_COMMAND
 from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.log_view import LogView
 from runner.follow.progress import RunProgress
-from rayjobs_agent.waits import ResourceWait, pending_demand
-from rayjobs_agent.wire import RECORD_COMMAND
+from runner.reporter import Reporter, own_line
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
-
-# Events that show the job got what it waited for.
-_WAIT_OVER = frozenset({EventKind.ATTEMPT, EventKind.REPORT, EventKind.STEP})
 
 
 class Watch:
@@ -35,10 +37,11 @@ class Watch:
         logs_out, notes: where the job's lines and rayjobs' own lines go.
         raw: the log as written (no hiding, no events taken out).
         live: a live status block (None: when both streams are terminals); only with ``stream_logs``.
+        stall_after_s: the spec's ``stall_after_s`` (None: from the job's pace), for a job without the agent.
     """
 
     def __init__(self, client: JobsApi, job_id: str, logs_out: TextIO, notes: TextIO, *, raw: bool,
-                 live: bool | None, stream_logs: bool) -> None:
+                 live: bool | None, stream_logs: bool, stall_after_s: float | None = None) -> None:
         self.client = client
         self.job_id = job_id
         self.progress = RunProgress()
@@ -54,75 +57,113 @@ class Watch:
         terminal = bool(getattr(logs_out, "isatty", lambda: False)())
         # The live block prints its own line for a stage, not for each report: there the job's epoch lines stay.
         self.view = LogView(logs_out, self._event, raw=raw, strip_ansi=not live and not terminal,
-                            on_line=self.failure.line, on_wait=self._waiting, on_agent_line=self._say,
-                            pipe=not live and not terminal,
+                            on_line=self._line, after_write=self._after_write, on_agent_line=self._say, pipe=not live and not terminal,
                             echoed=(EventKind.STAGE,) if live else (EventKind.STAGE, EventKind.REPORT))
-        # What the job waits for, in words, while it does (the agent's ``wait`` event, or Ray's own lines).
-        self.waiting: str | None = None
-        self._waits_said: set[tuple[Any, ...]] = set()
-        # Whether the job runs beside the agent (known from its first status), and the stalls it said.
+        # The agent's judge, driven here for a job without the agent (the log's lines come from the stream's
+        # coroutine, the follower's questions from a thread of its own).
+        self.judge = JobWatch(stall_after_s, time.monotonic(), nodes=self._node_resources)
+        self._judge_lock = threading.Lock()
+        # What a job beside the agent waits for, in words, while it does (the agent's ``wait`` event).
+        self._agent_wait: str | None = None
+        # Whether the job runs beside the agent (known from its first status), and the stalls not yet answered.
         self.beside_agent: bool | None = None
+        self._seen_running = False
         self._stalls: list[float] = []
+        self._stall_limit_s: float | None = None  # the limit of the last stall judged
 
     def job_info(self, info: dict[str, Any]) -> None:
         """The job's status, as the follower reads it: whether the agent decides its waits and stalls."""
         if self.beside_agent is None and info.get("entrypoint"):
             self.beside_agent = str(info["entrypoint"]).startswith(RECORD_COMMAND)
+        if info.get("status") == "RUNNING" and not self._seen_running:
+            self._seen_running = True
+            with self._judge_lock:
+                self.judge.started(time.monotonic())
 
     def new_stall(self) -> float | None:
-        """The silence (seconds) of a stall the agent said since the last call, or None."""
+        """The silence (seconds) of a stall judged since the last call, or None: said by the agent beside the job,
+        or, for a job without it, judged here now (the cluster asked first when the job has been quiet)."""
+        if self.beside_agent is False:
+            if self._time_to_ask_the_cluster():
+                self._ask_the_cluster()
+            self._judge_now()
         return self._stalls.pop() if self._stalls else None
 
-    def last_activity(self) -> float | None:
-        """When the job last showed a sign of its own life (time.monotonic()): an event or a line of its own."""
-        return self.view.last_activity_at
+    def stall_limit_s(self) -> float:
+        """Seconds of silence that made the last stall of this job (the spec's, or from its pace)."""
+        if self._stall_limit_s is not None:
+            return self._stall_limit_s
+        with self._judge_lock:
+            return self.judge.limit_s()
 
     def waiting_text(self) -> str | None:
         """``waiting for resources: 3 CPUs for the trainer and workers, 2 on the cluster``, while it waits."""
-        return self.waiting
+        if self.beside_agent:
+            return self._agent_wait
+        with self._judge_lock:
+            return self.judge.waiting.text if self.judge.waiting is not None else None
+
+    def _line(self, plain: str) -> None:
+        self.failure.line(plain)
+        if self.beside_agent:
+            return  # the agent judges it
+        with self._judge_lock:
+            self.judge.line(plain, time.monotonic())
+
+    def _after_write(self) -> None:
+        if self.beside_agent is False:
+            self._judge_now()  # a wait Ray just printed is named at once, after the lines before it
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = kind_of(event)
-        if kind in _WAIT_OVER:
-            self.waiting = None
-            self._waits_said.clear()  # a later wait (after a restart) is a new one
+        if kind in WAIT_OVER:
+            self._agent_wait = None
         elif kind == EventKind.WAIT:
-            self.waiting = str(event.get("text") or "") or None
+            self._agent_wait = str(event.get("text") or "") or None
         elif kind == EventKind.STALL:
-            self._stalls = [float(event.get("silent_s") or 0.0)]
+            self._stall_said(float(event.get("silent_s") or 0.0), event.get("limit_s"))
         self.display.event(event)
 
-    def _waiting(self, wait: ResourceWait) -> None:
-        """Ray said again that a job without the agent waits for resources: named once, with the numbers."""
-        if self.beside_agent:
-            return  # the agent names it, in its own line of the log
-        said = (tuple(sorted(wait.asked.items())), wait.for_what)
-        if said in self._waits_said:
-            return
-        self._waits_said.add(said)
-        if wait.cluster is None:
-            wait = wait.with_nodes(self._node_resources())
-        self.waiting = wait.text()
-        self._say(own_line(f"{wait.text()}; Ray keeps it waiting until they are free or the cluster grows "
-                           "(ask for less, or add nodes)"))
+    def _judge_now(self) -> None:
+        while True:
+            with self._judge_lock:
+                decision = self.judge.decide(time.monotonic())
+            if isinstance(decision, WaitDecision):
+                self._say(own_line(f"{decision.text}. {decision.advice}"))
+            elif isinstance(decision, StallDecision):
+                self._stall_said(decision.silent_s, decision.limit_s)
+            else:
+                return
 
-    def on_quiet(self, silent_s: float) -> None:
-        """The job has been quiet a while: if it has not got its workers yet and the cluster has demand pending
-        (Ray Train V2 waits for its worker group without a word), that is the wait, named as Ray's lines are."""
-        progress = self.progress
-        if self.beside_agent or self.waiting is not None or progress.attempts > len(progress.restarts):
-            return  # already named, or its workers run: a quiet job then is no resource wait
+    def _stall_said(self, silent_s: float, limit_s: Any) -> None:
+        self._stalls = [silent_s]
+        if isinstance(limit_s, (int, float)):
+            self._stall_limit_s = float(limit_s)
+
+    def _time_to_ask_the_cluster(self) -> bool:
+        with self._judge_lock:
+            return self.progress.attempts <= len(self.progress.restarts) and \
+                self.judge.time_to_ask_the_cluster(time.monotonic())
+
+    def _ask_the_cluster(self) -> None:
+        """Ray Train V2 waits for its worker group without a word: the cluster's pending demand is the wait, read from
+        the report `ray status` prints (the agent reads the same from Ray's GCS)."""
         from runner.errors import RayJobsError
 
         try:
-            # format=1: the report `ray status` prints, with its "Pending Demands:" (without it, a debug string)
             status = self.client.get_json("/api/cluster_status?format=1")
             report = ((status or {}).get("data") or {}).get("clusterStatus") or ""
         except (RayJobsError, OSError, AttributeError, TypeError):
             return
-        wait = pending_demand(report)
-        if wait is not None:
-            self._waiting(wait)
+        wait = demand_in_cluster_status(report)
+        if wait is None:
+            return
+        total: dict[str, float] = {}
+        for node in self._node_resources():
+            for name, amount in node.items():
+                total[name] = total.get(name, 0.0) + float(amount)
+        with self._judge_lock:
+            self.judge.demand_pending(wait.asked, wait.for_what, total)
 
     def _node_resources(self) -> list[dict[str, float]]:
         from runner.errors import RayJobsError
@@ -138,4 +179,4 @@ class Watch:
         self.display.close()
 
     def _say(self, line: str) -> None:
-        Reporter(self.notes).write(line)
+        Reporter(self.notes).write(line if line.startswith(OWN_LINE_PREFIX) else own_line(line))

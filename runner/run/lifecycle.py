@@ -278,15 +278,14 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
             detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
             return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id])
     watch = Watch(client, job_id, logs_out or sys.stdout, notes or sys.stderr, raw=options.raw, live=options.live,
-                  stream_logs=options.stream_logs)
-    stall = StallRule(client, job_id, watch, stall_after_s)
+                  stream_logs=options.stream_logs, stall_after_s=stall_after_s)
+    stall = StallRule(client, job_id, watch)
     notes, progress = watch.notes, watch.progress
     out = Reporter(notes)
     follower = Follower(client, job_id, logs_out=watch.view, notes=notes, stream_logs=options.stream_logs,
                         give_up_after_s=options.give_up_after_s, timeout_s=timeout_s, start_timeout_s=start_timeout_s,
-                        demand=demand, stall_after=stall.after if options.stream_logs else None,
-                        on_stall=stall.on_stall, activity=watch.last_activity, on_quiet=watch.on_quiet,
-                        on_info=watch.job_info, agent_stall=watch.new_stall, beside_agent=lambda: watch.beside_agent)
+                        demand=demand, new_stall=watch.new_stall if options.stream_logs else None,
+                        on_stall=stall.on_stall, on_info=watch.job_info)
     try:
         followed = follower.run()
     except KeyboardInterrupt:

@@ -1,8 +1,7 @@
 """What is done when a followed job that runs but says nothing is stalled.
 
-The agent beside the job decides that it stalled (``rayjobs_agent.watch``, a ``stall`` event); for a job
-submitted without the agent, the follower measures the silence (``runner.follow.follower``) against the
-same limit. The answer: one warning per hang, one line per process saying where it is in its own code, and the
+The agent's judge decides that a job stalled (``rayjobs_agent.watch``): beside the job, said as a ``stall`` event;
+for a job submitted without the agent, run by the follower on the log it streams (``runner.follow.watching``). The answer: one warning per hang, one line per process saying where it is in its own code, and the
 whole stacks kept in the run record. A stalled job is always left running: it may be slow, not stuck.
 """
 
@@ -11,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.secrets import job_mask
-from rayjobs_agent.watch import stall_limit_s
 from runner.follow.stacks import job_stacks
 from runner.reporter import own_line
 
@@ -22,24 +20,18 @@ if TYPE_CHECKING:
 
 
 class StallRule:
-    """The stall rule of one followed job: ``after()`` for the follower's clock, ``on_stall`` when it rings.
+    """What is done when a followed job stalls: ``on_stall``, once per stall its watch judged.
 
     Args:
         client: the cluster client (for the stacks of a stalled job).
         job_id: the job followed.
-        watch: what its log feeds (its progress, the wait for resources, rayjobs' own lines).
-        stall_after_s: a RUNNING job silent this long is a stall; None: from its own pace.
+        watch: what its log feeds (its progress, the judge of its waits and stalls, rayjobs' own lines).
     """
 
-    def __init__(self, client: JobsApi, job_id: str, watch: Watch, stall_after_s: float | None) -> None:
+    def __init__(self, client: JobsApi, job_id: str, watch: Watch) -> None:
         self.client = client
         self.job_id = job_id
         self.watch = watch
-        self.stall_after_s = stall_after_s
-
-    def after(self) -> float:
-        """How long a RUNNING job may be silent before it is called stalled."""
-        return stall_limit_s(self.stall_after_s, self.watch.progress.slowest_report_s)
 
     def on_stall(self, silent_s: float, info: dict[str, Any]) -> None:
         """Say once per hang that the job stalled, with one line per process: where it is in its own code.
@@ -53,7 +45,7 @@ class StallRule:
                       f"{waiting}; it is left running")
             return
         self._say(f"warning: job {self.job_id} is RUNNING but has printed nothing of its own and reported "
-                  f"no progress for {silent_s:.0f}s (stall_after_s {self.after():g}); it is left running. "
+                  f"no progress for {silent_s:.0f}s (stall_after_s {self.watch.stall_limit_s():g}); it is left running. "
                   f"Where each process is (the whole stacks: `rayjobs stack {self.job_id}`):")
         stacks = job_stacks(self.client, info, self.watch.progress)
         # py-spy names each process by its command line, which holds the entrypoint's arguments.
