@@ -9,13 +9,12 @@ said once, in the log (``rayjobs: progress unavailable: <reason>; the run goes o
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from .events import emit
 from .vocabulary import EventKind
-from .wire import OWN_LINE_PREFIX
+from .wire import say
 
 UNAVAILABLE_EVENT = EventKind.PROGRESS_UNAVAILABLE
 _NOTE_CHARS = 300
@@ -46,11 +45,7 @@ def turn_off(callback: Any, reason: str) -> None:
         callback.unavailable = reason
     except Exception:  # an object that takes no attribute: it is said anyway
         pass
-    try:
-        sys.stderr.write(f"{OWN_LINE_PREFIX}progress unavailable: {reason}; the run goes on\n")
-        sys.stderr.flush()
-    except Exception:  # a log that cannot be written (a full disk) is no reason to stop training
-        pass
+    say(f"progress unavailable: {reason}; the run goes on")
     try:
         emit(UNAVAILABLE_EVENT, reason=reason)
     except Exception:

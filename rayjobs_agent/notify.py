@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import sys
 import threading
 import time
 from typing import Any, Mapping
@@ -24,7 +23,7 @@ from typing import Any, Mapping
 from .causes import UNKNOWN, Diagnosis
 from .masking import MASK
 from .wording import format_duration, format_metrics
-from .wire import OWN_LINE_PREFIX, NOTIFY_ENV_VAR
+from .wire import OWN_LINE_PREFIX, NOTIFY_ENV_VAR, say
 
 SEND_BOUND_S = 5.0
 # The job's end, as the record names it, and the event a target's `on` names for it.
@@ -338,9 +337,4 @@ def _where_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _say(text: str) -> None:
-    try:
-        sys.stderr.write(f"{OWN_LINE_PREFIX}{text}\n")
-        sys.stderr.flush()
-    except Exception:  # a closed stderr must not fail the job either
-        pass
+_say = say

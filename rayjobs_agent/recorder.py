@@ -15,7 +15,6 @@ import os
 import platform
 import socket
 import stat
-import sys
 import time
 from collections.abc import Callable, Mapping
 from importlib import metadata
@@ -30,7 +29,7 @@ from .resources import ResourceUsage
 from .vocabulary import EVENT_MARKER, EventKind, decode, kind_of
 from .wire import METADATA_ATTEMPT as ATTEMPT_KEY
 from .wire import job_config
-from .wire import OWN_LINE_PREFIX, SUBMISSION_ID_KEY
+from .wire import SUBMISSION_ID_KEY, say
 
 __all__ = ["RECORD_DIR", "RECORD_ENV_VAR", "RUN_FILE", "Recorder"]
 # A part of the log is rewritten at each upload while it grows; finished parts are written once.
@@ -366,10 +365,3 @@ def open_own_log(environ: Mapping[str, str]) -> DriverLog | None:
         return None
 
 
-def say(text: str) -> None:
-    """One ``rayjobs:`` line in the job's log (stderr); a log that cannot be written is no reason to stop."""
-    try:
-        sys.stderr.write(f"{OWN_LINE_PREFIX}{text}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass

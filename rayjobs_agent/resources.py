@@ -27,6 +27,7 @@ import socket
 import stat
 import threading
 import time
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 from .events import emit
 from .job_processes import JobProcesses, open_files
 from .vocabulary import EventKind, kind_of
-from .wire import CPU_PRICE_ENV_VAR, GPU_PRICE_ENV_VAR, OWN_LINE_PREFIX
+from .wire import CPU_PRICE_ENV_VAR, GPU_PRICE_ENV_VAR, say
 from .wording import sample_amount
 
 EVERY_S_ENV_VAR = "RAYJOBS_RESOURCES_EVERY_S"
@@ -298,7 +299,7 @@ def local_addresses() -> set[str]:
 
 
 def _say(text: str) -> None:
-    print(f"{OWN_LINE_PREFIX}{text}", flush=True)
+    say(text, sys.stdout)
 
 
 # --------------------------------------------------------------------------- totals and wording

@@ -17,7 +17,6 @@ server cannot be reached at the start, the log says so once and the run goes on 
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 from typing import Any
 
@@ -25,7 +24,7 @@ from .mlflow_tracking import first_line, job_tags, mlflow_client, mlflow_setting
     send_pending
 
 from .ray_internals import ControllerCallback, ReportCallback, callback_bases
-from .wire import OWN_LINE_PREFIX
+from .wire import say
 
 _INTERFACES = callback_bases(ControllerCallback, ReportCallback)
 
@@ -179,11 +178,6 @@ class _Sender:
             _say(f"MLflow at {self.settings.get('tracking_uri')} {text}; training goes on")
 
 
-def _say(text: str) -> None:
-    try:
-        sys.stderr.write(f"{OWN_LINE_PREFIX}{text}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed stderr is no reason to fail training
-        pass
+_say = say
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from typing import Any
 
 # What Ray's job manager hands every job's driver: its runtime_env (with the uploaded packages' URIs) and
@@ -105,8 +106,19 @@ def user_entrypoint(entrypoint: str) -> str:
     return words[0] if len(words) == 1 else entrypoint
 
 
-__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "job_config", "job_metadata", "ray_env_json", "user_entrypoint"]
+__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "job_config", "job_metadata", "ray_env_json", "say", "user_entrypoint"]
 
 # How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
 # (which the follower shows among its own, apart from the job's output).
 OWN_LINE_PREFIX = "rayjobs: "
+
+
+def say(text: str, stream: Any = None) -> None:
+    """Write one of rayjobs' own lines, ``rayjobs: text``, to ``stream`` (default: stderr, the job's log): the one
+    way the agent says a line. A log that cannot be written is no reason to stop a job: nothing is raised."""
+    try:
+        out = stream if stream is not None else sys.stderr
+        out.write(f"{OWN_LINE_PREFIX}{text}\n")
+        out.flush()
+    except Exception:  # noqa: BLE001 - a closed or full log must not fail the job
+        pass

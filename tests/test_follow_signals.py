@@ -16,7 +16,8 @@ import pytest
 
 from runner.errors import ExitCode
 from runner.follow.display import PlainProgress
-from runner.follow.log_view import LogView, is_rays_own, last_state
+from runner.follow.log_view import LogView, last_state
+from rayjobs_agent.ray_lines import is_rays_own
 from runner.follow.messages import summary_line
 from runner.follow.progress import RunProgress
 from rayjobs_agent.waits import resource_wait_in

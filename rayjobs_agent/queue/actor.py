@@ -14,10 +14,11 @@ import logging
 import os
 import threading
 import time
+import sys
 from typing import Any
 
 from ..queueing import KEEPER_RESOURCES, SNAPSHOT_FILE, agent_version
-from ..wire import OWN_LINE_PREFIX
+from ..wire import say
 from .keeper import Keeper, StepAside, end_stray_order_supervisors
 from .ray_jobs import DashboardJobs, last_line
 from .store import GcsKeyValue, KeyValue
@@ -96,7 +97,7 @@ class KeeperActor:
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 def _say(text: str) -> None:
-    print(f"{OWN_LINE_PREFIX}{text}", flush=True)
+    say(text, sys.stdout)
 
 def _write_atomically(path: str, text: str) -> None:
     partial = f"{path}.{os.getpid()}.partial"

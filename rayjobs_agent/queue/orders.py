@@ -11,11 +11,12 @@ import json
 import os
 import threading
 import time
+import sys
 from typing import Any, Mapping
 
 from ..pinning import ADDRESS_VARIABLE
 from ..queueing import NO_KEEPER_ANSWER_KEY, ORDER_FORMAT, answer, order_from, order_problem, submission_id_from
-from ..wire import OWN_LINE_PREFIX
+from ..wire import say
 from .actor import ensure_keeper
 from .pipelines import seal_order
 from .store import GcsKeyValue, enqueue, ray_job_info, set_order
@@ -116,8 +117,8 @@ class Reply:
                                                f"{in_part}"}
                 answer(self._answered)
                 self._given = True
-            print(f"{OWN_LINE_PREFIX}this helper job ran past {self.deadline_s:g}s and leaves, so that the head's "
-                  "resource is free for a keeper", flush=True)
+            say(f"this helper job ran past {self.deadline_s:g}s and leaves, so that the head's resource is free for "
+                "a keeper", sys.stdout)
         finally:
             refused = not isinstance(self._answered, (dict, list)) or (isinstance(self._answered, dict)
                                                                        and "error" in self._answered)
@@ -138,8 +139,8 @@ def main() -> int:
             reply.give({"error": problem})
             return 1
         # Carried out, and only the keeper's start failed: the order stands, and the next order starts a keeper.
-        print(f"{OWN_LINE_PREFIX}the order was carried out, but no keeper could be started ({problem}); the next "
-              "order starts one", flush=True)
+        say(f"the order was carried out, but no keeper could be started ({problem}); the next order starts one",
+            sys.stdout)
         carried_out = reply.result
         reply.give({**carried_out, NO_KEEPER_ANSWER_KEY: problem[:500]} if isinstance(carried_out, dict)
                    else carried_out)

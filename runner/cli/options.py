@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 
-from runner.reporter import own_line
+from runner.reporter import say
 from runner.errors import BadInput, RayJobsError
 from runner.errors import ExitCode
 
@@ -158,14 +158,9 @@ def _options_in_place_of(command: F, bundle: str, options: list[tuple[str, Any, 
     return wrapper  # type: ignore[return-value]
 
 
-def say(text: str) -> None:
-    """Print one of rayjobs' own lines (``rayjobs: …``) to stderr."""
-    typer.echo(own_line(text), err=True)
-
-
 def fail(message: str, code: ExitCode) -> NoReturn:
     """Print ``rayjobs: error: …`` and exit with ``code``."""
-    typer.echo(own_line(f"error: {message}"), err=True)
+    say(f"error: {message}")
     raise typer.Exit(int(code))
 
 

@@ -23,7 +23,7 @@ from rayjobs_agent.causes import Diagnosis, FailureReader
 from rayjobs_agent.vocabulary import EVENT_MARKER, EventKind, kind_of
 from rayjobs_agent.vocabulary import decode as parse_event
 from runner.follow.progress import RunProgress
-from rayjobs_agent.ray_lines import ANSI_ESCAPE, FORWARD_PREFIX, RAY_WARNING_LINE, is_ray_chatter, is_rays_own
+from rayjobs_agent.ray_lines import ANSI_ESCAPE, FORWARD_PREFIX, RAY_WARNING_LINE, is_ray_chatter
 from rayjobs_agent.waits import resource_wait_in
 from rayjobs_agent.wire import OWN_LINE_PREFIX
 

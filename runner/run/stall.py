@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.secrets import job_mask
 from runner.follow.stacks import job_stacks
-from runner.reporter import own_line
+from runner.reporter import Reporter
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
@@ -71,6 +71,4 @@ class StallRule:
             self._say(f"stacks kept in the run record: {where}")
 
     def _say(self, text: str) -> None:
-        notes = self.watch.notes
-        notes.write(own_line(text) + "\n")
-        notes.flush()
+        Reporter(self.watch.notes).say(text)
