@@ -25,7 +25,7 @@ from .record_layout import (ATTEMPTS_FIELD, EVENT_PART_SUFFIX, FORMAT_FIELD, FOR
                             default_run_dir, log_folder, run_of_this_submission)
 from .record_parts import DriverLog, LineBuffer, PartedFile
 from .record_store import Store, Uploader, reason
-from .resources import ResourceUsage
+from .usage import ResourceUsage
 from .vocabulary import EVENT_MARKER, EventKind, decode, kind_of
 from .wire import METADATA_ATTEMPT as ATTEMPT_KEY
 from .wire import job_config

@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from rayjobs_agent.job_processes import JobProcesses, job_id_of_driver
-from rayjobs_agent.resources import (UNATTRIBUTED_GPUS, Gpus, ResourceSampler, ResourceUsage, prices_from,
-                                     resource_totals, sampling_every_s)
+from rayjobs_agent.usage import ResourceUsage, prices_from, resource_totals
+from rayjobs_agent.resources import (UNATTRIBUTED_GPUS, Gpus, ResourceSampler,
+                                     sampling_every_s)
 from rayjobs_agent.wording import totals_lines, usage_line
 from rayjobs_agent.retries import RetryPolicy
 from rayjobs_agent.vocabulary import decode

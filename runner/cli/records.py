@@ -64,7 +64,7 @@ def runs(
 @handles_errors
 def show(run: RunArgument, output: OutputOption = "text") -> None:
     """Show what a recorded run ran (spec, code, versions, cluster) and how it went (no cluster needed)."""
-    from rayjobs_agent.resources import prices_from
+    from rayjobs_agent.usage import prices_from
     from runner.records.report import masked_record, run_resource_totals, show_text
     from runner.records.store import Folder, read_run
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from jobs.secrets import SecretMask, job_mask, mask_url_userinfo, masked_runtime_env, masked_strings
 from rayjobs_agent.record_layout import PIPELINE_FIELD
-from rayjobs_agent.resources import ResourceUsage
+from rayjobs_agent.usage import ResourceUsage
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table, totals_lines
 from runner.follow.progress import shown_metrics

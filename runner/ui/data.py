@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from rayjobs_agent.record_layout import RUN_FILE, SCHEMA_VERSION_FIELD
-from rayjobs_agent.resources import prices_from, resource_totals
+from rayjobs_agent.usage import prices_from, resource_totals
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.wording import format_duration, format_value
 from runner.errors import BadInput, JobNotFound
