@@ -41,9 +41,36 @@ def format_metrics(metrics: dict[str, Any], most: int = _METRICS_IN_A_LINE) -> s
                      if not isinstance(value, (dict, list)))
 
 
-def local_time(seconds: float | None) -> str:
-    """Local time of a Unix timestamp in seconds (``2026-11-24 18:26:13``); ``-`` for none."""
-    return "-" if not seconds else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+def local_time(seconds: Any) -> str:
+    """Local time of a Unix timestamp in seconds (``2026-11-24 18:26:13``); ``-`` for none; a number no calendar
+    holds (a record written by hand) as the number."""
+    if not seconds:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"{seconds} (Unix seconds)"
+
+
+def format_bytes(size: Any) -> str:
+    """``512 B``, ``1.5 KiB``, ``3.0 GiB``; ``-`` for what is no amount."""
+    if not sample_amount(size):
+        return "-"
+    amount = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if amount < 1024:
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} TiB"
+
+
+def cluster_text(cluster: Any) -> str:
+    """``2 nodes, 8 CPUs, 0 GPUs``: the cluster a Ray Train run reported ("" when it reported none)."""
+    if not isinstance(cluster, Mapping) or not cluster:
+        return ""
+    nodes = cluster.get("nodes")
+    return (f"{nodes} node{'s' if nodes != 1 else ''}, {format_value(cluster.get('cpus'))} CPUs, "
+            f"{format_value(cluster.get('gpus') or 0)} GPUs")
 
 
 def plain_table(rows: Sequence[tuple[str, ...]]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rayjobs_agent.record_layout import RUN_FILE, event_folder, log_folder
+from rayjobs_agent.wording import format_bytes, local_time
 from runner.errors import ExitCode
 from runner.ui.log_pages import PAGE_BYTES
 from tests.support.cli import rayjobs_in_process
@@ -113,8 +114,11 @@ def test_a_run_has_its_curves_resources_spec_masked_and_its_difference_from_the_
     assert [report["metrics"]["val_loss"] for report in first["reports"]] == [1.0, 0.5, 1 / 3, 0.25]
     assert [sample["cpu"] for sample in first["resources"]] == [1.5, 1.6, 1.7, 1.8, 1.9]
     assert first["resource_totals"]["samples"] == 5
+    # What the page shows comes worded: its script formats nothing again.
+    assert ["samples", "5"] in first["resource_facts"] and first["ended_text"] == local_time(first["ended"])
     assert first["logs"] == [{"submission_id": "raysubmit_one", "pages": math.ceil(len("".join(LINES)) / PAGE_BYTES),
-                              "bytes": len("".join(LINES)), "attempts": [1]}]
+                              "bytes": len("".join(LINES)), "bytes_text": format_bytes(len("".join(LINES))),
+                              "attempts": [1]}]
     assert missing == 404 and unreadable == 400 and "newer rayjobs" in why["error"]
 
 
@@ -232,3 +236,9 @@ def test_a_wheel_of_rayjobs_ships_the_pages_templates_script_and_style(tmp_path)
     wanted = {f"runner/ui/{pages.STATIC_FOLDER}/{name}" for name in pages.static_files()}
     wanted |= {f"runner/ui/templates/{name}.html" for name in ("page", "runs", "run", "compare")}
     assert wanted - packed == set(), "add them to [tool.setuptools.package-data] in pyproject.toml"
+
+
+def test_bytes_and_times_are_worded_once_for_the_terminal_and_the_page():
+    assert [format_bytes(size) for size in (0, 512, 1536, 3 * 2 ** 30, 5 * 2 ** 40, None, "x", -1)] == [
+        "0 B", "512 B", "1.5 KiB", "3.0 GiB", "5.0 TiB", "-", "-", "-"]
+    assert local_time(None) == "-" and local_time(10 ** 20) == f"{10 ** 20} (Unix seconds)"

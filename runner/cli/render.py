@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT, user_entrypoint
 from jobs.secrets import job_mask
-from rayjobs_agent.wording import format_duration, plain_table
+from rayjobs_agent.wording import format_duration, local_time, plain_table
 from runner.follow.messages import duration_s, job_id_of
 
 if TYPE_CHECKING:
@@ -23,9 +22,7 @@ def job_name_of(info: dict[str, Any]) -> str:
 
 def format_time(ms: int | float | None) -> str:
     """Local time of a Ray timestamp (milliseconds); ``-`` for none."""
-    if not ms:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    return local_time(ms / 1000 if isinstance(ms, (int, float)) else ms)
 
 
 def status_report(info: dict[str, Any]) -> str:

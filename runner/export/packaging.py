@@ -35,6 +35,7 @@ from rayjobs_agent.storage_location import StorageLocation
 from jobs.submission import local_runtime_paths
 from runner.errors import BadInput
 from runner.storage import calling_storage
+from rayjobs_agent.wording import format_bytes
 
 
 def upload_destination(text: str) -> StorageLocation:
@@ -106,7 +107,7 @@ def upload_local_paths(runtime_env: dict[str, Any], destination: str, *, env: Ma
                 if include_parent_dir:
                     package = nested_one_level(package, Path(scratch) / package_location.name)
                 upload_file(filesystem, package, package_location.fs_path, settings)
-                say(f"uploaded {field_name} {directory} ({_size(package.stat().st_size)}) as {package_location.uri}")
+                say(f"uploaded {field_name} {directory} ({format_bytes(package.stat().st_size)}) as {package_location.uri}")
             uri = package_location.uri
             uploaded[str(directory)] = uri
     if result.get("working_dir") in uploaded:
@@ -331,10 +332,3 @@ def _ends_a_whole_zip(tail: bytes, size: int) -> bool:
     return directory_offset + directory_size == starts_at + at
 
 
-def _size(size_bytes: int) -> str:
-    amount = float(size_bytes)
-    for unit in ("B", "KiB", "MiB"):
-        if amount < 1024:
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    return f"{amount:.1f} GiB"

@@ -12,7 +12,8 @@ from jobs.secrets import SecretMask, job_mask, mask_url_userinfo, masked_runtime
 from rayjobs_agent.record_layout import PIPELINE_FIELD
 from rayjobs_agent.usage import ResourceUsage
 from rayjobs_agent.vocabulary import EventKind, kind_of
-from rayjobs_agent.wording import format_duration, format_value, local_time, plain_table, totals_lines
+from rayjobs_agent.wording import (cluster_text, format_duration, format_value, local_time, plain_table,
+                                   totals_lines)
 from runner.follow.progress import shown_metrics
 from runner.records.model import name_problem
 from runner.records.store import UNREADABLE, Folder
@@ -118,18 +119,14 @@ def runs_table(runs: list[tuple[Folder, dict[str, Any]]]) -> str:
     for folder, document in runs:
         status = run_status(document, now)
         rows.append((folder.name, *((pipeline_label(document),) if in_pipelines else ()), status,
-                     when(document.get("started")), format_duration(run_duration_s(document, now)),
+                     local_time(document.get("started")), format_duration(run_duration_s(document, now)),
                      str(len(document.get("attempts") or [])),
                      metrics_text(document.get("metrics")) if status != UNREADABLE else document.get("error", "")))
     return plain_table(rows)
 
 
-def when(seconds: Any) -> str:
-    """A recorded time as local time (``-`` for none); a number no calendar holds is shown as the number."""
-    try:
-        return local_time(seconds)
-    except (OverflowError, OSError, ValueError, TypeError):
-        return f"{seconds} (Unix seconds)"
+# What a run that reported no cluster (only Ray Train runs do) shows for it.
+NO_CLUSTER_REPORTED = "- (reported by Ray Train runs only)"
 
 
 def finite_number(value: Any) -> bool:
@@ -185,10 +182,7 @@ def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float 
     if code.get("working_dir_package"):
         code_text += f"; package {code['working_dir_package']}"
     versions = ", ".join(f"{name} {version}" for name, version in (document.get("versions") or {}).items() if version)
-    cluster = document.get("cluster") or {}
-    cluster_text = (f"{cluster.get('nodes')} node{'s' if cluster.get('nodes') != 1 else ''}, "
-                    f"{format_value(cluster.get('cpus'))} CPUs, {format_value(cluster.get('gpus') or 0)} GPUs"
-                    if cluster else "- (reported by Ray Train runs only)")
+    cluster = cluster_text(document.get("cluster")) or NO_CLUSTER_REPORTED
     progress = []
     if document.get("iterations") is not None:
         epochs = document.get("epochs")
@@ -198,12 +192,12 @@ def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float 
         ("run", folder.location),
         ("name", f"{document.get('name') or '-'} (spec hash {document.get('spec_hash') or '-'})"),
         ("status", f"{run_status(document)} after {format_duration(run_duration_s(document))}"),
-        ("started", when(document.get("started"))),
-        ("ended", when(document.get("ended"))),
+        ("started", local_time(document.get("started"))),
+        ("ended", local_time(document.get("ended"))),
         ("entrypoint", (document.get("spec") or {}).get("entrypoint") or "-"),
         ("code", code_text),
         ("versions", versions or "-"),
-        ("cluster", cluster_text),
+        ("cluster", cluster),
         ("progress", ", ".join(progress)),
         ("metrics", metrics_text(document.get("metrics"))),
     ]
@@ -219,7 +213,7 @@ def show_text(folder: Folder, document: dict[str, Any], prices: dict[str, float 
     for attempt in document.get("attempts") or []:
         exit_code = "" if attempt.get("exit_code") is None else f" exit {attempt['exit_code']}"
         lines.append(f"  {attempt.get('attempt', '?')}. {attempt.get('submission_id')}  {attempt.get('status')}"
-                     f"{exit_code}  from {when(attempt.get('started'))}  on {attempt.get('host')}"
+                     f"{exit_code}  from {local_time(attempt.get('started'))}  on {attempt.get('host')}"
                      f"  log {attempt.get('log_bytes', 0)} bytes")
     used = totals_lines(run_resource_totals(document, prices))
     lines.append(f"resources:{' ' * (width - 10)} " + (used[0] if used else "- (not sampled: a record before 1.2, "

@@ -13,12 +13,13 @@ from typing import Any
 from rayjobs_agent.record_layout import RUN_FILE, SCHEMA_VERSION_FIELD
 from rayjobs_agent.usage import prices_from, resource_totals
 from rayjobs_agent.vocabulary import EventKind, kind_of
-from rayjobs_agent.wording import format_duration, format_value
+from rayjobs_agent.wording import cluster_text, format_bytes, format_duration, format_value, local_time
 from runner.errors import BadInput, JobNotFound
 from runner.follow.progress import shown_metrics
 from runner.records.model import name_problem
 from runner.records.pipeline import pipeline_graph
-from runner.records.report import LOST, counted_events, listed_run, masked_record, masked_values, run_status
+from runner.records.report import (LOST, NO_CLUSTER_REPORTED, counted_events, listed_run, masked_record, masked_values,
+                                   run_status)
 from runner.records.store import UNREADABLE, Folder, attempt_events, list_runs, read_run
 from runner.ui.log_pages import log_parts, page_count, search_log
 
@@ -84,13 +85,19 @@ def run_row(folder: Folder, document: dict[str, Any], now: float | None = None) 
     listed = listed_run(folder, document, now)
     if listed["status"] == UNREADABLE:
         return {**listed, "cause": None, "key_metric": None, "queue": None, "host": None, "cluster": None,
-                "duration": "-", "metrics_text": listed.get("error") or ""}
+                "duration": "-", "metrics_text": listed.get("error") or "", "metric_texts": {},
+                "started_text": local_time(listed.get("started")), "where": "-"}
     document = masked_record(document)
     attempts = document.get("attempts") or []
     cause = document.get("cause") if listed["status"] != "SUCCEEDED" else None
     metrics = document.get("metrics") or {}
     key = shown_metrics(metrics, limit=1)
+    host = attempts[-1].get("host") if attempts else None
     return {**listed, "metrics": metrics,
+            "metric_texts": {name: format_value(value) for name, value in metrics.items()
+                             if not isinstance(value, (dict, list))},
+            "started_text": local_time(listed.get("started")),
+            "where": "; ".join(part for part in (str(host or ""), cluster_text(document.get("cluster"))) if part) or "-",
             "cause": _cause(cause) if isinstance(cause, dict) else None,
             "key_metric": {"name": key[0][0], "value": key[0][1], "text": format_value(key[0][1])} if key else None,
             "metrics_text": "  ".join(f"{name} {format_value(value)}" for name, value in shown_metrics(metrics)),
@@ -123,6 +130,7 @@ def run_detail(records: Records, name: str, now: float | None = None) -> dict[st
         attempts.append({**{key: attempt.get(key) for key in ("attempt", "submission_id", "status", "exit_code",
                                                               "started", "ended", "updated", "host", "log_bytes")},
                          "duration": format_duration(_span(attempt)),
+                         "started_text": local_time(attempt.get("started")),
                          "cause": _cause(cause) if isinstance(cause, dict) else None})
     # Attempts retried in place share their Ray job, and so one log and one stream of events.
     for submission in submissions(shown):
@@ -142,10 +150,14 @@ def run_detail(records: Records, name: str, now: float | None = None) -> dict[st
         parts = log_parts(folder, submission)
         logs.append({"submission_id": submission, "pages": page_count(parts),
                      "bytes": sum(part.size for part in parts),
+                     "bytes_text": format_bytes(sum(part.size for part in parts)),
                      "attempts": [a["attempt"] for a in attempts if a["submission_id"] == submission]})
+    totals = _totals(counted) if resources else None
     return {**row, "live": row["status"] not in TERMINAL, "attempts": attempts, "reports": reports,
             "trials": list(trials.values()), "resources": resources,
-            "resource_totals": _totals(counted) if resources else None,
+            "resource_totals": totals, "resource_facts": _totals_facts(totals) if totals else None,
+            "ended_text": local_time(shown.get("ended")),
+            "cluster_text": cluster_text(shown.get("cluster")) or NO_CLUSTER_REPORTED,
             "decisions": decisions, "logs": logs, "spec": shown.get("spec"), "spec_hash": shown.get("spec_hash"),
             "provenance": _provenance(shown), "notes": shown.get("notes") or [],
             "record_health": shown.get("record_health"), "rerun_of": shown.get("rerun_of"),
@@ -193,16 +205,18 @@ def _span(attempt: dict[str, Any]) -> float | None:
 
 def _add_trial(trials: dict[str, dict[str, Any]], event: dict[str, Any]) -> None:
     name = str(event.get("trial"))
-    trial = trials.setdefault(name, {"trial": name, "state": None, "values": {}, "epoch": None, "metric": None,
-                                     "points": []})
+    trial = trials.setdefault(name, {"trial": name, "state": None, "values": {}, "value_texts": {}, "epoch": None,
+                                     "metric": None, "metric_text": "-", "points": []})
     state = event.get("state")
     trial["state"] = state
     if state == "started":
         trial["values"] = event.get("values") if isinstance(event.get("values"), dict) else {}
+        trial["value_texts"] = {key: format_value(value) for key, value in trial["values"].items()}
     if event.get("epoch") is not None:
         trial["epoch"] = event["epoch"]
     if isinstance(event.get("metric"), (int, float)):
         trial["metric"] = event["metric"]
+        trial["metric_text"] = format_value(event["metric"])
         if len(trial["points"]) < _TRIAL_POINTS:
             trial["points"].append([event.get("epoch"), event["metric"]])
 
@@ -215,6 +229,20 @@ def _totals(events: list[dict[str, Any]]) -> dict[str, Any]:
     except ValueError:  # a price that is no number: `rayjobs show` says so; the page shows the totals unpriced
         prices = None
     return resource_totals(counted_events(events), prices)
+
+
+def _totals_facts(totals: dict[str, Any]) -> list[list[str]]:
+    """The page's lines for a run's resource totals, worded here (label, text; those with nothing to say left out)."""
+    def value(name: str, suffix: str = "") -> str | None:
+        return None if totals.get(name) is None else format_value(totals[name]) + suffix
+
+    share = totals.get("data_wait_share")
+    facts = [("samples", str(totals.get("samples", 0))), ("CPU hours", value("cpu_hours")),
+             ("GPU hours", value("gpu_hours") if totals.get("gpu_hours") else None),
+             ("peak memory", format_bytes(totals.get("peak_rss_bytes"))), ("mean CPU cores", value("mean_cpu")),
+             ("mean GPU utilisation", value("mean_gpu_util", " %")),
+             ("waiting for data", None if share is None else f"{round(share * 100)} %"), ("cost", value("cost"))]
+    return [[label, text] for label, text in facts if text is not None]
 
 
 def _provenance(document: dict[str, Any]) -> dict[str, Any]:

@@ -26,15 +26,10 @@ function compareHref(names) {
   const query = names.map(name => "run=" + encodeURIComponent(name)).join("&");
   return EXPORT ? B.base + "compare.html?" + query : "/compare?" + query;
 }
-function when(seconds) { return seconds == null ? "-" : new Date(seconds * 1000).toLocaleString(); }
-function number(value) { return typeof value === "number" ? (Number.isInteger(value) ? String(value) : value.toPrecision(4).replace(/\.?0+$/, "")) : String(value); }
-function bytes(value) { if (value == null) return "-"; const units = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
-  while (value >= 1024 && i < units.length - 1) { value /= 1024; i++; } return (i ? value.toFixed(1) : value) + " " + units[i]; }
+// Every value the page shows comes worded from the server (rayjobs_agent/wording.py); only a chart's ticks, which
+// are worked out here, are worded here.
+function tick(value) { return typeof value === "number" ? (Number.isInteger(value) ? String(value) : value.toPrecision(4).replace(/\.?0+$/, "")) : String(value); }
 function badge(status) { return el("span", {class: "status s-" + status, "data-status": status}, status); }
-function where(run) {
-  const cluster = run.cluster ? `${run.cluster.nodes} node(s), ${number(run.cluster.cpus)} CPUs, ${number(run.cluster.gpus || 0)} GPUs` : "";
-  return [run.host, cluster].filter(Boolean).join("; ") || "-";
-}
 function fail(error) { $("main").prepend(el("p", {class: "cause", id: "error"}, String(error.message || error))); }
 
 // ---- charts: inline SVG, drawn here, no library
@@ -61,10 +56,10 @@ function chart(title, series, xLabel) {
   let svg = `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img">`;
   for (const y of yTicks) {
     svg += `<line x1="${L}" x2="${W - R}" y1="${sy(y)}" y2="${sy(y)}" stroke="#eaeef2"/>`;
-    svg += `<text x="${L - 4}" y="${sy(y) + 4}" font-size="10" text-anchor="end" fill="#656d76">${esc(number(y))}</text>`;
+    svg += `<text x="${L - 4}" y="${sy(y) + 4}" font-size="10" text-anchor="end" fill="#656d76">${esc(tick(y))}</text>`;
   }
   for (const x of xTicks)
-    svg += `<text x="${sx(x)}" y="${H - Bt + 14}" font-size="10" text-anchor="middle" fill="#656d76">${esc(number(x))}</text>`;
+    svg += `<text x="${sx(x)}" y="${H - Bt + 14}" font-size="10" text-anchor="middle" fill="#656d76">${esc(tick(x))}</text>`;
   svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" font-size="11" text-anchor="middle" fill="#656d76">${esc(xLabel)}</text>`;
   series.forEach((s, i) => {
     const good = s.points.filter(p => Number.isFinite(p[0]) && Number.isFinite(p[1]));
@@ -101,7 +96,6 @@ const runsState = {sort: "started", up: false, rows: []};
 function sortValue(row, key) {
   if (key === "cause") return row.cause ? row.cause.cause : "";
   if (key === "key_metric") return row.key_metric ? row.key_metric.value : -Infinity;
-  if (key === "where") return where(row);
   const value = row[key]; return value == null ? (typeof row.started === "number" ? -Infinity : "") : value;
 }
 function drawRuns() {
@@ -124,8 +118,8 @@ function drawRuns() {
       el("td", {class: "metric"}, row.key_metric ? `${row.key_metric.name} ${row.key_metric.text}` : "-"),
       el("td", {}, row.queue || "-"),
       el("td", {class: "num"}, String(row.attempts)),
-      el("td", {}, where(row)),
-      el("td", {}, when(row.started))));
+      el("td", {}, row.where),
+      el("td", {}, row.started_text)));
   }
   $("#count").textContent = `${rows.length} of ${runsState.rows.length} runs`;
 }
@@ -195,8 +189,8 @@ function drawRun(run) {
   $("#title").replaceChildren(run.run, " ", badge(run.status));
   $("#live").textContent = run.live && !EXPORT ? "running: refreshing every few seconds" : "";
   $("#summary").replaceChildren(facts([["name", run.name], ["location", el("span", {class: "mono"}, run.location)],
-    ["started", when(run.started)], ["ended", when(run.ended)], ["duration", run.duration], ["attempts", String(run.attempts.length)],
-    ["metrics", run.metrics_text || "-"], ["queue", run.queue], ["where it ran", where(run)],
+    ["started", run.started_text], ["ended", run.ended_text], ["duration", run.duration], ["attempts", String(run.attempts.length)],
+    ["metrics", run.metrics_text || "-"], ["queue", run.queue], ["where it ran", run.where],
     ["record schema", run.schema_version], ["rerun of", run.rerun_of], ["pipeline", run.pipeline ? pipelineLink(run.pipeline) : null]]), run.cause ? causeBox(run.cause) : "",
     ...(run.notes || []).map(note => el("p", {class: "muted note"}, typeof note === "string" ? note : JSON.stringify(note))));
   const metrics = curveMetrics([run.reports], 6);
@@ -205,7 +199,7 @@ function drawRun(run) {
   const attempts = el("table", {id: "attempts-table"}, el("tr", {}, ...["#", "Ray job", "Status", "Exit", "Started", "Duration", "Host", "Cause and its fix"].map(h => el("th", {}, h))));
   for (const a of run.attempts) attempts.append(el("tr", {"data-attempt": a.attempt}, el("td", {}, String(a.attempt)),
     el("td", {class: "mono"}, a.submission_id), el("td", {}, badge(a.status)), el("td", {class: "num"}, a.exit_code == null ? "-" : String(a.exit_code)),
-    el("td", {}, when(a.started)), el("td", {class: "num"}, a.duration), el("td", {}, a.host || "-"), el("td", {}, a.cause ? causeBox(a.cause) : "-")));
+    el("td", {}, a.started_text), el("td", {class: "num"}, a.duration), el("td", {}, a.host || "-"), el("td", {}, a.cause ? causeBox(a.cause) : "-")));
   const decisions = run.decisions.map(d => el("li", {}, `${d.event}: `, d.text || d.cause || d.state || "", d.delay_s != null ? ` (again after ${d.delay_s}s)` : ""));
   $("#attempts").replaceChildren(attempts, decisions.length ? el("ul", {id: "decisions"}, decisions) : "");
   drawResources(run);
@@ -214,7 +208,7 @@ function drawRun(run) {
   const p = run.provenance, code = p.code || {}, git = code.git || {};
   $("#provenance").replaceChildren(facts([["working_dir", code.working_dir], ["git commit", git.commit ? git.commit + (git.dirty ? ` (uncommitted changes, hash ${git.changes_hash})` : "") : null],
     ["package", code.working_dir_package], ["versions", Object.entries(p.versions || {}).filter(e => e[1]).map(e => e.join(" ")).join(", ")],
-    ["cluster", p.cluster ? `${p.cluster.nodes} node(s), ${number(p.cluster.cpus)} CPUs, ${number(p.cluster.gpus || 0)} GPUs` : "- (reported by Ray Train runs only)"]]),
+    ["cluster", run.cluster_text]]),
     drawPrevious(run.previous));
 }
 function drawPrevious(previous) {
@@ -234,13 +228,7 @@ function drawResources(run) {
     plots.push(chart("GPU utilisation (%)", [{label: "", points: samples.filter(s => s.gpu_util != null).map(s => [xs(s), s.gpu_util])}], "seconds"));
     plots.push(chart("GPU memory (GiB)", [{label: "", points: samples.filter(s => s.gpu_mem_bytes != null).map(s => [xs(s), s.gpu_mem_bytes / 2 ** 30])}], "seconds"));
   }
-  const totals = run.resource_totals;
-  box.replaceChildren(el("div", {class: "charts"}, plots), totals ? facts([["samples", String(totals.samples)],
-    ["CPU hours", totals.cpu_hours != null ? number(totals.cpu_hours) : null], ["GPU hours", totals.gpu_hours ? number(totals.gpu_hours) : null],
-    ["peak memory", bytes(totals.peak_rss_bytes)], ["mean CPU cores", totals.mean_cpu != null ? number(totals.mean_cpu) : null],
-    ["mean GPU utilisation", totals.mean_gpu_util != null ? number(totals.mean_gpu_util) + " %" : null],
-    ["waiting for data", totals.data_wait_share != null ? Math.round(totals.data_wait_share * 100) + " %" : null],
-    ["cost", totals.cost != null ? number(totals.cost) : null]]) : "");
+  box.replaceChildren(el("div", {class: "charts"}, plots), run.resource_facts ? facts(run.resource_facts) : "");
 }
 function drawTrials(run) {
   const section = $("#trials-section");
@@ -249,8 +237,8 @@ function drawTrials(run) {
   const keys = [...new Set(run.trials.flatMap(t => Object.keys(t.values)))];
   const table = el("table", {id: "trials-table"}, el("tr", {}, el("th", {}, "trial"), el("th", {}, "state"), ...keys.map(k => el("th", {}, k)), el("th", {}, "epoch"), el("th", {}, "metric")));
   for (const t of run.trials) table.append(el("tr", {"data-trial": t.trial}, el("td", {class: "mono"}, t.trial), el("td", {}, t.state || "-"),
-    ...keys.map(k => el("td", {}, t.values[k] == null ? "-" : number(t.values[k]))), el("td", {class: "num"}, t.epoch == null ? "-" : String(t.epoch)),
-    el("td", {class: "num"}, t.metric == null ? "-" : number(t.metric))));
+    ...keys.map(k => el("td", {}, t.value_texts[k] == null ? "-" : t.value_texts[k])), el("td", {class: "num"}, t.epoch == null ? "-" : String(t.epoch)),
+    el("td", {class: "num"}, t.metric_text)));
   $("#trials").replaceChildren(table, el("div", {class: "charts"}, chart("trials: metric by epoch", run.trials.map(t => ({label: t.trial, points: t.points})), "epoch")));
 }
 const logState = {submission: null, page: 0, pages: 1, query: ""};
@@ -280,12 +268,12 @@ function setUpLog(run) {
   const box = $("#log");
   if (!run.logs.length) { box.replaceChildren(el("p", {class: "muted"}, "no log saved")); return; }
   if (EXPORT) {
-    box.replaceChildren(...run.logs.map(log => el("div", {class: "log-files"}, el("strong", {}, `${log.submission_id} (attempt ${log.attempts.join(", ")}, ${bytes(log.bytes)}): `),
+    box.replaceChildren(...run.logs.map(log => el("div", {class: "log-files"}, el("strong", {}, `${log.submission_id} (attempt ${log.attempts.join(", ")}, ${log.bytes_text}): `),
       ...Array.from({length: log.pages}, (_, i) => [el("a", {href: `${encodeURIComponent(run.run)}/log-${encodeURIComponent(log.submission_id)}-${i + 1}.txt`}, `page ${i + 1}`), " "]))),
       el("p", {class: "muted"}, "The log is in plain-text pages beside this file, masked; searching it needs the served page (`rayjobs ui`)."));
     return;
   }
-  const pick = el("select", {id: "log-attempt"}, run.logs.map(log => el("option", {value: log.submission_id}, `${log.submission_id} (attempt ${log.attempts.join(", ")}, ${bytes(log.bytes)})`)));
+  const pick = el("select", {id: "log-attempt"}, run.logs.map(log => el("option", {value: log.submission_id}, `${log.submission_id} (attempt ${log.attempts.join(", ")}, ${log.bytes_text})`)));
   const search = el("input", {id: "log-search", type: "search", placeholder: "search this log"});
   box.replaceChildren(el("div", {class: "controls"}, pick, el("button", {id: "log-prev"}, "◀ earlier"), el("span", {id: "log-where"}), el("button", {id: "log-next"}, "later ▶"),
     el("form", {id: "log-search-form"}, search, el("button", {}, "search"))), el("div", {id: "log-matches"}), el("pre", {id: "log-text"}, "loading…"));
@@ -326,7 +314,7 @@ async function comparePage() {
       el("tr", {}, el("td", {}, "status"), ...runs.map(r => el("td", {}, badge(r.status)))),
       el("tr", {}, el("td", {}, "duration"), ...runs.map(r => el("td", {}, r.duration))),
       el("tr", {}, el("td", {}, "cause"), ...runs.map(r => el("td", {}, r.cause ? r.cause.cause : "-"))),
-      ...metricNames.map(m => el("tr", {"data-metric": m}, el("td", {}, m), ...runs.map(r => el("td", {class: "num"}, (r.metrics || {})[m] == null ? "-" : number(r.metrics[m]))))));
+      ...metricNames.map(m => el("tr", {"data-metric": m}, el("td", {}, m), ...runs.map(r => el("td", {class: "num"}, (r.metric_texts || {})[m] == null ? "-" : r.metric_texts[m])))));
     const metrics = curveMetrics(runs.map(r => r.reports), 6);
     $("#compare").replaceChildren(table);
     $("#curves").replaceChildren(...(metrics.length ? metrics.map(m => chart(m, runs.map(r => ({label: r.run, points: curvePoints(r.reports, m)})), "epoch (or report)"))
