@@ -23,13 +23,8 @@ with the job from here (``wire.py``, ``vocabulary.py``, ``record_layout.py``, ``
 and never spells them again.
 """
 
-from pathlib import Path
-
 from .events import emit
-from .vocabulary import EVENT_MARKER
-from .vocabulary import EventKind
-
-# This package's folder: what a client ships beside each job.
-AGENT_PACKAGE_DIR = Path(__file__).resolve().parent
+from .package import AGENT_PACKAGE_DIR
+from .vocabulary import EVENT_MARKER, EventKind
 
 __all__ = ["AGENT_PACKAGE_DIR", "EVENT_MARKER", "EventKind", "emit"]

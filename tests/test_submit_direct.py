@@ -175,3 +175,18 @@ def test_a_job_that_only_keeps_a_record_ships_the_observer_without_rays_client(t
     assert [call for call, _ in rest.calls].count("ensure_package") == 2 and len(rest.packages) == 1
     names = zipfile.ZipFile(io.BytesIO(rest.packages[name])).namelist()
     assert "rayjobs_agent/record.py" in names and not any("__pycache__" in entry for entry in names)
+
+
+def test_the_agent_ships_one_package_under_one_content_addressed_name():
+    import io
+    import zipfile
+
+    from rayjobs_agent.package import AGENT_PACKAGE_DIR, agent_modules_sent, agent_package
+
+    name, data = agent_package()
+    assert agent_package() == (name, data) and name.startswith("_ray_pkg_") and name.endswith(".zip")
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert "rayjobs_agent/package.py" in names and "rayjobs_agent/queue/keeper.py" in names
+    assert not [entry for entry in names if "__pycache__" in entry or not entry.startswith("rayjobs_agent/")]
+    sent = agent_modules_sent(["/code/lib", str(AGENT_PACKAGE_DIR)], ["gcs://_ray_pkg_lib.zip", f"gcs://{name}"])
+    assert sent == [f"gcs://{name}"]

@@ -51,7 +51,8 @@ def kuberay(
     from rayjobs_agent.wire import METADATA_SPEC_HASH
     from jobs.loader import load_spec
     from jobs.submission import build_submission
-    from jobs.submission import AGENT_PACKAGE_DIR, local_runtime_paths
+    from jobs.submission import local_runtime_paths
+    from rayjobs_agent.package import AGENT_PACKAGE_DIR
     from rayjobs_agent.wire import RECORD_ENV_VAR
     from runner.export.kuberay import build_rayjob, check_queue_and_cleanup, manifest_yaml
     from runner.errors import BadInput

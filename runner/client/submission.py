@@ -11,22 +11,20 @@ Reached through the cluster client, ``runner.client.jobs_api.JobsApi.submit``.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import io
 import logging
 import os
 import re
 import secrets
 import string
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from jobs.infra import ray_internals
 from jobs.infra.ray_env import prepare_ray_env
-from jobs.submission import AGENT_PACKAGE_DIR, local_runtime_paths
+from jobs.submission import local_runtime_paths
+from rayjobs_agent.package import agent_package, is_agent_module
 from runner.client.http import bypass_proxy_for_loopback
 from runner.client.connection import Connection
 from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable
@@ -141,28 +139,14 @@ def needs_ray_client(submission: dict[str, Any]) -> bool:
     """Whether the job request needs Ray's client: a runtime_env with more than env_vars (to upload or check).
 
     The agent's own package in py_modules is no reason: it is small, and sent without Ray
-    (:func:`agent_package`), so a job that keeps a record but uploads no code stays a plain request.
+    (``rayjobs_agent.package.agent_package``), so a job that keeps a record but uploads no code stays a plain request.
     """
     runtime_env = submission.get("runtime_env") or {}
     if any(key not in ("env_vars", "py_modules") for key in runtime_env):
         return True
-    return "py_modules" in runtime_env and runtime_env["py_modules"] != [str(AGENT_PACKAGE_DIR)]
-
-
-def agent_package() -> tuple[str, bytes]:
-    """The agent's package as Ray's py_modules expects it (its folder at the zip's top) and its
-    content-addressed name: the same files always give the same name, so a cluster gets it once."""
-    files = sorted(path for path in AGENT_PACKAGE_DIR.rglob("*.py") if "__pycache__" not in path.parts)
-    buffer = io.BytesIO()
-    digest = hashlib.sha256()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in files:
-            name = f"{AGENT_PACKAGE_DIR.name}/{path.relative_to(AGENT_PACKAGE_DIR).as_posix()}"
-            data = path.read_bytes()
-            digest.update(name.encode() + b"\0" + data)
-            # A fixed time stamp, so that the zip's bytes depend on the files alone.
-            archive.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
-    return f"_ray_pkg_{digest.hexdigest()[:32]}.zip", buffer.getvalue()
+    modules = runtime_env.get("py_modules")
+    return "py_modules" in runtime_env and not (isinstance(modules, list) and len(modules) == 1
+                                                and is_agent_module(modules[0]))
 
 
 def job_request(submission: dict[str, Any]) -> dict[str, Any]:
@@ -184,12 +168,11 @@ def job_request(submission: dict[str, Any]) -> dict[str, Any]:
 def _submit_directly(rest: JobRequests, address: str, submission: dict[str, Any], watch: _JobRequestWatch,
                      deliver: Callable[[dict[str, Any]], None] | None = None) -> str:
     modules = (submission.get("runtime_env") or {}).get("py_modules") or []
-    if str(AGENT_PACKAGE_DIR) in modules:
+    if any(is_agent_module(module) for module in modules):
         name, data = agent_package()
         rest.ensure_package(name, data)
         runtime_env = {**submission["runtime_env"],
-                       "py_modules": [f"gcs://{name}" if module == str(AGENT_PACKAGE_DIR) else module
-                                      for module in modules]}
+                       "py_modules": [f"gcs://{name}" if is_agent_module(module) else module for module in modules]}
         submission = {**submission, "runtime_env": runtime_env}
     request = job_request(submission)
     for fields, since, refusal in _FIELDS_SINCE:

@@ -32,8 +32,8 @@ from rayjobs_agent.storage_location import StorageLocation
 from rayjobs_agent.record_layout import RERUNS_FIELD, unreadable_version
 from jobs.secrets import is_masked, masked_runtime_env
 from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH
-from jobs.submission import (METADATA_RERUN_OF, AGENT_PACKAGE_DIR, build_submission,
-                             local_runtime_paths, resolved_spec)
+from jobs.submission import METADATA_RERUN_OF, build_submission, local_runtime_paths, resolved_spec
+from rayjobs_agent.package import is_agent_module
 from jobs.workload_contract import workload_needs
 from runner.errors import BadInput
 from runner.reporter import say
@@ -240,7 +240,7 @@ def _py_modules_changes(recorded: list[str], runtime_env: dict[str, Any]) -> lis
         return [f"the run shipped {len(recorded)} py_modules (rayjobs' own included), this spec ships {len(modules)}"]
     changes = []
     for module, then in zip(modules, recorded):
-        if module == str(AGENT_PACKAGE_DIR) or not isinstance(then, str):
+        if is_agent_module(module) or not isinstance(then, str):
             continue
         path = Path(module)
         if not local_runtime_paths({"py_modules": [module]}):

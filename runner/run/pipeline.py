@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from jobs.notify import job_notify_settings
 from jobs.pipeline import job_id as pipeline_job_id
 from jobs.queueing import queue_grows, queue_needs
-from jobs.submission import AGENT_PACKAGE_DIR, build_submission, link_record, run_folder
+from jobs.submission import build_submission, link_record, run_folder
+from rayjobs_agent.package import agent_modules_sent
 from rayjobs_agent.queueing import NOT_RUN, awaits_next_attempt, pipeline_job_ended, pipeline_run_status
 from rayjobs_agent.record_layout import PIPELINE_FIELD
 from rayjobs_agent.wire import (AFTER_ENV_VAR, METADATA_ATTEMPT, METADATA_PARENT, METADATA_PIPELINE,
@@ -84,7 +85,7 @@ def submit_pipeline(client: JobsApi, loaded: LoadedPipeline, say: Callable[[str]
             submission = upload_code(submission, destination, say)
         request = client.prepare(submission, warn=lambda text: say(f"warning: {text}"), progress=say)
         sent_modules = (request.get("runtime_env") or {}).get("py_modules") or []
-        agent_modules = [sent for local, sent in zip(local_modules, sent_modules) if local == str(AGENT_PACKAGE_DIR)]
+        agent_modules = agent_modules_sent(local_modules, sent_modules)
         answer = queue.enqueue(request, queue=spec.spec.queue or loaded.name, priority=spec.spec.priority,
                                needs=queue_needs(spec), name=spec.spec.name, agent_modules=agent_modules, wait=False,
                                grows=queue_grows(spec),

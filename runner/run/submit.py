@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from rayjobs_agent.wire import METADATA_SPEC_HASH
 from jobs.queueing import queue_needs
-from jobs.submission import AGENT_PACKAGE_DIR
+from rayjobs_agent.package import agent_modules_sent
 from runner.client.queue import ClusterQueue
 from runner.client.submission import SubmitInterrupted, new_submission_id, working_dir_size
 from runner.errors import BadInput, ClusterRequestFailed, JobNotFound, RayJobsError
@@ -99,7 +99,7 @@ def _enqueue(client: JobsApi, submission: dict[str, Any], name: str, queue: dict
     except KeyboardInterrupt:
         raise SubmitInterrupted(None) from None
     sent_modules = (request.get("runtime_env") or {}).get("py_modules") or []
-    agent_modules = [sent for local, sent in zip(local_modules, sent_modules) if local == str(AGENT_PACKAGE_DIR)]
+    agent_modules = agent_modules_sent(local_modules, sent_modules)
     try:
         answer = ClusterQueue(client).enqueue(request, queue=queue["name"], priority=int(queue.get("priority") or 0),
                                               needs=queue.get("needs") or {}, name=name, agent_modules=agent_modules,
