@@ -98,6 +98,17 @@ OTHER_CODE_PLACED_WITHIN_S = 60.0
 UNPLACEABLE_ORDER = ("it comes from other rayjobs code, whose orders ask for more of the head's resource than is free "
                      "on this cluster (older code asked for the whole of it): upgrade rayjobs where it was sent from")
 
+# Keepers step aside for at most this many orders of other code in any STEP_ASIDE_WINDOW_S: each costs the queue a
+# keeper's restart, and anyone who can submit a job can send an order under a fresh id. Past it, such orders are
+# refused at once.
+MOST_STEP_ASIDES = 5
+
+STEP_ASIDE_WINDOW_S = 600.0
+
+TOO_MANY_STEP_ASIDES = (f"it comes from other rayjobs code, and this cluster's keepers have stepped aside for "
+                        f"{MOST_STEP_ASIDES} such orders within {STEP_ASIDE_WINDOW_S / 60:g} minutes: every client of "
+                        "a cluster should run one rayjobs; upgrade rayjobs where it was sent from")
+
 
 def never_placed(order_info: Mapping[str, Any], aside_for_s: float) -> bool:
     """Whether an order job of other code (Ray's record of it) will never be placed: it asks for the whole of the

@@ -868,3 +868,35 @@ def test_a_head_clock_behind_the_orders_sending_keeps_the_time_a_keeper_first_st
     assert qs.stepped_aside_since(store, {"order-1": sent}, now=1990.0) == {"order-1": sent}
     assert qs.stepped_aside_since(store, {"order-1": sent}, now=1995.0) == {"order-1": sent}
     assert qs.stepped_aside_since(store, {"order-1": sent}, now=2100.0) == {"order-1": sent}
+
+
+def test_keepers_step_aside_for_a_bounded_number_of_orders_of_other_code_and_refuse_the_rest_at_once():
+    # Anyone who can submit a job can send an "order of other code" under a fresh id every minute: each would cost
+    # the queue a keeper's restart. Past the bound they are refused at once, and the window passing lets one in.
+    store = DictStore()
+    clock = Clock(10_000.0)
+
+    def other_code_order(index: int) -> str:
+        order_id = f"rayjobs-order-set-flood{index}"
+        store.set_job_status(order_id, "PENDING", start_time=clock.now * 1000, metadata={"rayjobs.agent_version": "x"},
+                             entrypoint_resources={q.HEAD_RESOURCE: q.ORDER_RESOURCES[q.HEAD_RESOURCE]},
+                             runtime_env={"env_vars": q.order_variables({"verb": "set", "queue": "team-a",
+                                                                         "max_running": 1, "format": q.ORDER_FORMAT})})
+        return order_id
+
+    for index in range(q.MOST_STEP_ASIDES):
+        order_id = other_code_order(index)
+        with pytest.raises(kp.StepAside):
+            _keeper(store, clock)[0].step()
+        with pytest.raises(kp.StepAside):  # the same order again (its own keeper not up yet): no new step-aside
+            _keeper(store, clock)[0].step()
+        store.set_job_status(order_id, "STOPPED")  # carried out by a keeper of its code
+        clock.now += 50
+    flood = other_code_order(q.MOST_STEP_ASIDES)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert "stepped aside for 5 such orders within 10 minutes" in jobs.answer_to(flood)["error"]
+    clock.now += q.STEP_ASIDE_WINDOW_S
+    other_code_order(q.MOST_STEP_ASIDES + 1)
+    with pytest.raises(kp.StepAside):
+        _keeper(store, clock)[0].step()

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 from ..masking import mask_url_userinfo
 from ..notify import send
 from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE,
-                        STOP_FOUND_RUNNING, STOP_FOUND_WAITING, TERMINAL, UNPLACEABLE_ORDER, Admission, agent_version,
+                        STOP_FOUND_RUNNING, STOP_FOUND_WAITING, TERMINAL, Admission, agent_version,
                         answer_text, order_from, order_problem)
 from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
@@ -64,7 +64,6 @@ IDLE_STEP_EVERY_S = 2.0
 BEAT_S = 2.0
 
 # A waiting job's packages are pinned again every PIN_EVERY_S (for store.PIN_FOR_S).
-
 PIN_EVERY_S = 120.0
 
 # Whether a pipeline run with notify settings has ended is looked at this often: each look reads the store for every
@@ -214,12 +213,13 @@ class Keeper:
                          key=lambda info: (info.get("start_time") or 0, info["submission_id"]))
         other_code = {info["submission_id"]: code for info in pending
                       if (code := (info.get("metadata") or {}).get(METADATA_AGENT_VERSION)) not in (None, self.version)}
-        if (stepped_for := order_to_step_aside_for(self.store, pending, other_code, now)) is not None:
+        stepped_for, refusal = order_to_step_aside_for(self.store, pending, other_code, now)
+        if stepped_for is not None:
             raise StepAside(str(other_code[stepped_for]))
         orders = []
         for info in pending:
             if info["submission_id"] in other_code:  # stepped aside for, it would wait for good, and every keeper after
-                orders.append((info, {"refused": UNPLACEABLE_ORDER}))
+                orders.append((info, {"refused": refusal}))
                 continue
             try:
                 order = order_from((info.get("runtime_env") or {}).get("env_vars") or {})

@@ -41,7 +41,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
-from ..queueing import NAMESPACE, TERMINAL, checked_queue_name, entered_job, is_order, never_placed
+from ..queueing import (MOST_STEP_ASIDES, NAMESPACE, STEP_ASIDE_WINDOW_S, TERMINAL, TOO_MANY_STEP_ASIDES,
+                        UNPLACEABLE_ORDER, checked_queue_name, entered_job, is_order, never_placed)
 from ..wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
 
 # Ray's job manager keeps each submission's record here (ray.dashboard.modules.job.common.JobInfoStorageClient).
@@ -67,6 +68,9 @@ ENQUEUE_IN_FLIGHT_S = 60.0
 
 # When a keeper first stepped aside for an order of other code, by the order's id (``stepped_aside_since``).
 STEPPED_ASIDE_PREFIX = "aside/"
+
+# The orders of other code keepers first stepped aside for lately ({order id: when}), to bound how often.
+STEP_ASIDE_LOG_KEY = "aside-log"
 
 
 class KeyValue(Protocol):
@@ -209,16 +213,38 @@ def over_quota(queue: str, needs: Mapping[str, float], used: Mapping[str, float]
     return ""
 
 def order_to_step_aside_for(store: KeyValue, pending: list[Mapping[str, Any]], other_code: Mapping[str, Any],
-                            now: float) -> str | None:
+                            now: float) -> tuple[str | None, str]:
     """The order of other code (``other_code``: their ids, among Ray's records ``pending``) that a keeper steps aside
-    for, so that it starts a keeper of its own code; None when there is none, or each could never be placed (it is
-    then refused, for every keeper after would step aside for it in turn)."""
+    for, so that it starts a keeper of its own code, and why the others are refused. None when there is none: each
+    could never be placed (every keeper after would step aside for it in turn), or keepers stepped aside for
+    :data:`MOST_STEP_ASIDES` other orders within :data:`STEP_ASIDE_WINDOW_S` already."""
     infos = {info["submission_id"]: info for info in pending if info["submission_id"] in other_code}
     sent = {order_id: float(info.get("start_time") or 0) / 1000 for order_id, info in infos.items()}
+    recent = _recent_step_asides(store, now)
     for order_id, since in stepped_aside_since(store, sent, now).items():
-        if not never_placed(infos[order_id], now - since):
-            return order_id
-    return None
+        if never_placed(infos[order_id], now - since):
+            continue
+        if order_id not in recent:
+            if len(recent) >= MOST_STEP_ASIDES:
+                return None, TOO_MANY_STEP_ASIDES
+            store.put(STEP_ASIDE_LOG_KEY, json.dumps({**recent, order_id: now}).encode())
+        return order_id, UNPLACEABLE_ORDER
+    return None, UNPLACEABLE_ORDER
+
+
+def _recent_step_asides(store: KeyValue, now: float) -> dict[str, float]:
+    """The orders keepers first stepped aside for within the window before ``now`` (what another hand wrote there,
+    or a time ahead of ``now``, counts as now: it is not let open the bound)."""
+    try:
+        kept = json.loads(store.get(STEP_ASIDE_LOG_KEY) or b"{}")
+    except ValueError:
+        kept = {}
+    recent = {}
+    for order_id, when in (kept.items() if isinstance(kept, dict) else []):
+        when = min(float(when), now) if isinstance(when, (int, float)) and not isinstance(when, bool) else now
+        if now - when < STEP_ASIDE_WINDOW_S:
+            recent[str(order_id)] = when
+    return recent
 
 
 def stepped_aside_since(store: KeyValue, other_code: Mapping[str, float], now: float) -> dict[str, float]:
