@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from runner.errors import ExitCode, exit_code_for_status
@@ -32,6 +34,7 @@ def test_validate_shipped_specs(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.processes
 def test_schema_is_json_schema(tmp_path):
     result = run_rayjobs("schema", home=tmp_path)
     assert result.returncode == 0
@@ -42,6 +45,7 @@ def test_schema_is_json_schema(tmp_path):
     assert "train" in workload["properties"]
 
 
+@pytest.mark.processes
 def test_dry_run_masks_secrets_and_contacts_nothing(tmp_path):
     spec = write_spec(tmp_path, "dry", "entrypoint: echo\n  \n".replace("  \n", "") +
                       "address: http://127.0.0.1:9\n")
@@ -59,6 +63,7 @@ def test_dry_run_masks_secrets_and_contacts_nothing(tmp_path):
     assert "hunter2" not in result.stdout + result.stderr
 
 
+@pytest.mark.processes
 def test_submit_without_cluster_says_how_to_start_one(tmp_path):
     spec = write_spec(tmp_path, "nowhere", "entrypoint: echo\n")
     result = run_rayjobs("submit", str(spec), home=tmp_path)
@@ -78,6 +83,7 @@ def test_wrong_scheme_is_bad_input(tmp_path):
     assert "Ray Client port" in result.stderr
 
 
+@pytest.mark.processes
 def test_unreachable_cluster_is_a_clear_error(tmp_path):
     result = run_rayjobs("status", "anything", "--address", "http://127.0.0.1:9", home=tmp_path)
     assert result.returncode == 4

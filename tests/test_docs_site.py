@@ -31,7 +31,7 @@ INSTALL_AND_RUN = ("python3 -m venv .venv && .venv/bin/pip install -c constraint
 RUN_TESTS = ".venv/bin/python -m pytest"
 
 # One test process builds the site for every test here, rather than each process building its own.
-pytestmark = pytest.mark.xdist_group("docs-site")
+pytestmark = [pytest.mark.xdist_group("docs-site"), pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,7 @@ def write_beans_like(root: Path, per_class: dict[str, int], as_parquet: bool = F
     return root
 
 
+@pytest.mark.processes
 def test_a_hub_model_id_is_a_valid_weights_value():
     result = run_rayjobs("validate", "specs/vit-hf.yaml", "--set", "workload.model.weights=google/vit-base-patch16-224")
     assert result.returncode == 0, result.stderr
@@ -76,6 +77,7 @@ def test_importing_the_workload_leaves_the_environment_alone():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.processes
 def test_a_hub_model_id_is_read_from_a_pre_seeded_cache(tmp_path):
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
     from transformers import ViTConfig, ViTForImageClassification
@@ -92,6 +94,7 @@ def test_a_hub_model_id_is_read_from_a_pre_seeded_cache(tmp_path):
     assert Path(result.stdout.strip()) == snapshot
 
 
+@pytest.mark.processes
 def test_a_hub_model_id_missing_from_the_cache_is_one_clear_message(tmp_path):
     pytest.importorskip("transformers", reason="the hf extra (transformers, datasets) is not installed")
     offline = _resolve_in_subprocess(tmp_path / "hf", "example/absent-vit", HF_HUB_OFFLINE="1")

@@ -184,6 +184,7 @@ def test_a_start_that_fails_for_good_is_not_tried_again(tmp_path):
     assert tries.read_text().splitlines() == ["try"]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(HANG_GUARD_S)  # it must not wait for the fake ray's 300 s sleep
 def test_start_timeout_kills_what_was_started(tmp_path):
     fake_ray = tmp_path / "hanging-ray"
@@ -247,6 +248,7 @@ def test_cluster_commands_refuse_a_bad_name_as_bad_input(command, tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("ray", ["exits", "missing"])
 def test_a_failed_start_has_one_exit_code_through_cluster_up_and_submit_local(ray, tmp_path):
     fake_ray = tmp_path / "fake-ray"

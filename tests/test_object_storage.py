@@ -54,6 +54,7 @@ def test_storage_path_keeps_an_s3_uri_instead_of_a_local_path():
     assert local.workload.storage_path == QUICKSTART.parent / "results"
 
 
+@pytest.mark.processes
 def test_validate_accepts_s3_for_storage_path_and_refuses_it_elsewhere():
     accepted = run_rayjobs("validate", str(QUICKSTART), "--set", "workload.storage_path=s3://bucket/results")
     assert accepted.returncode == 0, accepted.stderr
@@ -133,6 +134,7 @@ def test_refused_credentials_name_the_variables(bucket, refusing_keys):
     assert "refused access" in message and "AWS_SECRET_ACCESS_KEY" in message and "wrong-secret" not in message
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(HANG_GUARD_S)
 def test_an_unreachable_endpoint_fails_without_hanging(aws_env, monkeypatch):
     closed = closed_port_endpoint()
@@ -144,6 +146,7 @@ def test_an_unreachable_endpoint_fails_without_hanging(aws_env, monkeypatch):
 # --------------------------------------------------------------------------- run files and datasets in S3
 
 
+@pytest.mark.processes
 def test_metrics_loss_curve_and_tensorboard_events_are_written_to_s3(bucket, s3_endpoint, tmp_path):
     from tests.support.tensorboard_events import tensorboard_scalars
     from workloads.training.metrics import read_metrics_csv, write_run_metrics
@@ -172,6 +175,7 @@ def _mnist_data(tmp_path: Path, output_dir: str, **extra):
                                       "rows_per_file": 16, **extra})
 
 
+@pytest.mark.processes
 def test_preprocess_writes_parquet_and_manifest_last_and_reuses_them(bucket, s3_endpoint, tmp_path, capsys):
     from workloads.storage import WRITING_MARKER
     from workloads.vision.preprocess.stage import run_preprocess
@@ -226,6 +230,7 @@ def test_preprocess_refuses_a_prefix_holding_other_objects(bucket, s3_endpoint, 
     assert object_keys(s3_endpoint, bucket, "precious/") == ["precious/notes.txt"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("case", ["missing bucket", "refused keys", "unreachable endpoint"])
 def test_vision_entry_point_exits_2_with_one_line_before_touching_ray(case, aws_env, s3_endpoint, tmp_path,
                                                                        monkeypatch):

@@ -137,6 +137,7 @@ def test_the_record_holds_the_spec_as_the_client_masked_it(tmp_path):
     assert shown["tracking"]["mlflow"]["tracking_uri"] == "https://me:***@mlflow.invalid"
 
 
+@pytest.mark.processes
 def test_the_log_is_uploaded_while_the_job_runs_and_in_parts(tmp_path):
     log = tmp_path / "job-driver.log"
     job = python_command("""
@@ -162,6 +163,7 @@ def test_the_log_is_uploaded_while_the_job_runs_and_in_parts(tmp_path):
     assert read_run(folder)["status"] == "STOPPED"
 
 
+@pytest.mark.processes
 def test_a_second_submission_of_the_same_run_adds_an_attempt(tmp_path):
     run_dir = tmp_path / "run"
     for submission_id, code in (("raysubmit_a", 1), ("raysubmit_b", 0)):
@@ -186,6 +188,7 @@ def test_a_job_without_a_run_folder_gets_one_named_after_it_and_its_first_submis
     assert document["attempts"][0]["attempt"] == 2
 
 
+@pytest.mark.processes
 def test_a_record_that_cannot_be_written_is_said_once_and_the_job_runs_on(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -198,6 +201,7 @@ def test_a_record_that_cannot_be_written_is_said_once_and_the_job_runs_on(tmp_pa
     assert "the job goes on" in text and "0\n1\n2\n" in text
 
 
+@pytest.mark.processes
 def test_the_record_goes_to_s3(tmp_path, aws_env, s3_endpoint):
     from tests.support.s3_server import create_bucket
 
@@ -224,6 +228,7 @@ def test_a_killed_entrypoint_leaves_a_failed_record_with_what_it_printed(tmp_pat
     assert started <= document["ended"] <= time.time()
 
 
+@pytest.mark.processes
 def test_a_stopped_job_keeps_what_its_script_writes_after_the_shell_has_died(tmp_path):
     """Ray stops a job by signalling its process group: the shell dies at once, the script it runs writes last."""
     log = tmp_path / "log"

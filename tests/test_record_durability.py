@@ -7,6 +7,8 @@ writes, against stores that refuse writes or reads for a while, count the bytes 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 from pathlib import Path
@@ -255,6 +257,7 @@ def test_a_record_written_in_parts_and_one_written_before_parts_both_read_back(t
     assert read_run(folder)["attempts"][0]["event_parts"] == 5
 
 
+@pytest.mark.processes
 def test_an_s3_outage_mid_run_ends_with_a_complete_record_that_says_what_was_retried(tmp_path, aws_env, s3_endpoint,
                                                                                         monkeypatch):
     from tests.support.fault_proxy import FaultProxy

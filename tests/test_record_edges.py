@@ -6,6 +6,8 @@ its own, on a real process tree.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import shlex
 import signal
@@ -114,6 +116,7 @@ def test_a_stop_that_lands_while_the_entrypoint_starts_reaches_the_entrypoint(tm
     assert read_run(Folder(str(tmp_path / "run")))["status"] == "STOPPED"
 
 
+@pytest.mark.processes
 def test_storage_that_never_answers_delays_neither_the_notification_nor_the_jobs_end(tmp_path, aws_env, s3_endpoint):
     """The end of a job with its record in an S3 endpoint that takes connections and never answers (a black hole)."""
     from tests.support.fault_proxy import FaultProxy

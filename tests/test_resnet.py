@@ -33,6 +33,7 @@ def test_the_same_seed_gives_torchvisions_resnet18_weight_for_weight(zero_init_r
     assert torch.equal(ours.bn1.running_mean, theirs.bn1.running_mean)
 
 
+@pytest.mark.processes
 def test_loading_a_checkpoint_and_classifying_never_import_torchvision(tmp_path):
     import torch
 

@@ -68,6 +68,7 @@ def _tree_of(root: int) -> set[int]:
     return {process.pid for process in psutil.Process(root).children(recursive=True)}
 
 
+@pytest.mark.processes
 def test_the_job_is_its_entrypoints_tree_and_the_ray_workers_marked_with_its_id_and_nothing_else():
     # The root's tree: a shell whose child spins. Beside it, a "Ray worker" of this job (RAY_JOB_ID), one of
     # another job, and an unrelated process: only the first two families count.
@@ -91,6 +92,7 @@ def test_the_job_is_its_entrypoints_tree_and_the_ray_workers_marked_with_its_id_
         _end(tree, ours, theirs, stranger)
 
 
+@pytest.mark.processes
 def test_a_process_started_between_samples_counts_all_its_time():
     job = JobProcesses(os.getpid(), lambda: None)
     child = _start(BUSY)
@@ -130,6 +132,7 @@ def test_the_jobs_id_is_read_off_the_log_its_ray_driver_keeps_open(tmp_path):
         _end(shell, worker)
 
 
+@pytest.mark.processes
 def test_each_attempts_driver_is_its_own_ray_job_and_its_workers_count(tmp_path):
     # A retry in place runs the entrypoint again: a new driver, so a new Ray job whose workers carry its new id.
     first_done = tmp_path / "first-done"
@@ -164,6 +167,7 @@ def test_a_job_id_not_yet_known_counts_the_entrypoints_tree_alone():
         _end(worker, elsewhere)
 
 
+@pytest.mark.processes
 def test_a_sample_never_breaks_an_unfinished_line_of_the_job_it_goes_to_the_record_instead(tmp_path):
     from rayjobs_agent.resources import LogEnd
 
@@ -218,6 +222,7 @@ def test_a_sample_is_a_resources_event_line_the_client_decodes(capfd):
     assert event is not None and event["event"] == "resources" and event["cpus"] == 2
 
 
+@pytest.mark.processes
 def test_sampling_a_job_never_imports_ray_into_the_agent():
     # Importing Ray costs the agent a CPU-second and 150 MiB in every job; the sampler reads processes through
     # psutil alone (and NVML only where its library loads, which a machine without an NVIDIA driver has not).
@@ -254,6 +259,7 @@ def _used(text: str) -> list[float]:
     return [float(line.split()[1]) for line in text.splitlines() if line.startswith("used ")]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("every_s", ["60", "0.2"])
 def test_a_jobs_cpu_total_is_the_cpu_time_its_processes_used_however_long_the_interval(tmp_path, every_s):
     # The entrypoint burns 0.4 CPU-s and so does each of its two children, which end long before a 60 s interval
@@ -270,6 +276,7 @@ def test_a_jobs_cpu_total_is_the_cpu_time_its_processes_used_however_long_the_in
         assert resources["peak_rss_bytes"] > 5 * 1024 * 1024
 
 
+@pytest.mark.processes
 def test_each_attempt_of_a_retry_in_place_keeps_what_it_used(tmp_path):
     # Attempt 1 burns 0.3 CPU-s in itself and one child and fails with exit code 3 (retried); attempt 2 burns 0.6
     # in each and succeeds. Each attempt's sample at its end is its own, in its own record.
@@ -287,6 +294,7 @@ def test_each_attempt_of_a_retry_in_place_keeps_what_it_used(tmp_path):
     assert second["resources"]["cpu_core_s"] == pytest.approx(second_used, abs=0.15), (second, second_used)
 
 
+@pytest.mark.processes
 def test_a_process_reaped_by_a_parent_that_is_not_the_jobs_keeps_its_last_reading_and_is_never_counted_twice():
     # A Ray worker's parent is Ray's raylet (here: this test), so its time reaches no counter of the job's when it
     # ends: the sampler keeps its last reading, here taken when it had ended and not yet been waited for.
@@ -308,6 +316,7 @@ def test_a_process_reaped_by_a_parent_that_is_not_the_jobs_keeps_its_last_readin
         _end(worker, root)
 
 
+@pytest.mark.processes
 def test_a_child_its_parent_never_waits_for_keeps_its_last_reading():
     # A parent that ignores SIGCHLD lets its children go unwaited: their time reaches no counter, so the sampler
     # keeps what it last read of them rather than counting on the parent.
@@ -367,6 +376,7 @@ def test_pss_is_read_every_fifth_sample_at_an_attempts_end_and_where_rss_moved_b
         _end(shell)
 
 
+@pytest.mark.processes
 def test_a_process_whose_name_holds_spaces_and_parentheses_is_read_right():
     # /proc/PID/stat puts the command's name in parentheses, and a process may name itself anything: its fields must
     # be read after the last ")", or its CPU time and parent would come from the wrong columns.
@@ -511,6 +521,7 @@ sys.stdin.readline()
 """
 
 
+@pytest.mark.processes
 def test_in_a_process_namespace_of_its_own_the_hosts_ids_match_nothing_and_that_is_told(tmp_path):
     # A container's view: a process namespace and a /proc of its own (unshare, as a container runtime does). The
     # job's GPU process is pid 1 there; NVML names it by its id outside, which no process inside has.
@@ -645,6 +656,7 @@ def test_the_live_block_has_the_resource_line():
         live.close()
 
 
+@pytest.mark.processes
 def test_training_workers_on_other_machines_are_said_once_to_be_left_out(capfd):
     from rayjobs_agent.watch import JobWatch
 

@@ -4,6 +4,8 @@ whose output is the driver log file), with the retry policy in the variable the 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import signal
 from pathlib import Path
@@ -47,6 +49,7 @@ def _events(text: str, kind: str) -> list[dict]:
     return [event for line in text.splitlines() if (event := decode(line)) is not None and event.get("event") == kind]
 
 
+@pytest.mark.processes
 def test_a_cause_in_retry_on_runs_the_entrypoint_again_in_the_same_job_and_the_record_keeps_both_attempts(tmp_path):
     entrypoint = f"{python_command(FLAKY)} {tmp_path / 'marker'}"
     code, text, document = _run(tmp_path, entrypoint, _policy(2, "collective_timeout"))
@@ -97,6 +100,7 @@ def test_a_failure_outside_retry_on_runs_once(tmp_path):
     assert code == 4 and len(document["attempts"]) == 1 and not _events(text, "retry")
 
 
+@pytest.mark.processes
 def test_a_stop_during_the_backoff_starts_no_further_attempt_and_leaves_no_attempt_that_never_ran(tmp_path):
     """The retry is decided and said before the wait; the attempt it announces exists only once it starts."""
     log, run = tmp_path / "log", Folder(str(tmp_path / "run"))
@@ -130,6 +134,7 @@ def test_a_stop_during_the_backoff_starts_no_further_attempt_and_leaves_no_attem
     assert progress.retries == [] and progress.retry_waiting["attempt"] == 2
 
 
+@pytest.mark.processes
 def test_no_stall_is_said_while_the_job_waits_out_its_retry_backoff(tmp_path):
     """A backoff longer than the stall limit is silence by design, not a stall (a stall during an attempt is)."""
     entrypoint = f"{python_command(FLAKY)} {tmp_path / 'marker'}"
@@ -142,6 +147,7 @@ def test_no_stall_is_said_while_the_job_waits_out_its_retry_backoff(tmp_path):
     assert [attempt["status"] for attempt in document["attempts"]] == ["FAILED", "SUCCEEDED"]
 
 
+@pytest.mark.processes
 def test_the_notification_names_the_cause_the_agent_decided(tmp_path):
     with webhook_receiver() as hook:
         notify = json.dumps({"targets": [{"url": f"json://127.0.0.1:{hook.port}/hook", "on": ["failed", "retry"]}]})
@@ -154,6 +160,7 @@ def test_the_notification_names_the_cause_the_agent_decided(tmp_path):
     assert "no module named 'no_such_module_anywhere'" in cause["text"]
 
 
+@pytest.mark.processes
 def test_each_retry_in_place_is_notified(tmp_path):
     with webhook_receiver() as hook:
         notify = json.dumps({"targets": [{"url": f"json://127.0.0.1:{hook.port}/hook", "on": ["retry", "succeeded"]}]})

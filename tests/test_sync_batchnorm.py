@@ -75,6 +75,7 @@ def two_ranks(dtype_name: str = "float32", first_share: int = BATCH // 2) -> lis
 
 
 # 3 and 5: an epoch's last batch splits unevenly, and each rank's moments must weigh by its own count.
+@pytest.mark.processes
 @pytest.mark.parametrize("first_share", [BATCH // 2, 3], ids=["even-shares", "uneven-shares"])
 def test_two_ranks_normalize_and_backpropagate_as_one_process_holding_every_image(first_share):
     whole = one_process_with_every_image()
@@ -90,6 +91,7 @@ def test_two_ranks_normalize_and_backpropagate_as_one_process_holding_every_imag
         torch.testing.assert_close(rank["running_var"], whole["running_var"], **close)
 
 
+@pytest.mark.processes
 def test_bf16_inputs_keep_the_moments_in_fp32():
     whole = one_process_with_every_image()
     ranks = two_ranks("bfloat16")

@@ -25,6 +25,7 @@ def test_a_last_batch_of_one_image_is_left_out_and_any_other_is_kept():
     assert [trained_rows(rows, 4) for rows in (8, 9, 10, 11, 1)] == [8, 8, 10, 11, 0]
 
 
+@pytest.mark.processes
 def test_the_sampler_leaves_out_one_row_per_rank_only_when_the_last_batch_would_hold_one(tmp_path):
     import torch
     from torch.utils.data import DataLoader
@@ -81,6 +82,7 @@ def test_ray_data_training_on_a_size_that_leaves_one_image_per_worker_finishes_a
     assert meta["val_rows"] == len(classes) * VAL_PER_CLASS == 15, "evaluation saw every validation image"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("decode_on_device", [False, True], ids=["decoded-by-the-loader", "decoded-on-the-device"])
 def test_the_dataloader_path_trains_on_batches_of_two_or_more_and_says_once_what_an_epoch_skips(
         tmp_path, monkeypatch, capsys, decode_on_device):

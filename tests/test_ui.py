@@ -211,6 +211,7 @@ def test_a_port_in_use_is_a_clear_error(records):
     assert taken.returncode == ExitCode.BAD_INPUT and "cannot serve on 127.0.0.1" in taken.stderr
 
 
+@pytest.mark.processes
 def test_a_wheel_of_rayjobs_ships_the_pages_templates_script_and_style(tmp_path):
     """An editable install reads them from the source tree; an installed wheel has only what setuptools packed."""
     import shutil

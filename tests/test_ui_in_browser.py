@@ -15,7 +15,7 @@ from tests.support.cli import rayjobs_in_process
 from tests.support.ui_browser import CHROMIUM, NO_CHROMIUM, Node, dom_and_console, parsed, served
 from tests.test_record_reading import GOOD, GOOD_ATTEMPT, with_changes, write_run
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM), pytest.mark.processes]
 
 # Sample times as the record keeps them: 1025 was taken while the log was mid-line and went to the record at once,
 # ahead of 1020, which waited in the log for the next upload.

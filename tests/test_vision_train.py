@@ -117,6 +117,7 @@ def test_missing_or_invalid_weights_and_missing_dataset_are_clear_errors(tmp_pat
         run_training(_params(tiny_dataset, tmp_path, "w"), missing_dataset)
 
 
+@pytest.mark.processes
 def test_weights_file_is_loaded_and_head_replaced(tmp_path):
     import torch
     from torchvision.models import resnet18
@@ -241,6 +242,7 @@ def test_learning_rate_follows_the_global_batch_size():
     assert TrainConfig(epochs=12).warmup() == pytest.approx(2.4) and TrainConfig(epochs=100).warmup() == 5
 
 
+@pytest.mark.processes
 def test_residual_branches_start_at_zero_for_sgd_and_at_full_strength_for_adamw():
     import torch
 

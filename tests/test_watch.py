@@ -4,6 +4,8 @@ Then the same decisions made by the wrapper on a real entrypoint, said as events
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -108,6 +110,7 @@ def test_a_demand_the_cluster_has_pending_is_the_wait_of_a_quiet_job():
     assert wait.text == "waiting for resources: 4 CPUs for a placement group, 2 on the cluster"
 
 
+@pytest.mark.processes
 def test_the_wrapper_says_a_stall_once_as_an_event_and_a_notification_and_leaves_the_job_running(tmp_path):
     log, marker = tmp_path / "log", tmp_path / "go-on"
     job = python_command(f"""
@@ -134,6 +137,7 @@ def test_the_wrapper_says_a_stall_once_as_an_event_and_a_notification_and_leaves
     assert hook.received[0][1]["title"] == "rayjobs: rec stalled"
 
 
+@pytest.mark.processes
 def test_the_wrapper_names_ray_datas_starved_tasks_from_the_log_as_it_is_written(tmp_path):
     log = tmp_path / "log"
     lines = [_training_line for _training_line in (
@@ -157,6 +161,7 @@ def test_the_wrapper_names_ray_datas_starved_tasks_from_the_log_as_it_is_written
     assert f"rayjobs: {wait['text']}. Leave a CPU to Ray Data" in log.read_text()
 
 
+@pytest.mark.processes
 def test_an_event_the_watch_chokes_on_stops_the_watch_once_and_a_failure_after_it_is_still_named(tmp_path):
     # Hostile input from the job's own output: a train_start event whose resources are no mapping. The watch
     # stops and says so once; the job runs on, and its failure is still named with its own exit code.
