@@ -9,9 +9,6 @@ jobs, orders and clients send it.
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,11 @@ def is_agent_module(module: Any) -> bool:
 def agent_package() -> tuple[str, bytes]:
     """The agent's package as Ray's py_modules expects it (its folder at the zip's top) and its content-addressed
     name (``_ray_pkg_<hash>.zip``)."""
+    # Imported here: every process of a job imports this package, and only a client builds the zip.
+    import hashlib
+    import io
+    import zipfile
+
     files = sorted(path for path in AGENT_PACKAGE_DIR.rglob("*.py") if "__pycache__" not in path.parts)
     buffer = io.BytesIO()
     digest = hashlib.sha256()

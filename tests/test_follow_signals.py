@@ -21,7 +21,7 @@ from rayjobs_agent.ray_lines import is_rays_own
 from runner.follow.messages import summary_line
 from runner.follow.progress import RunProgress
 from rayjobs_agent.waits import resource_wait_in
-from runner.follow.watching import Watch
+from runner.follow.watching import FollowedJob
 from rayjobs_agent import watch as agent_watch
 from rayjobs_agent.watch import JobWatch
 from rayjobs_agent.wire import RECORD_COMMAND
@@ -95,10 +95,10 @@ class LocalCluster:
 
 
 def watch_of(cluster: LocalCluster, *, live: bool = False, beside_agent: bool = False,
-             stall_after_s: float | None = None) -> tuple[Watch, io.StringIO, io.StringIO]:
+             stall_after_s: float | None = None) -> tuple[FollowedJob, io.StringIO, io.StringIO]:
     """The follower's watch over a RUNNING job, submitted with the agent beside it or (by default) without."""
     logs, notes = io.StringIO(), io.StringIO()
-    watch = Watch(cluster, "raysubmit_x", logs, notes, raw=False, live=live, stream_logs=True,
+    watch = FollowedJob(cluster, "raysubmit_x", logs, notes, raw=False, live=live, stream_logs=True,
                   stall_after_s=stall_after_s)
     watch.job_info({"entrypoint": f"{RECORD_COMMAND} 'python train.py'" if beside_agent else "python train.py",
                     "status": "RUNNING"})

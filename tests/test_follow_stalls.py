@@ -155,9 +155,9 @@ def test_where_each_process_of_a_real_ray_train_job_is(recorded, expected):
 
 def test_a_job_without_the_agent_is_silent_only_from_when_it_starts_to_run():
     # A job that waited its turn for minutes has not stalled the moment it starts.
-    from runner.follow.watching import Watch
+    from runner.follow.watching import FollowedJob
 
-    watch = Watch(LocalCluster([]), "raysubmit_x", io.StringIO(), io.StringIO(), raw=False, live=False,
+    watch = FollowedJob(LocalCluster([]), "raysubmit_x", io.StringIO(), io.StringIO(), raw=False, live=False,
                   stream_logs=True, stall_after_s=60.0)
     watch.job_info({"entrypoint": "python train.py", "status": "PENDING"})
     watch.judge.last_life -= 600.0

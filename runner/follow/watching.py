@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
 
 
-class Watch:
-    """The log view a follower writes to, and what it feeds.
+class FollowedJob:
+    """One followed job as the follower sees it: the log view it writes to, and what that feeds (progress, the
+    failure reader, the judge of its waits and stalls).
 
     Args:
         client: the cluster client (for the resources a waiting job could have).

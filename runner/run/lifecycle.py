@@ -30,7 +30,7 @@ from runner.follow.log_view import ANSI_ESCAPE, diagnosis_of
 from runner.follow.messages import summary_line
 from runner.follow.progress import RunProgress
 from runner.follow.queued import job_or_place, wait_for_turn
-from runner.follow.watching import Watch
+from runner.follow.watching import FollowedJob
 from runner.client.jobs_api import wait_until_ended
 from runner.run.interrupts import detach_or_stop, settle_interrupted_submit
 from runner.reporter import Reporter
@@ -277,7 +277,7 @@ def follow_job(client: JobsApi, job_id: str, *, options: RunOptions | None = Non
         except KeyboardInterrupt:
             detach_or_stop(client, job_id, stop_it=options.stop_on_interrupt, notes=notes)
             return RunResult(ExitCode.INTERRUPTED, RunOutcome.INTERRUPTED, [job_id])
-    watch = Watch(client, job_id, logs_out or sys.stdout, notes or sys.stderr, raw=options.raw, live=options.live,
+    watch = FollowedJob(client, job_id, logs_out or sys.stdout, notes or sys.stderr, raw=options.raw, live=options.live,
                   stream_logs=options.stream_logs, stall_after_s=stall_after_s)
     stall = StallRule(client, job_id, watch)
     notes, progress = watch.notes, watch.progress

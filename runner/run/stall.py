@@ -15,7 +15,7 @@ from runner.reporter import Reporter
 
 if TYPE_CHECKING:
     from runner.client.jobs_api import JobsApi
-    from runner.follow.watching import Watch
+    from runner.follow.watching import FollowedJob
 
 
 
@@ -28,7 +28,7 @@ class StallRule:
         watch: what its log feeds (its progress, the judge of its waits and stalls, rayjobs' own lines).
     """
 
-    def __init__(self, client: JobsApi, job_id: str, watch: Watch) -> None:
+    def __init__(self, client: JobsApi, job_id: str, watch: FollowedJob) -> None:
         self.client = client
         self.job_id = job_id
         self.watch = watch
