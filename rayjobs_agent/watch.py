@@ -95,6 +95,9 @@ class JobWatch:
         # Where the current attempt's training workers run (their nodes' addresses).
         self.worker_addresses: set[str] = set()
         self.waiting: WaitDecision | None = None
+        # Whether that wait is the cluster's first pending demand, asked of a quiet job: perhaps another job's, so
+        # it holds back no stall (a wait Ray names in this job's own log does).
+        self._waiting_asked_of_cluster = False
         self._pending: list[WaitDecision] = []  # waits seen and not yet said, each said in turn
         self._waits_said: set[str] = set()
         self._stall_said = False
@@ -125,6 +128,9 @@ class JobWatch:
         # The agent's own lines (this watch's stall included) are read back from the same log: taking them for the
         # job's would end the silence they describe and call it a stall again one limit later.
         if "\r" not in plain and plain.strip() and not is_rays_own(plain) and not plain.startswith(OWN_LINE_PREFIX):
+            # A line of its own: it is not held up, whatever it waited for (a wait said is not said again, for a
+            # driver may talk while its tasks wait, as Tune's does).
+            self.waiting, self._waiting_asked_of_cluster = None, False
             self._alive(now)
 
     def event(self, event: dict[str, Any], now: float) -> None:
@@ -143,22 +149,23 @@ class JobWatch:
             if self.last_report is not None:
                 self.slowest_report_s = max(self.slowest_report_s, now - self.last_report)
             self.last_report = now
-        if kind in WAIT_OVER and self.waiting is not None:
-            self.waiting = None
-            self._waits_said.clear()  # a later wait (after a restart) is a new one
+        if kind in WAIT_OVER:
+            self._wait_over()
         self._alive(now)
 
     def limit_s(self) -> float:
         """Seconds of silence that make a stall."""
         return stall_limit_s(self.stall_after_s, self.slowest_report_s)
 
-    def decide(self, now: float) -> WaitDecision | StallDecision | None:
-        """What there is to say now that has not been said: a new wait, or a stall (never while it waits)."""
+    def decide(self, now: float, waits: bool = True) -> WaitDecision | StallDecision | None:
+        """What there is to say now that has not been said: a new wait (``waits``: only then), or a stall (never
+        while it waits by Ray's word in its own log)."""
         self.now = now
-        if self._pending:
+        if waits and self._pending:
             return self._pending.pop(0)
         silent_s = now - self.last_life
-        if self.waiting is None and not self._stall_said and silent_s >= self.limit_s():
+        if ((self.waiting is None or self._waiting_asked_of_cluster) and not self._stall_said
+                and silent_s >= self.limit_s()):
             self._stall_said = True
             return StallDecision(silent_s, self.limit_s())
         return None
@@ -176,12 +183,25 @@ class JobWatch:
         """The cluster says it has a demand pending while the job is quiet: that is the wait, in words."""
         wait = ResourceWait(asked, for_what, total or None, "on the cluster")
         self._wait_seen(WaitDecision(wait.text(), _WAIT_ADVICE, dict(asked), ""))
+        self._waiting_asked_of_cluster = self.waiting is not None and self.waiting.text == wait.text()
+
+    def has_waits_to_say(self) -> bool:
+        """Whether a wait seen is not yet said (:meth:`decide` gives it)."""
+        return bool(self._pending)
 
     def _alive(self, now: float) -> None:
         self.last_life = now
         self._stall_said = False
 
+    def _wait_over(self) -> None:
+        """The job got its workers: a wait not yet said is said no more, and a later one (after a restart) is new."""
+        self.waiting = None
+        self._waiting_asked_of_cluster = False
+        self._pending.clear()
+        self._waits_said.clear()
+
     def _wait_seen(self, wait: WaitDecision) -> None:
+        self._waiting_asked_of_cluster = False
         if wait.text in self._waits_said:
             return
         self._waits_said.add(wait.text)

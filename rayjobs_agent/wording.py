@@ -41,13 +41,13 @@ def format_metrics(metrics: dict[str, Any], most: int = _METRICS_IN_A_LINE) -> s
                      if not isinstance(value, (dict, list)))
 
 
-def local_time(seconds: Any) -> str:
-    """Local time of a Unix timestamp in seconds (``2026-11-24 18:26:13``); ``-`` for none; a number no calendar
-    holds (a record written by hand) as the number."""
+def local_time(seconds: Any, zone: bool = False) -> str:
+    """Local time of a Unix timestamp in seconds (``2026-11-24 18:26:13``, with ``zone`` ``… UTC``: for a page that
+    may be read in another zone); ``-`` for none; a number no calendar holds (a record written by hand) as the number."""
     if not seconds:
         return "-"
     try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+        return time.strftime("%Y-%m-%d %H:%M:%S %Z" if zone else "%Y-%m-%d %H:%M:%S", time.localtime(seconds))
     except (OverflowError, OSError, ValueError, TypeError):
         return f"{seconds} (Unix seconds)"
 

@@ -165,3 +165,46 @@ def test_a_job_without_the_agent_is_silent_only_from_when_it_starts_to_run():
     assert watch.new_stall() is None
     watch.judge.last_life -= 61.0
     assert watch.new_stall() is not None and watch.new_stall() is None, "one stall, said once"
+
+
+def test_a_job_without_the_agent_that_moved_on_after_a_wait_is_called_stalled_when_it_hangs():
+    # Once named, a wait must not turn the judge off for the rest of the job: a line of the job's own ends it. A wait
+    # the cluster names for a quiet job (perhaps another job's demand) holds back no stall.
+    watch, _, notes = watch_of(LocalCluster([{"CPU": 2.0}]), stall_after_s=60.0)
+    watch.view.write(train_v1_waiting(3.0, 2.0) + "\n")
+    assert "waiting for resources" in notes.getvalue() and watch.waiting_text() is not None
+    watch.view.write("(RayTrainWorker pid=7) epoch 1 of the job's own\n")
+    assert watch.waiting_text() is None
+    watch.judge.last_life -= 61.0
+    assert watch.new_stall() is not None
+
+    quiet, _, _ = watch_of(LocalCluster([{"CPU": 2.0}]), stall_after_s=60.0)
+    quiet.judge.demand_pending({"CPU": 4.0}, "a placement group", {"CPU": 2.0})
+    quiet.judge.last_life -= 61.0
+    assert quiet.new_stall() is not None, "a guess from the cluster's demand is no reason to stay silent on a hang"
+
+
+def test_a_wait_is_named_after_the_lines_before_it_and_before_those_after_it():
+    from runner.follow.watching import FollowedJob
+
+    both = io.StringIO()
+    watch = FollowedJob(LocalCluster([{"CPU": 2.0}]), "raysubmit_x", both, both, raw=False, live=False,
+                        stream_logs=True)
+    watch.job_info({"entrypoint": "python train.py", "status": "RUNNING"})
+    watch.view.write(f"before the wait\n{train_v1_waiting(3.0, 2.0)}\nafter the wait\n")
+    text = both.getvalue()
+    assert text.index("before the wait") < text.index("rayjobs: waiting for resources") < text.index("after the wait")
+
+
+def test_a_silence_judged_while_the_job_waited_its_turn_is_no_stall_once_it_runs():
+    # An older Ray streams the log while the job is PENDING: nothing judged then is said once it runs.
+    from runner.follow.watching import FollowedJob
+
+    watch = FollowedJob(LocalCluster([]), "raysubmit_x", io.StringIO(), io.StringIO(), raw=False, live=False,
+                        stream_logs=True, stall_after_s=60.0)
+    watch.job_info({"entrypoint": "python train.py", "status": "PENDING"})
+    watch.judge.last_life -= 600.0
+    watch.view.write("Connecting to existing Ray cluster at address: 127.0.0.1:6379...\n")
+    assert watch.new_stall() is None
+    watch.job_info({"entrypoint": "python train.py", "status": "RUNNING"})
+    assert watch.new_stall() is None

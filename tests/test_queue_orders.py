@@ -900,3 +900,21 @@ def test_keepers_step_aside_for_a_bounded_number_of_orders_of_other_code_and_ref
     other_code_order(q.MOST_STEP_ASIDES + 1)
     with pytest.raises(kp.StepAside):
         _keeper(store, clock)[0].step()
+
+
+def test_a_helper_whose_stdout_blocks_outside_its_answer_still_ends_at_its_deadline(tmp_path):
+    # The deadline's timer takes the lock and prints the answer; a stdout that blocks would hold it there for good.
+    from tests.support.waiting import HANG_GUARD_S
+
+    script = tmp_path / "blocked_stdout.py"
+    script.write_text(
+        "import time\n"
+        "from rayjobs_agent.queue import orders\n"
+        "orders.ANSWER_LOCK_WAIT_S = 0.2\n"
+        "orders.answer = lambda document: time.sleep(3600)  # as a print to a pipe nobody reads blocks\n"
+        "reply = orders.Reply(0.3)\n"
+        "time.sleep(3600)\n")
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": repo},
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 1

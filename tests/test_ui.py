@@ -115,7 +115,7 @@ def test_a_run_has_its_curves_resources_spec_masked_and_its_difference_from_the_
     assert [sample["cpu"] for sample in first["resources"]] == [1.5, 1.6, 1.7, 1.8, 1.9]
     assert first["resource_totals"]["samples"] == 5
     # What the page shows comes worded: its script formats nothing again.
-    assert ["samples", "5"] in first["resource_facts"] and first["ended_text"] == local_time(first["ended"])
+    assert ["samples", "5"] in first["resource_facts"] and first["ended_text"] == local_time(first["ended"], zone=True)
     assert first["logs"] == [{"submission_id": "raysubmit_one", "pages": math.ceil(len("".join(LINES)) / PAGE_BYTES),
                               "bytes": len("".join(LINES)), "bytes_text": format_bytes(len("".join(LINES))),
                               "attempts": [1]}]

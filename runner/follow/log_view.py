@@ -67,7 +67,8 @@ class LogView:
     Args:
         out: where the shown lines go.
         on_event: called with each progress event found in the log.
-        on_line: called with every complete line, colour removed, shown or not (to read a failure's cause).
+        on_line: called with every complete line, colour removed, shown or not (to read a failure's cause); when
+            it returns true, what came before the line is written and ``after_write`` is called at once.
         after_write: called once what a piece of the log shows is written (what follows from its lines is said
             after them).
         on_agent_line: called with each line the agent beside the job wrote (taken out of the job's output);
@@ -80,13 +81,13 @@ class LogView:
     """
 
     def __init__(self, out: TextIO, on_event: Callable[[dict], None] | None = None, *, raw: bool = False,
-                 strip_ansi: bool = False, on_line: Callable[[str], None] | None = None,
+                 strip_ansi: bool = False, on_line: Callable[[str], Any] | None = None,
                  after_write: Callable[[], None] | None = None,
                  on_agent_line: Callable[[str], None] | None = None, pipe: bool = False,
                  echoed: Collection[str] = ()) -> None:
         self.out = out
         self.on_event = on_event or (lambda event: None)
-        self.on_line = on_line or (lambda line: None)
+        self.on_line: Callable[[str], Any] = on_line or (lambda line: None)
         self.after_write = after_write or (lambda: None)
         self.on_agent_line = on_agent_line
         self.raw = raw
@@ -113,7 +114,11 @@ class LogView:
         shown: list[str] = []
         for line in complete:
             plain = ANSI_ESCAPE.sub("", line)
-            self.on_line(plain)
+            if self.on_line(plain):
+                # Something follows from this line (a wait to name): the lines before it go out first.
+                self._emit("".join(shown))
+                shown = []
+                self.after_write()
             event = self._event_in(line)
             if event is not None:
                 self._took_event(event, line + "\n", shown)

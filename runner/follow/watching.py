@@ -77,17 +77,20 @@ class FollowedJob:
         if self.beside_agent is None and info.get("entrypoint"):
             self.beside_agent = str(info["entrypoint"]).startswith(RECORD_COMMAND)
         if info.get("status") == "RUNNING" and not self._seen_running:
+            if self.beside_agent is None:
+                self.beside_agent = False  # a cluster that names no entrypoint: no agent is known to judge it
             self._seen_running = True
             with self._judge_lock:
                 self.judge.started(time.monotonic())
+            self._stalls.clear()  # a silence judged before it ran (its turn waited for) is no stall
 
     def new_stall(self) -> float | None:
         """The silence (seconds) of a stall judged since the last call, or None: said by the agent beside the job,
         or, for a job without it, judged here now (the cluster asked first when the job has been quiet)."""
-        if self.beside_agent is False:
-            if self._time_to_ask_the_cluster():
-                self._ask_the_cluster()
-            self._judge_now()
+        if self.beside_agent is False and self._seen_running:
+            # Waits Ray named in the log are said by the stream's own thread, after the lines before them; a quiet
+            # job's wait, asked of the cluster, is said here.
+            self._judge_now(waits=self._time_to_ask_the_cluster() and self._ask_the_cluster())
         return self._stalls.pop() if self._stalls else None
 
     def stall_limit_s(self) -> float:
@@ -104,15 +107,17 @@ class FollowedJob:
         with self._judge_lock:
             return self.judge.waiting.text if self.judge.waiting is not None else None
 
-    def _line(self, plain: str) -> None:
+    def _line(self, plain: str) -> bool:
+        """Take in one line of the log; whether a wait is to be said after it (and the lines before it)."""
         self.failure.line(plain)
         if self.beside_agent:
-            return  # the agent judges it
+            return False  # the agent judges it
         with self._judge_lock:
             self.judge.line(plain, time.monotonic())
+            return self.beside_agent is False and self._seen_running and self.judge.has_waits_to_say()
 
     def _after_write(self) -> None:
-        if self.beside_agent is False:
+        if self.beside_agent is False and self._seen_running:
             self._judge_now()  # a wait Ray just printed is named at once, after the lines before it
 
     def _event(self, event: dict[str, Any]) -> None:
@@ -125,10 +130,10 @@ class FollowedJob:
             self._stall_said(float(event.get("silent_s") or 0.0), event.get("limit_s"))
         self.display.event(event)
 
-    def _judge_now(self) -> None:
+    def _judge_now(self, waits: bool = True) -> None:
         while True:
             with self._judge_lock:
-                decision = self.judge.decide(time.monotonic())
+                decision = self.judge.decide(time.monotonic(), waits=waits)
             if isinstance(decision, WaitDecision):
                 self._say(own_line(f"{decision.text}. {decision.advice}"))
             elif isinstance(decision, StallDecision):
@@ -146,25 +151,26 @@ class FollowedJob:
             return self.progress.attempts <= len(self.progress.restarts) and \
                 self.judge.time_to_ask_the_cluster(time.monotonic())
 
-    def _ask_the_cluster(self) -> None:
+    def _ask_the_cluster(self) -> bool:
         """Ray Train V2 waits for its worker group without a word: the cluster's pending demand is the wait, read from
-        the report `ray status` prints (the agent reads the same from Ray's GCS)."""
+        the report `ray status` prints (the agent reads the same from Ray's GCS). Whether it named one."""
         from runner.errors import RayJobsError
 
         try:
             status = self.client.get_json("/api/cluster_status?format=1")
             report = ((status or {}).get("data") or {}).get("clusterStatus") or ""
         except (RayJobsError, OSError, AttributeError, TypeError):
-            return
+            return False
         wait = demand_in_cluster_status(report)
         if wait is None:
-            return
+            return False
         total: dict[str, float] = {}
         for node in self._node_resources():
             for name, amount in node.items():
                 total[name] = total.get(name, 0.0) + float(amount)
         with self._judge_lock:
             self.judge.demand_pending(wait.asked, wait.for_what, total)
+        return True
 
     def _node_resources(self) -> list[dict[str, float]]:
         from runner.errors import RayJobsError

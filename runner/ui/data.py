@@ -86,7 +86,7 @@ def run_row(folder: Folder, document: dict[str, Any], now: float | None = None) 
     if listed["status"] == UNREADABLE:
         return {**listed, "cause": None, "key_metric": None, "queue": None, "host": None, "cluster": None,
                 "duration": "-", "metrics_text": listed.get("error") or "", "metric_texts": {},
-                "started_text": local_time(listed.get("started")), "where": "-"}
+                "started_text": local_time(listed.get("started"), zone=True), "where": "-"}
     document = masked_record(document)
     attempts = document.get("attempts") or []
     cause = document.get("cause") if listed["status"] != "SUCCEEDED" else None
@@ -96,7 +96,7 @@ def run_row(folder: Folder, document: dict[str, Any], now: float | None = None) 
     return {**listed, "metrics": metrics,
             "metric_texts": {name: format_value(value) for name, value in metrics.items()
                              if not isinstance(value, (dict, list))},
-            "started_text": local_time(listed.get("started")),
+            "started_text": local_time(listed.get("started"), zone=True),
             "where": "; ".join(part for part in (str(host or ""), cluster_text(document.get("cluster"))) if part) or "-",
             "cause": _cause(cause) if isinstance(cause, dict) else None,
             "key_metric": {"name": key[0][0], "value": key[0][1], "text": format_value(key[0][1])} if key else None,
@@ -130,7 +130,7 @@ def run_detail(records: Records, name: str, now: float | None = None) -> dict[st
         attempts.append({**{key: attempt.get(key) for key in ("attempt", "submission_id", "status", "exit_code",
                                                               "started", "ended", "updated", "host", "log_bytes")},
                          "duration": format_duration(_span(attempt)),
-                         "started_text": local_time(attempt.get("started")),
+                         "started_text": local_time(attempt.get("started"), zone=True),
                          "cause": _cause(cause) if isinstance(cause, dict) else None})
     # Attempts retried in place share their Ray job, and so one log and one stream of events.
     for submission in submissions(shown):
@@ -156,7 +156,7 @@ def run_detail(records: Records, name: str, now: float | None = None) -> dict[st
     return {**row, "live": row["status"] not in TERMINAL, "attempts": attempts, "reports": reports,
             "trials": list(trials.values()), "resources": resources,
             "resource_totals": totals, "resource_facts": _totals_facts(totals) if totals else None,
-            "ended_text": local_time(shown.get("ended")),
+            "ended_text": local_time(shown.get("ended"), zone=True),
             "cluster_text": cluster_text(shown.get("cluster")) or NO_CLUSTER_REPORTED,
             "decisions": decisions, "logs": logs, "spec": shown.get("spec"), "spec_hash": shown.get("spec_hash"),
             "provenance": _provenance(shown), "notes": shown.get("notes") or [],
