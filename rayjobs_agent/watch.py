@@ -140,7 +140,8 @@ class JobWatch:
             return  # the agent's own words are no sign of the job's life
         if kind == EventKind.TRAIN_START:
             self.workers = event.get("workers") if isinstance(event.get("workers"), int) else None
-            self.per_worker = dict(event.get("resources_per_worker") or {})
+            per_worker = event.get("resources_per_worker")
+            self.per_worker = dict(per_worker) if isinstance(per_worker, dict) else {}
         elif kind == EventKind.ATTEMPT:
             self.cluster = event.get("cluster") if isinstance(event.get("cluster"), dict) else None
             self.worker_addresses = {str(worker.get("node_ip")) for worker in event.get("workers") or []

@@ -208,3 +208,24 @@ def test_a_silence_judged_while_the_job_waited_its_turn_is_no_stall_once_it_runs
     assert watch.new_stall() is None
     watch.job_info({"entrypoint": "python train.py", "status": "RUNNING"})
     assert watch.new_stall() is None
+
+
+def test_a_line_the_judge_chokes_on_stops_the_judging_once_and_never_the_following(monkeypatch):
+    # A job without the agent may print anything, an event of its own making included: the follower shows its log
+    # to the end whatever the judge makes of it, and says once that waits and stalls are no longer named.
+    from rayjobs_agent.watch import JobWatch
+
+    watch, logs, notes = watch_of(LocalCluster([]))
+    watch.view.write('rayjobs-event {"event":"train_start","t":1,"resources_per_worker":"all of them"}\n')
+
+    def choke(self, text, now):
+        raise ValueError("a line no judge reads")
+
+    monkeypatch.setattr(JobWatch, "line", choke)
+    watch.view.write("the job's own line\nand the next\n")
+    watch.view.write("one more\n")
+    assert watch.new_stall() is None and watch.new_stall() is None
+    assert logs.getvalue().splitlines() == ["the job's own line", "and the next", "one more"]
+    said = [line for line in notes.getvalue().splitlines() if "the watch over the job stopped" in line]
+    assert said == ["rayjobs: the watch over the job stopped (ValueError: a line no judge reads); waits and stalls "
+                    "are no longer named"]

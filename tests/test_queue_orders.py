@@ -824,20 +824,15 @@ def test_a_helper_whose_keeper_could_not_be_started_says_so_in_its_answer_and_th
     assert said.count("rayjobs: ") == 1
 
 
+@pytest.mark.processes
 def test_a_helper_whose_answer_is_stuck_in_a_blocked_print_ends_at_its_deadline_without_writing(tmp_path):
     # The deadline's own print would block on the same pipe: the process ends before writing anything.
-    from tests.support.waiting import HANG_GUARD_S
-
-    script = tmp_path / "blocked_helper.py"
-    script.write_text(
-        "from rayjobs_agent.queue import orders\n"
-        "orders.ANSWER_LOCK_WAIT_S = 0.2\n"
-        "reply = orders.Reply(0.3)\n"
-        "reply._lock.acquire()  # as a main thread blocked in its answer's print holds it\n"
-        "import time; time.sleep(3600)\n")
-    repo = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": repo},
-                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    done = _run_helper_script(tmp_path, "blocked_helper.py",
+                              "from rayjobs_agent.queue import orders\n"
+                              "orders.ANSWER_LOCK_WAIT_S = 0.2\n"
+                              "reply = orders.Reply(0.3)\n"
+                              "reply._lock.acquire()  # as a main thread blocked in its answer's print holds it\n"
+                              "import time; time.sleep(3600)\n")
     assert done.returncode == 1 and done.stdout == ""
 
 
@@ -902,19 +897,25 @@ def test_keepers_step_aside_for_a_bounded_number_of_orders_of_other_code_and_ref
         _keeper(store, clock)[0].step()
 
 
+@pytest.mark.processes
 def test_a_helper_whose_stdout_blocks_outside_its_answer_still_ends_at_its_deadline(tmp_path):
     # The deadline's timer takes the lock and prints the answer; a stdout that blocks would hold it there for good.
+    done = _run_helper_script(tmp_path, "blocked_stdout.py",
+                              "import time\n"
+                              "from rayjobs_agent.queue import orders\n"
+                              "orders.ANSWER_LOCK_WAIT_S = 0.2\n"
+                              "orders.answer = lambda document: time.sleep(3600)  # a print to a pipe nobody reads\n"
+                              "reply = orders.Reply(0.3)\n"
+                              "time.sleep(3600)\n")
+    assert done.returncode == 1
+
+
+def _run_helper_script(tmp_path: Path, name: str, body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` as a Python script with the project importable, bounded by the hang guard."""
     from tests.support.waiting import HANG_GUARD_S
 
-    script = tmp_path / "blocked_stdout.py"
-    script.write_text(
-        "import time\n"
-        "from rayjobs_agent.queue import orders\n"
-        "orders.ANSWER_LOCK_WAIT_S = 0.2\n"
-        "orders.answer = lambda document: time.sleep(3600)  # as a print to a pipe nobody reads blocks\n"
-        "reply = orders.Reply(0.3)\n"
-        "time.sleep(3600)\n")
+    script = tmp_path / name
+    script.write_text(body)
     repo = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": repo},
+    return subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": repo},
                           capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert done.returncode == 1

@@ -64,6 +64,8 @@ class FollowedJob:
         # coroutine, the follower's questions from a thread of its own).
         self.judge = JobWatch(stall_after_s, time.monotonic(), nodes=self._node_resources)
         self._judge_lock = threading.Lock()
+        # Why the judge stopped (None: it judges): a line it chokes on ends the judging, never the following.
+        self._judge_broken: str | None = None
         # What a job beside the agent waits for, in words, while it does (the agent's ``wait`` event).
         self._agent_wait: str | None = None
         # Whether the job runs beside the agent (known from its first status), and the stalls not yet answered.
@@ -87,10 +89,15 @@ class FollowedJob:
     def new_stall(self) -> float | None:
         """The silence (seconds) of a stall judged since the last call, or None: said by the agent beside the job,
         or, for a job without it, judged here now (the cluster asked first when the job has been quiet)."""
-        if self.beside_agent is False and self._seen_running:
+        if self.beside_agent is False and self._seen_running and self._judge_broken is None:
             # Waits Ray named in the log are said by the stream's own thread, after the lines before them; a quiet
             # job's wait, asked of the cluster, is said here.
-            self._judge_now(waits=self._time_to_ask_the_cluster() and self._ask_the_cluster())
+            try:
+                asked = self._time_to_ask_the_cluster() and self._ask_the_cluster()
+            except Exception as exc:  # noqa: BLE001 - the judge is a courtesy: it stops, the following goes on
+                self._stop_judging(exc)
+                asked = False
+            self._judge_now(waits=asked)
         return self._stalls.pop() if self._stalls else None
 
     def stall_limit_s(self) -> float:
@@ -110,11 +117,15 @@ class FollowedJob:
     def _line(self, plain: str) -> bool:
         """Take in one line of the log; whether a wait is to be said after it (and the lines before it)."""
         self.failure.line(plain)
-        if self.beside_agent:
-            return False  # the agent judges it
-        with self._judge_lock:
-            self.judge.line(plain, time.monotonic())
-            return self.beside_agent is False and self._seen_running and self.judge.has_waits_to_say()
+        if self.beside_agent or self._judge_broken is not None:
+            return False  # the agent judges it, or the judge has stopped
+        try:
+            with self._judge_lock:
+                self.judge.line(plain, time.monotonic())
+                return self.beside_agent is False and self._seen_running and self.judge.has_waits_to_say()
+        except Exception as exc:  # noqa: BLE001 - a line the judge chokes on must not end the following
+            self._stop_judging(exc)
+            return False
 
     def _after_write(self) -> None:
         if self.beside_agent is False and self._seen_running:
@@ -130,7 +141,20 @@ class FollowedJob:
             self._stall_said(float(event.get("silent_s") or 0.0), event.get("limit_s"))
         self.display.event(event)
 
+    def _stop_judging(self, exc: Exception) -> None:
+        self._judge_broken = f"{type(exc).__name__}: {exc}"[:300]
+        self._say(own_line(f"the watch over the job stopped ({self._judge_broken}); waits and stalls are no longer "
+                           "named"))
+
     def _judge_now(self, waits: bool = True) -> None:
+        if self._judge_broken is not None:
+            return
+        try:
+            self._say_decisions(waits)
+        except Exception as exc:  # noqa: BLE001 - the judge is a courtesy: it stops, the following goes on
+            self._stop_judging(exc)
+
+    def _say_decisions(self, waits: bool) -> None:
         while True:
             with self._judge_lock:
                 decision = self.judge.decide(time.monotonic(), waits=waits)
