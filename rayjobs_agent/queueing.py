@@ -113,8 +113,14 @@ TOO_MANY_STEP_ASIDES = (f"it comes from other rayjobs code, and this cluster's k
 def never_placed(order_info: Mapping[str, Any], aside_for_s: float) -> bool:
     """Whether an order job of other code (Ray's record of it) will never be placed: it asks for the whole of the
     head's resource, as the orders of code from before the keeper held a share of it did, or it still waits
-    :data:`OTHER_CODE_PLACED_WITHIN_S` after a keeper first stepped aside for it (``aside_for_s`` ago)."""
-    asked = (order_info.get("entrypoint_resources") or {}).get(HEAD_RESOURCE)
+    :data:`OTHER_CODE_PLACED_WITHIN_S` after a keeper first stepped aside for it (``aside_for_s`` ago). A job under an
+    order's id that is no helper (another command, resources no order asks for: anyone may submit one) is never
+    stepped aside for either."""
+    resources = order_info.get("entrypoint_resources") or {}
+    if (order_info.get("entrypoint") != HELPER_ENTRYPOINT or not isinstance(resources, Mapping)
+            or set(resources) - {HEAD_RESOURCE}):
+        return True
+    asked = resources.get(HEAD_RESOURCE)
     return (isinstance(asked, (int, float)) and asked >= 1.0) or aside_for_s >= OTHER_CODE_PLACED_WITHIN_S
 
 # An order that asks for none of the head's resource is placed even while a keeper that works no more (its process

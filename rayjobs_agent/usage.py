@@ -6,6 +6,7 @@ Standard library only: the client imports it without the sampler.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,9 @@ class ResourceUsage:
         """Add one event: a ``resources`` sample, or a ``report`` whose metrics say how long it waited for data."""
         kind = kind_of(dict(event))
         if kind == EventKind.REPORT:
-            metrics = event.get("metrics") or {}
+            metrics = event.get("metrics")
+            if not isinstance(metrics, Mapping):
+                return
             wait, epoch = metrics.get("data_wait_s"), metrics.get("epoch_s")
             if sample_amount(wait) and sample_amount(epoch) and epoch > 0:
                 self.data_wait_s += float(wait)
@@ -109,9 +112,21 @@ class ResourceUsage:
             cost = cpu_hours * cpu_price + gpu_hours * (gpu_price or 0.0)
         return {"samples": self.samples, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours,
                 "peak_rss_bytes": self.peak_rss_bytes, "peak_gpu_mem_bytes": self.peak_gpu_mem_bytes,
-                "mean_cpu": self.cpu_core_s / self.seconds if self.seconds else None,
-                "mean_gpu_util": self.gpu_util_sum / self.gpu_samples if self.gpu_samples else None,
-                "data_wait_share": self.data_wait_s / self.epoch_s if self.epoch_s else None, "cost": cost}
+                "mean_cpu": _share(self.cpu_core_s, self.seconds),
+                "mean_gpu_util": _share(self.gpu_util_sum, self.gpu_samples),
+                "data_wait_share": _share(self.data_wait_s, self.epoch_s), "cost": cost}
+
+
+def _share(part: float, whole: float) -> float | None:
+    """``part / whole``; None where it is no number to show (no whole, or one so small the share is infinite, as
+    only a record written by hand holds)."""
+    if not whole:
+        return None
+    try:
+        share = part / whole
+    except OverflowError:
+        return None
+    return share if math.isfinite(share) else None
 
 
 def resource_totals(events: Iterable[Mapping[str, Any]], prices: Mapping[str, float | None] | None = None

@@ -100,6 +100,9 @@ class JobWatch:
         self._waiting_asked_of_cluster = False
         self._pending: list[WaitDecision] = []  # waits seen and not yet said, each said in turn
         self._waits_said: set[str] = set()
+        # Ray's wait lines already taken (what they ask, and for what): Ray repeats them, and each new one asks the
+        # cluster for its nodes' sizes.
+        self._ray_waits_seen: set[tuple[Any, ...]] = set()
         self._stall_said = False
         self._cluster_asked_at = now
 
@@ -123,7 +126,10 @@ class JobWatch:
             return
         wait = resource_wait_in(body)
         if wait is not None:
-            self._wait_seen(self._ray_wait(wait))
+            seen = (tuple(sorted(wait.asked.items())), wait.for_what, wait.cluster is None)
+            if seen not in self._ray_waits_seen:
+                self._ray_waits_seen.add(seen)
+                self._wait_seen(self._ray_wait(wait))
             return
         # The agent's own lines (this watch's stall included) are read back from the same log: taking them for the
         # job's would end the silence they describe and call it a stall again one limit later.
@@ -140,8 +146,7 @@ class JobWatch:
             return  # the agent's own words are no sign of the job's life
         if kind == EventKind.TRAIN_START:
             self.workers = event.get("workers") if isinstance(event.get("workers"), int) else None
-            per_worker = event.get("resources_per_worker")
-            self.per_worker = dict(per_worker) if isinstance(per_worker, dict) else {}
+            self.per_worker = dict(event.get("resources_per_worker") or {})
         elif kind == EventKind.ATTEMPT:
             self.cluster = event.get("cluster") if isinstance(event.get("cluster"), dict) else None
             self.worker_addresses = {str(worker.get("node_ip")) for worker in event.get("workers") or []
@@ -200,6 +205,7 @@ class JobWatch:
         self._waiting_asked_of_cluster = False
         self._pending.clear()
         self._waits_said.clear()
+        self._ray_waits_seen.clear()
 
     def _wait_seen(self, wait: WaitDecision) -> None:
         self._waiting_asked_of_cluster = False

@@ -210,22 +210,40 @@ def test_a_silence_judged_while_the_job_waited_its_turn_is_no_stall_once_it_runs
     assert watch.new_stall() is None
 
 
-def test_a_line_the_judge_chokes_on_stops_the_judging_once_and_never_the_following(monkeypatch):
+def test_a_line_the_judge_chokes_on_stops_the_judging_once_and_never_the_following():
     # A job without the agent may print anything, an event of its own making included: the follower shows its log
     # to the end whatever the judge makes of it, and says once that waits and stalls are no longer named.
-    from rayjobs_agent.watch import JobWatch
-
-    watch, logs, notes = watch_of(LocalCluster([]))
-    watch.view.write('rayjobs-event {"event":"train_start","t":1,"resources_per_worker":"all of them"}\n')
-
-    def choke(self, text, now):
-        raise ValueError("a line no judge reads")
-
-    monkeypatch.setattr(JobWatch, "line", choke)
-    watch.view.write("the job's own line\nand the next\n")
+    watch, logs, notes = watch_of(LocalCluster([]), stall_after_s=0.0)
+    bad = 'rayjobs-event {"event":"train_start","t":1,"resources_per_worker":"all of them"}\n'
+    watch.view.write(f"{bad}the job's own line\n{bad}and the next\n")
     watch.view.write("one more\n")
-    assert watch.new_stall() is None and watch.new_stall() is None
+    assert watch.new_stall() is None and watch.new_stall() is None, "the judge has stopped"
     assert logs.getvalue().splitlines() == ["the job's own line", "and the next", "one more"]
     said = [line for line in notes.getvalue().splitlines() if "the watch over the job stopped" in line]
-    assert said == ["rayjobs: the watch over the job stopped (ValueError: a line no judge reads); waits and stalls "
-                    "are no longer named"]
+    assert len(said) == 1 and said[0].startswith("rayjobs: the watch over the job stopped (ValueError: ")
+
+
+def test_events_of_the_wrong_shapes_are_skipped_once_said_and_the_log_goes_on():
+    watch, logs, notes = watch_of(LocalCluster([]))
+    for bad in ('{"event":"stall","t":1,"silent_s":"x"}', '{"event":"attempt","t":1,"attempt":"x","workers":5}',
+                '{"event":"report","t":"x","metrics":[1]}'):
+        watch.view.write(f"rayjobs-event {bad}\nthe job's own line\n")
+    assert logs.getvalue().splitlines() == ["the job's own line"] * 3
+    assert len([line for line in notes.getvalue().splitlines() if "could not be read and is skipped" in line]) == 1
+
+
+def test_rays_repeated_wait_line_asks_the_cluster_for_its_nodes_once():
+    asked = []
+    cluster = LocalCluster([{"CPU": 2.0}])
+    real = cluster.node_resources
+
+    def counted():
+        asked.append(1)
+        return real()
+
+    cluster.node_resources = counted
+    watch, _, notes = watch_of(cluster)
+    line = ("(autoscaler +3s) Error: No available node types can fulfill resource request {'CPU': 3.0}. Add "
+            "suitable node types to this cluster to resolve this issue.\n")
+    watch.view.write(line * 200)
+    assert len(asked) == 1 and notes.getvalue().count("waiting for resources") == 1

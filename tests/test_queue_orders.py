@@ -184,7 +184,7 @@ def test_an_order_of_other_code_makes_the_keeper_step_aside_before_it_carries_ou
     store = DictStore()
     _enqueue_order(store, "mine", at_ms=998_000)
     store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=999_000,  # a second before the keeper's now
-                         metadata={"rayjobs.agent_version": "other"},
+                         metadata={"rayjobs.agent_version": "other"}, entrypoint=q.HELPER_ENTRYPOINT,
                          runtime_env={"env_vars": {q.REQUEST_ENV_VAR: "an order in a format this code cannot read"}})
     keeper, jobs, _ = _keeper(store)
     with pytest.raises(kp.StepAside):
@@ -744,7 +744,8 @@ def test_an_order_of_other_code_that_could_never_be_placed_is_refused_not_steppe
     clock = Clock(1000.0)
     mine = _enqueue_order(store, "mine", at_ms=(clock.now - sent_s_ago - 1) * 1000)
     store.set_job_status("rayjobs-order-set-1", "PENDING", start_time=(clock.now - sent_s_ago) * 1000,
-                         metadata={"rayjobs.agent_version": "other"}, entrypoint_resources={q.HEAD_RESOURCE: asked},
+                         metadata={"rayjobs.agent_version": "other"}, entrypoint=q.HELPER_ENTRYPOINT,
+                         entrypoint_resources={q.HEAD_RESOURCE: asked},
                          runtime_env={"env_vars": q.order_variables({"verb": "set", "queue": "team-a",
                                                                      "max_running": 1, "format": q.ORDER_FORMAT})})
     sent = clock.now - sent_s_ago
@@ -874,6 +875,7 @@ def test_keepers_step_aside_for_a_bounded_number_of_orders_of_other_code_and_ref
     def other_code_order(index: int) -> str:
         order_id = f"rayjobs-order-set-flood{index}"
         store.set_job_status(order_id, "PENDING", start_time=clock.now * 1000, metadata={"rayjobs.agent_version": "x"},
+                             entrypoint=q.HELPER_ENTRYPOINT,
                              entrypoint_resources={q.HEAD_RESOURCE: q.ORDER_RESOURCES[q.HEAD_RESOURCE]},
                              runtime_env={"env_vars": q.order_variables({"verb": "set", "queue": "team-a",
                                                                          "max_running": 1, "format": q.ORDER_FORMAT})})
@@ -919,3 +921,28 @@ def _run_helper_script(tmp_path: Path, name: str, body: str) -> subprocess.Compl
     repo = str(Path(__file__).resolve().parents[1])
     return subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": repo},
                           capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def test_a_job_under_an_orders_id_that_is_no_helper_or_stamped_far_ahead_is_never_stepped_aside_for_long():
+    # A neighbour may submit any job under an order's id, with any metadata and a start time of its choosing.
+    store = DictStore()
+    clock = Clock(10_000.0)
+    store.set_job_status("rayjobs-order-set-fake", "PENDING", start_time=clock.now * 1000,
+                         metadata={"rayjobs.agent_version": "x"}, entrypoint="sleep 3600",
+                         entrypoint_resources={"no-such-resource": 1.0})
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()  # no step-aside: it is refused at once
+    assert "upgrade rayjobs" in jobs.answer_to("rayjobs-order-set-fake")["error"]
+
+    ahead = "rayjobs-order-set-ahead"
+    store.set_job_status(ahead, "PENDING", start_time=(clock.now + 10 ** 6) * 1000,
+                         metadata={"rayjobs.agent_version": "x"}, entrypoint=q.HELPER_ENTRYPOINT,
+                         entrypoint_resources=dict(q.ORDER_RESOURCES))
+    with pytest.raises(kp.StepAside):
+        _keeper(store, clock)[0].step()
+    clock.now += q.OTHER_CODE_PLACED_WITHIN_S
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert "upgrade rayjobs" in jobs.answer_to(ahead)["error"], "its time to be placed ran out all the same"
+    store.put(qs.STEP_ASIDE_LOG_KEY, json.dumps({"o": 10 ** 400}).encode())
+    assert qs.order_to_step_aside_for(store, [], {}, clock.now) == (None, q.UNPLACEABLE_ORDER)

@@ -671,3 +671,12 @@ def test_training_workers_on_other_machines_are_said_once_to_be_left_out(capfd):
     out = capfd.readouterr().out
     assert out.count("resource use is sampled on this machine only: the job's processes on 1 other machine of the "
                      "cluster are not counted") == 1
+
+
+def test_totals_of_a_record_written_by_hand_are_numbers_or_none_never_infinite():
+    usage = ResourceUsage()
+    usage.take({"event": "report", "t": 1, "metrics": [1, 2]})
+    usage.take({"event": "report", "t": 1, "metrics": {"data_wait_s": 1e6, "epoch_s": 5e-324}})
+    usage.take({"event": "resources", "t": 1, "cpu": 1.0, "cpu_s": 100.0, "cpus": 2, "interval_s": 5e-324})
+    totals = usage.totals()
+    assert totals["data_wait_share"] is None and totals["mean_cpu"] is None

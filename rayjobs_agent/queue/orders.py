@@ -105,7 +105,7 @@ class Reply:
         # A stdout that blocks (the main thread stuck in a print of its own) would block this thread's print too: a
         # second timer ends the process all the same. A main thread stuck in giving the answer holds the lock: the
         # process then ends at once, before writing anything.
-        backstop = threading.Timer(ANSWER_LOCK_WAIT_S, os._exit, (1,))
+        backstop = threading.Timer(2 * ANSWER_LOCK_WAIT_S, os._exit, (1,))
         backstop.daemon = True
         backstop.start()
         if not self._lock.acquire(timeout=ANSWER_LOCK_WAIT_S):

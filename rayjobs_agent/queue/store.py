@@ -69,6 +69,9 @@ ENQUEUE_IN_FLIGHT_S = 60.0
 # When a keeper first stepped aside for an order of other code, by the order's id (``stepped_aside_since``).
 STEPPED_ASIDE_PREFIX = "aside/"
 
+# How far ahead of the head's clock an order's sending time may lie and still be believed (clocks that disagree).
+ORDER_CLOCK_SKEW_S = 300.0
+
 # The orders of other code keepers first stepped aside for lately ({order id: when}), to bound how often.
 STEP_ASIDE_LOG_KEY = "aside-log"
 
@@ -241,7 +244,10 @@ def _recent_step_asides(store: KeyValue, now: float) -> dict[str, float]:
         kept = {}
     recent = {}
     for order_id, when in (kept.items() if isinstance(kept, dict) else []):
-        when = min(float(when), now) if isinstance(when, (int, float)) and not isinstance(when, bool) else now
+        try:
+            when = min(float(when), now) if isinstance(when, (int, float)) and not isinstance(when, bool) else now
+        except OverflowError:  # an integer no float holds
+            when = now
         if now - when < STEP_ASIDE_WINDOW_S:
             recent[str(order_id)] = when
     return recent
@@ -261,10 +267,17 @@ def stepped_aside_since(store: KeyValue, other_code: Mapping[str, float], now: f
         key = f"{STEPPED_ASIDE_PREFIX}{order_id}"
         kept = _kept_aside(store.get(key), sent, now)
         if kept is None:
-            kept = max(now, sent)  # a head clock behind Ray's sending time counts from the sending
+            kept = _aside_horizon(sent, now)
             store.put(key, json.dumps({"sent": sent, "since": kept}).encode())
         since[order_id] = kept
     return since
+
+
+def _aside_horizon(sent: float, now: float) -> float:
+    """The latest time an order sent at ``sent`` can have been stepped aside for, by the head's clock ``now``: a head
+    clock a little behind Ray's sending time counts from the sending; a sending time far ahead of it (a forged
+    record, a clock that jumped) counts from now, so that the order's time to be placed runs out all the same."""
+    return max(now, sent) if sent <= now + ORDER_CLOCK_SKEW_S else now
 
 
 def _kept_aside(raw: bytes | None, sent: float, now: float) -> float | None:
@@ -273,7 +286,8 @@ def _kept_aside(raw: bytes | None, sent: float, now: float) -> float | None:
     try:
         kept = json.loads(raw) if raw else None
         since = float(kept["since"])
-        return since if float(kept["sent"]) == sent and sent <= since <= max(now, sent) else None
+        after_sending = sent <= since or sent > now + ORDER_CLOCK_SKEW_S
+        return since if float(kept["sent"]) == sent and after_sending and since <= _aside_horizon(sent, now) else None
     except (ValueError, TypeError, KeyError, OverflowError):
         return None
 

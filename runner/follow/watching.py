@@ -66,6 +66,7 @@ class FollowedJob:
         self._judge_lock = threading.Lock()
         # Why the judge stopped (None: it judges): a line it chokes on ends the judging, never the following.
         self._judge_broken: str | None = None
+        self._event_skipped = False  # an event the follower could not read was said once
         # What a job beside the agent waits for, in words, while it does (the agent's ``wait`` event).
         self._agent_wait: str | None = None
         # Whether the job runs beside the agent (known from its first status), and the stalls not yet answered.
@@ -132,6 +133,15 @@ class FollowedJob:
             self._judge_now()  # a wait Ray just printed is named at once, after the lines before it
 
     def _event(self, event: dict[str, Any]) -> None:
+        try:
+            self._take_event(event)
+        except Exception as exc:  # noqa: BLE001 - a job may print any event: one the follower cannot read is skipped
+            if not self._event_skipped:
+                self._event_skipped = True
+                self._say(own_line(f"an event of the job's log could not be read and is skipped "
+                                   f"({type(exc).__name__}: {exc}"[:300] + "); later ones like it are skipped too"))
+
+    def _take_event(self, event: dict[str, Any]) -> None:
         kind = kind_of(event)
         if kind in WAIT_OVER:
             self._agent_wait = None
