@@ -195,6 +195,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed steps of the bare step")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: the same comparison on the CPU, to check the harness without a GPU")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a further change to the spec, as `rayjobs submit --set` takes it (repeatable)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -215,7 +217,7 @@ def main() -> int:
     print(f"bare step: {bare['images_s']:,.0f} images/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-throughput-") as scratch:
         settings = workload_settings(args.data, Path(scratch), args.size, args.batch, args.epochs,
-                                     args.loader_workers, args.device)
+                                     args.loader_workers, args.device) + args.settings
         workload = run_workload(settings, os.cpu_count() or 2)
 
     def used(side: dict) -> str:

@@ -28,7 +28,7 @@ def jpegs() -> list[bytes]:
 def test_the_device_decodes_the_pixels_the_loader_decodes(jpegs):
     layout = ImageLayout.photos(SIZE)
     encoded, labels = EncodedCollate()([(data, index) for index, data in enumerate(jpegs)])
-    on_device = decode_jpegs_on(torch.device("cpu"), encoded, layout)
+    on_device = decode_jpegs_on(torch.device("cpu"), encoded.files(), layout)
     by_loader = decode_batch(jpegs, layout)
     assert on_device.shape == by_loader.shape == (len(jpegs), 3, SIZE, SIZE)
     assert on_device.dtype == torch.uint8 and labels.tolist() == list(range(len(jpegs)))
@@ -53,7 +53,23 @@ def test_an_empty_batch_decodes_to_an_empty_tensor_of_the_layouts_shape():
 def test_grey_datasets_decode_to_one_channel(jpegs):
     layout = ImageLayout("jpeg", SIZE, SIZE, 1, (0.5,), (0.25,), "crop_flip")
     encoded, _ = EncodedCollate()([(jpegs[0], 0)])
-    assert decode_jpegs_on(torch.device("cpu"), encoded, layout).shape == (1, 1, SIZE, SIZE)
+    assert decode_jpegs_on(torch.device("cpu"), encoded.files(), layout).shape == (1, 1, SIZE, SIZE)
+
+
+def test_a_batch_of_files_leaves_a_loader_process_as_two_tensors_and_arrives_intact(jpegs):
+    """Each tensor crosses from a loader process in a shared-memory segment of its own: one per batch, not one
+    per file, is what keeps a GPU fed (docs/benchmarks.md, the GPU path)."""
+    from torch.utils.data import DataLoader
+
+    samples = [(data, index % 3) for index, data in enumerate(jpegs * 5)]
+    files, _ = EncodedCollate()(samples)
+    assert sum(isinstance(part, torch.Tensor) for part in files) == 2
+    loader = DataLoader(samples, batch_size=8, num_workers=2, collate_fn=EncodedCollate())
+    arrived = [(bytes(file.numpy()), int(label)) for files, labels in loader
+               for file, label in zip(files.files(), labels)]
+    assert arrived == samples
+    empty, no_labels = EncodedCollate()([])
+    assert empty.files() == [] and no_labels.numel() == 0
 
 
 @pytest.mark.parametrize(("decode", "device", "encoding", "ingest", "expected"), [

@@ -113,7 +113,7 @@ class TorchBatches:
         from workloads.vision.images import augment_batch, decode_jpegs_on
 
         for encoded, labels in loader:
-            images = augment_batch(decode_jpegs_on(self.device, encoded, self.layout), augment)
+            images = augment_batch(decode_jpegs_on(self.device, encoded.files(), self.layout), augment)
             yield images, labels.to(self.device, non_blocking=True)
 
 

@@ -12,7 +12,7 @@ import bisect
 import math
 import random
 from collections import OrderedDict
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import pyarrow.parquet as pq
 import torch
@@ -63,15 +63,34 @@ class AugmentingCollate:
         return augment_batch(images, self.augment), labels
 
 
+class EncodedFiles(NamedTuple):
+    """A batch's JPEG files, end to end in one uint8 tensor, and each file's length in bytes.
+
+    One tensor, not one per file: a tensor leaves a loader process through a shared-memory segment of its own,
+    and 256 segments took ten times as long to hand over as one (``tests/test_device_decode.py`` holds the
+    count; ``docs/benchmarks.md``, the GPU path, the figures).
+    """
+
+    joined: torch.Tensor
+    lengths: torch.Tensor
+
+    def files(self) -> list[torch.Tensor]:
+        """Each file as a 1-D view into :attr:`joined`, in the batch's order, as nvJPEG takes them."""
+        return list(torch.split(self.joined, self.lengths.tolist())) if len(self.lengths) else []
+
+
 class EncodedCollate:
-    """``collate_fn`` for decoding on the device: the batch's JPEG files as 1-D uint8 tensors, and the labels.
+    """``collate_fn`` for decoding on the device: the batch's JPEG files (:class:`EncodedFiles`) and the labels.
 
     The files are a tenth of the pixels' bytes; they stay on the CPU, where nvJPEG reads them from.
     """
 
-    def __call__(self, samples: list[tuple[bytes, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in samples]
-        return encoded, torch.tensor([label for _, label in samples], dtype=torch.int64)
+    def __call__(self, samples: list[tuple[bytes, int]]) -> tuple[EncodedFiles, torch.Tensor]:
+        joined = b"".join(data for data, _ in samples)
+        files = EncodedFiles(torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
+                             else torch.zeros(0, dtype=torch.uint8),
+                             torch.tensor([len(data) for data, _ in samples], dtype=torch.int64))
+        return files, torch.tensor([label for _, label in samples], dtype=torch.int64)
 
 
 class ParquetImageDataset(Dataset):
