@@ -1,10 +1,43 @@
-"""The one exception a spec can fail with, and how it reads to a person."""
+"""What a job's input can fail with, how it reads to a person, and the exit status each outcome gives.
+
+The exit statuses and the bad-input error are one rule for both sides: the ``rayjobs`` command exits with them,
+and so does a workload's entry point on the cluster (``workloads/entry.py``).
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What a ``rayjobs`` command, or a workload's entry point, exits with; "Exit codes" in
+    docs/troubleshooting.md explains each."""
+
+    SUCCEEDED = 0
+    FAILED = 1  # the job ran and failed (or, for `stop`, could not be stopped); a workload's stage failed
+    BAD_INPUT = 2  # a spec, flag, argument or a workload's parameters are wrong; nothing was submitted or done
+    STOPPED = 3  # the job was stopped (by a user, or by rayjobs on request)
+    CLUSTER_UNREACHABLE = 4  # no answer from the cluster, or the job's state is unknown
+    TIMEOUT = 5  # timeout_s / start_timeout_s ran out and rayjobs stopped the job
+    NOT_FOUND = 6  # no job with that id
+    AUTH_FAILED = 7  # the cluster refused our credentials (or wanted some)
+    INTERRUPTED = 130  # Ctrl-C while following: rayjobs detached, the job keeps running
+
+
+class RayJobsError(Exception):
+    """Base class: a problem with a one-paragraph message and an exit code."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+
+class BadInput(RayJobsError, ValueError):
+    """Input that cannot be used as given: a spec, flag, argument or request the cluster refused as malformed, or
+    a workload's parameters or data; the message names it and says why. Nothing was submitted, or done."""
+
+    exit_code = ExitCode.BAD_INPUT
 
 FieldPath = tuple[str | int, ...]
 

@@ -17,6 +17,7 @@ from jobs.retry import retry_policy
 from jobs.secrets import masked_runtime_env
 from jobs.workload_contract import workload_needs
 from rayjobs_agent import AGENT_PACKAGE_DIR
+from rayjobs_agent.package import is_agent_module
 from rayjobs_agent.record_layout import DEFAULT_RECORD_PATH, default_run_dir, run_of_this_submission
 from rayjobs_agent.storage_location import uri_scheme
 from rayjobs_agent.vocabulary import EVENT_MARKER
@@ -136,7 +137,7 @@ def keeps_record(loaded: LoadedSpec, ships_code: bool) -> bool:
 def ship_agent_package(runtime_env: dict[str, Any]) -> None:
     """Add ``rayjobs_agent`` to the job's ``py_modules`` (once), whatever its working_dir holds."""
     modules = list(runtime_env.get("py_modules") or [])
-    if str(AGENT_PACKAGE_DIR) not in modules:
+    if not any(is_agent_module(module) for module in modules):
         runtime_env["py_modules"] = modules + [str(AGENT_PACKAGE_DIR)]
 
 

@@ -5,23 +5,10 @@ The library raises; only the CLI decides what to print.
 
 from __future__ import annotations
 
-from enum import IntEnum
-
+from jobs.errors import BadInput, ExitCode, RayJobsError
 from jobs.infra.status import JobStatus
 
-
-class ExitCode(IntEnum):
-    """What a ``rayjobs`` command exits with; "Exit codes" in docs/troubleshooting.md explains each."""
-
-    SUCCEEDED = 0
-    FAILED = 1  # the job ran and failed (or, for `stop`, could not be stopped)
-    BAD_INPUT = 2  # a spec, flag or argument is wrong; nothing was submitted
-    STOPPED = 3  # the job was stopped (by a user, or by rayjobs on request)
-    CLUSTER_UNREACHABLE = 4  # no answer from the cluster, or the job's state is unknown
-    TIMEOUT = 5  # timeout_s / start_timeout_s ran out and rayjobs stopped the job
-    NOT_FOUND = 6  # no job with that id
-    AUTH_FAILED = 7  # the cluster refused our credentials (or wanted some)
-    INTERRUPTED = 130  # Ctrl-C while following: rayjobs detached, the job keeps running
+__all__ = ["BadInput", "ExitCode", "RayJobsError"]  # defined with the spec's errors, which a workload imports too
 
 
 TERMINAL_STATUS_CODES = {
@@ -34,18 +21,6 @@ TERMINAL_STATUS_CODES = {
 def exit_code_for_status(status: str) -> ExitCode:
     """The exit code for a job status; a job still PENDING or RUNNING maps to 0."""
     return TERMINAL_STATUS_CODES.get(status, ExitCode.SUCCEEDED)
-
-
-class RayJobsError(Exception):
-    """Base class: a problem with a one-paragraph message and an exit code."""
-
-    exit_code: ExitCode = ExitCode.FAILED
-
-
-class BadInput(RayJobsError):
-    """A spec, flag, argument or request the cluster refused as malformed; nothing was submitted."""
-
-    exit_code = ExitCode.BAD_INPUT
 
 
 class ClusterUnreachable(RayJobsError):

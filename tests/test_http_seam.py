@@ -1,4 +1,4 @@
-"""The one HTTP seam (runner/client/http.py): loopback never goes through a proxy, an error through a proxy
+"""The one HTTP seam (jobs/infra/http.py): loopback never goes through a proxy, an error through a proxy
 says so, and no other module of rayjobs sends a request of its own."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from runner.client.connection import Connection
-from runner.client.http import bypass_proxy_for_loopback, fetch, proxy_for
+from jobs.infra.http import bypass_proxy_for_loopback, fetch, proxy_for
 from runner.client.jobs_api import JobsApi
 from runner.errors import ClusterUnreachable
 from tests.support.cli import REPO_ROOT, loopback_http_server, send_body
@@ -78,7 +78,7 @@ _REQUEST_CALLS = {"urlopen", "build_opener", "HTTPConnection", "HTTPSConnection"
 
 def test_no_module_but_the_seam_sends_requests_of_its_own():
     offenders = {}
-    seam = {REPO_ROOT / "runner" / "client" / "http.py", REPO_ROOT / "runner" / "client" / "jobs_api.py"}
+    seam = {REPO_ROOT / "jobs" / "infra" / "http.py", REPO_ROOT / "runner" / "client" / "jobs_api.py"}
     for package in ("jobs", "runner"):
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
             if path in seam:
@@ -92,4 +92,4 @@ def test_no_module_but_the_seam_sends_requests_of_its_own():
                                                        if name in ("requests", "aiohttp", "urllib.request")})
             if found:
                 offenders[str(path.relative_to(REPO_ROOT))] = found
-    assert offenders == {}, "send requests through runner.client.http (REST) or JobsApi (log streams)"
+    assert offenders == {}, "send requests through jobs.infra.http (REST) or JobsApi (log streams)"

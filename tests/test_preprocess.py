@@ -32,7 +32,7 @@ from tests.support.images import (
     write_text_as_jpeg,
     write_truncated_jpeg,
 )
-from workloads.entry import BAD_INPUT_EXIT_CODE
+from jobs.errors import ExitCode
 from workloads.vision.config import DataConfig
 from workloads.vision.errors import DataSourceError
 from workloads.vision.images import square_jpeg_from_bytes
@@ -289,7 +289,7 @@ def _run_with_a_missing_data_root(tmp_path: Path, module: str, env: dict[str, st
                       f"  output_dir: {tmp_path / 'out'}\n")
     done = subprocess.run([sys.executable, "-m", module, "--params", str(params)], capture_output=True, text=True,
                           timeout=180, env=env, cwd=REPO_ROOT)
-    assert done.returncode == BAD_INPUT_EXIT_CODE == 2, done.stderr[-3000:]
+    assert done.returncode == ExitCode.BAD_INPUT == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and str(missing) in error_lines[0] and "data.root" in error_lines[0]

@@ -337,7 +337,7 @@ def test_a_sweep_refits_its_best_values_and_refuses_an_edited_definition_unless_
     from jobs.sweep import SweepSpec
     from jobs.workload_contract import Demand
     from tests.support.sweep_trials import EPOCHS, refit_at_half_the_learning_rate, report_the_learning_rate
-    from workloads.entry import BadInput
+    from jobs.errors import BadInput
     from workloads.training.sweep import check_definition, run_sweep
 
     definition = {"metric": "val_accuracy", "mode": "max", "search": "grid",

@@ -8,13 +8,13 @@ work to :func:`workload_main`, which turns what the work raised into the exit st
 - 0: the work was done;
 - 1: a stage failed: the work raised one of the errors its entry point names as failures
   (training diverged, a dataset or checkpoint a stage needs is missing, ...);
-- 2: bad input: parameters that are not valid (:class:`BadInput`, which
+- 2: bad input: parameters that are not valid (:class:`jobs.errors.BadInput`, which
   :func:`workloads.params.read_params` raises), data that cannot be read as asked (the errors
   the entry point names as bad input), or object storage that cannot be used
   (``rayjobs_agent.s3_access.ObjectStoreError``: a missing bucket, refused credentials, an endpoint
   that does not answer).
 
-Any other error is a bug: the program ends with its traceback, and exit status 1.
+The statuses are :class:`jobs.errors.ExitCode`'s, the ``rayjobs`` command's own. Any other error is a bug: the program ends with its traceback, and exit status 1.
 """
 
 from __future__ import annotations
@@ -23,17 +23,12 @@ import sys
 from typing import Callable, TypeVar
 
 from rayjobs_agent.s3_access import ObjectStoreError
+from jobs.errors import BadInput, ExitCode
 from jobs.infra.ray_env import prepare_ray_env
 
-SUCCESS_EXIT_CODE = 0
-STAGE_FAILED_EXIT_CODE = 1
-BAD_INPUT_EXIT_CODE = 2
+__all__ = ["BadInput", "ExitCode", "on_cluster", "workload_main"]
 
 T = TypeVar("T")
-
-
-class BadInput(ValueError):
-    """The input of a workload cannot be used as given; the message names it and says why."""
 
 
 def workload_main(work: Callable[[], object], failures: tuple[type[BaseException], ...] = (),
@@ -47,10 +42,10 @@ def workload_main(work: Callable[[], object], failures: tuple[type[BaseException
     try:
         work()
     except (BadInput, ObjectStoreError, *bad_input) as exc:
-        return _report(exc, BAD_INPUT_EXIT_CODE)
+        return _report(exc, ExitCode.BAD_INPUT)
     except failures as exc:
-        return _report(exc, STAGE_FAILED_EXIT_CODE)
-    return SUCCESS_EXIT_CODE
+        return _report(exc, ExitCode.FAILED)
+    return ExitCode.SUCCEEDED
 
 
 def _report(exc: BaseException, status: int) -> int:

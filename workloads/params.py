@@ -3,7 +3,7 @@
 rayjobs validates the section on the client, then hands it to the job as JSON in
 the ``RAYJOBS_WORKLOAD`` environment variable (set through ``runtime_env.env_vars``).
 A workload can also be run by hand with ``--params FILE`` (YAML or JSON). Parameters that
-are not valid are :class:`workloads.entry.BadInput`: the entry point exits 2 with one line.
+are not valid are :class:`jobs.errors.BadInput`: the entry point exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator
 from rayjobs_agent.wire import SWEEP_ENV_VAR, WORKLOAD_ENV_VAR
 from rayjobs_agent.record_layout import run_of_this_submission
 from jobs.paths import SPEC_DIR_CONTEXT_KEY, refuse_uri
-from workloads.entry import BadInput
+from jobs.errors import BadInput
 
 if TYPE_CHECKING:
     from jobs.sweep import SweepSpec

@@ -1,6 +1,6 @@
 """The one client for a Ray cluster's job API: every request rayjobs makes goes through ``JobsApi``.
 
-REST calls are sent by :func:`runner.client.http.fetch` (the proxy rules live there); log streams
+REST calls are sent by :func:`jobs.infra.http.fetch` (the proxy rules live there); log streams
 by aiohttp here; a job with a working_dir to upload by Ray's ``JobSubmissionClient``
 (``runner.client.submission``).
 
@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jobs.infra.status import is_terminal
-from runner.client.backoff import Deadline, retrying
+from runner.backoff import Deadline, retrying
 from runner.client.connection import Connection, resolve_connection
-from runner.client.http import Answer, Unanswered, fetch, is_loopback_host, ssl_context_for, through_proxy_note
+from jobs.infra.http import Answer, Unanswered, fetch, is_loopback_host, ssl_context_for, through_proxy_note
 from runner.errors import (AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable, JobNotFound, NoLogApi,
                            NotADashboard, ProfilingDisabled)
 from runner.client.log_resume import LogChunk, ResumePlan, resumed_chunks

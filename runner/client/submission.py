@@ -25,7 +25,7 @@ from jobs.infra import ray_internals
 from jobs.infra.ray_env import prepare_ray_env
 from jobs.submission import local_runtime_paths
 from rayjobs_agent.package import agent_package, is_agent_module
-from runner.client.http import bypass_proxy_for_loopback
+from jobs.infra.http import bypass_proxy_for_loopback
 from runner.client.connection import Connection
 from runner.errors import AuthFailed, BadInput, ClusterRequestFailed, ClusterUnreachable
 

@@ -27,7 +27,7 @@ from runner.reporter import Reporter
 from jobs.secrets import job_mask
 from jobs.infra.status import JobStatus, is_terminal
 from runner.client.jobs_api import JobsApi
-from runner.client.backoff import Backoff, Deadline
+from runner.backoff import Backoff, Deadline
 from runner.errors import AuthFailed, ClusterUnreachable, JobNotFound, NoLogApi, RayJobsError
 from runner.errors import ExitCode, exit_code_for_status
 from runner.follow.log_cursor import LogCursor

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from runner.client.backoff import Backoff, Deadline
-from runner.client.http import Unanswered, fetch
+from runner.backoff import Backoff, Deadline
+from jobs.infra.http import Unanswered, fetch
 from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
 from runner.local.ports import LOOPBACK_HOST, RAY_PORT_OPTIONS, free_ports

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from runner.client.http import Unanswered, fetch
+from jobs.infra.http import Unanswered, fetch
 from runner.local.errors import ClusterError
 from runner.local.state import LocalCluster
 

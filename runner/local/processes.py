@@ -15,7 +15,7 @@ import signal
 import subprocess
 from typing import Any
 
-from runner.client.backoff import Deadline
+from runner.backoff import Deadline
 from runner.local.state import LocalCluster, WorkerNode
 
 _STRAGGLER_GRACE_S = 3.0

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from runner.client.backoff import Backoff, Deadline
+from runner.backoff import Backoff, Deadline
 from runner.local.environment import ray_start_env
 from runner.local.errors import ClusterError
 from runner.local.launch import (TransientStartFailure, keep_session_logs, log_shows_transient_failure,

@@ -25,7 +25,7 @@ from jobs.sweep import (SWEEP_DEFINITION, TUNE_DIR, Distribution, SweepDoesNotFi
                         stored_definition, sweep_concurrency)
 from jobs.workload_contract import Demand
 from workloads import storage
-from workloads.entry import BadInput
+from jobs.errors import BadInput
 from rayjobs_agent import EventKind, emit
 from workloads.storage import StoragePath
 from workloads.training.metrics import METRICS_CSV, pyplot, read_metrics_csv, save_figure
