@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -28,7 +27,7 @@ from ray.train import UserCallback
 from workloads import storage
 from rayjobs_agent.mlflow_tracking import (first_line, job_tags, mlflow_client, mlflow_settings,
                                                        numeric_metrics, open_run, send_pending)
-from rayjobs_agent.wire import OWN_LINE_PREFIX
+from rayjobs_agent.wire import say
 from workloads.storage import StoragePath
 
 UNSENT_FILE = "mlflow-unsent.jsonl"
@@ -124,8 +123,8 @@ class MlflowRun:
         self._forget_unsent()
         if dropped and not self.said_dropped:
             self.said_dropped = True
-            print(f"{OWN_LINE_PREFIX}MLflow at {self.settings['tracking_uri']} refused a report's metrics "
-                  f"({dropped[0]}); the reports after it are sent as usual", file=sys.stderr, flush=True)
+            say(f"MLflow at {self.settings['tracking_uri']} refused a report's metrics ({dropped[0]}); the reports "
+                "after it are sent as usual")
         return True
 
     def _call(self, action: Any, what: str) -> Any:
@@ -134,9 +133,8 @@ class MlflowRun:
         except Exception as exc:  # noqa: BLE001 - tracking must never fail the job
             if not self.warned:
                 self.warned = True
-                print(f"{OWN_LINE_PREFIX}MLflow at {self.settings['tracking_uri']} could not {what} "
-                      f"({first_line(exc)}); the job runs on, and metrics not sent are kept in "
-                      f"{self.run_dir / UNSENT_FILE} and sent later", file=sys.stderr, flush=True)
+                say(f"MLflow at {self.settings['tracking_uri']} could not {what} ({first_line(exc)}); the job runs "
+                    f"on, and metrics not sent are kept in {self.run_dir / UNSENT_FILE} and sent later")
             return None
 
     def _keep_unsent(self) -> None:
