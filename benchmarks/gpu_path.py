@@ -32,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,11 +149,21 @@ def main() -> int:
     parser.add_argument("--cpu-check", action="store_true", help="the harness on a CPU; no GPU figure")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-path-{os.getpid()}"
+    # A folder of its own, and a home and rayjobs state inside it: the `cluster down` at the end stops only the
+    # cluster this script started, never one a RAYJOBS_HOME of the caller's names.
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-path-"))
     home = scratch / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "RAYJOBS_HOME": str(scratch / "rayjobs"),
+           "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONUNBUFFERED": "1"}
+    try:
+        return run_parts(args, scratch, env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_parts(args: argparse.Namespace, scratch: Path, env: dict[str, str]) -> int:
+    """The parts ``args`` names, in order, with ``scratch`` for their data, results and cluster; the exit status."""
     use_gpu = not args.cpu_check
     summary: dict = {"cpu_check": args.cpu_check}
     started = time.monotonic()
@@ -234,7 +245,6 @@ def main() -> int:
 
     summary["checks"] = checks
     save()
-    shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(summary, indent=1))
     failed = sorted(name for name, held in checks.items() if not held)
     if failed:
