@@ -58,7 +58,7 @@ def submit_spec(spec: str, cluster: str, settings: list[str], tag: str,
 
 def mean_images_per_s(run_dir: Path) -> float:
     """The mean ``images_per_s`` of a run's epochs after the first (which includes start-up), from its metrics.csv."""
-    from workloads.training.metrics import read_metrics_csv
+    from workloads.ray_train.metrics import read_metrics_csv
 
     rows = read_metrics_csv(run_dir / "metrics.csv")
     timed = [row["images_per_s"] for row in rows[1:]] or [rows[-1]["images_per_s"]]

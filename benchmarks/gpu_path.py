@@ -101,7 +101,7 @@ def run_summary(document: dict, folder: Path) -> dict:
     """What the checks need from a run: its status, its last epoch's metrics (the record's ``metrics``), the best
     validation accuracy of any epoch (the run's ``metrics.csv``), what inference measured, and the job's GPU use
     as the agent sampled it (``resource_totals`` of ``rayjobs show -o json``)."""
-    from workloads.training.metrics import read_metrics_csv
+    from workloads.ray_train.metrics import read_metrics_csv
 
     totals = document.get("resource_totals") or {}
     last = document.get("metrics") or {}

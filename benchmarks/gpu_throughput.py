@@ -157,7 +157,7 @@ def run_workload(settings: list[str], cpus: int) -> dict:
     import ray
 
     from jobs.loader import load_spec
-    from workloads.training.metrics import read_metrics_csv
+    from workloads.ray_train.metrics import read_metrics_csv
     from workloads.vision.preprocess.stage import run_preprocess
     from workloads.vision.training.stage import run_training
 

@@ -92,7 +92,7 @@ def run_workload(spec: Path, overrides: list[str], cpus: int) -> tuple[list[dict
         elapsed = time.perf_counter() - started
     finally:
         ray.shutdown()
-    from workloads.training.metrics import read_metrics_csv
+    from workloads.ray_train.metrics import read_metrics_csv
 
     return read_metrics_csv(outcome.metrics_csv), elapsed
 

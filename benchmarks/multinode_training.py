@@ -41,7 +41,7 @@ def run_on(nodes: int, cpus_per_node: int, epochs: int, scratch: Path, tag: str,
            overrides: list[str]) -> tuple[float, str]:
     """Start a cluster, train the quickstart on it, stop it; return mean images/s after epoch 1 and the workers line."""
     from runner import local
-    from workloads.training.metrics import read_metrics_csv
+    from workloads.ray_train.metrics import read_metrics_csv
 
     name = f"bench-{tag}"
     cluster = local.start(name=name, num_cpus=cpus_per_node, nodes=nodes)

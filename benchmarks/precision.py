@@ -41,7 +41,7 @@ def bare_worker(size: int, batch: int, steps: int, autocast: bool, scratch: Path
     import torch
 
     from workloads import storage
-    from workloads.training.precision import Precision
+    from workloads.ray_train.precision import Precision
     from workloads.vision.config import TrainConfig
     from workloads.vision.images import ImageLayout
     from workloads.vision.training.loop import Worker
@@ -134,7 +134,7 @@ def cpu_note() -> str:
     """What this CPU offers for bf16 and what ``amp: auto`` picks on it."""
     import torch
 
-    from workloads.training.precision import choose_precision, cpu_bf16_flags, read_cpuinfo
+    from workloads.ray_train.precision import choose_precision, cpu_bf16_flags, read_cpuinfo
 
     flags = cpu_bf16_flags(read_cpuinfo())
     return (f"CPU bf16 flags: {', '.join(flags) or 'none'}; torch's CPU capability "

@@ -85,7 +85,7 @@ def main() -> int:
                 "workload.stages=[preprocess, train, infer]", "workload.infer.num_actors=1"]
         print("recipe: one run", flush=True)
         recipe, recipe_s = run_side(args.spec, [*base, "workload.run_name=recipe"], None)
-        from workloads.training.metrics import read_metrics_csv
+        from workloads.ray_train.metrics import read_metrics_csv
 
         rows = read_metrics_csv(recipe["train"].metrics_csv)
         print(f"sweep: {args.trials} trials", flush=True)

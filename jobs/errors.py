@@ -39,6 +39,7 @@ class BadInput(RayJobsError, ValueError):
 
     exit_code = ExitCode.BAD_INPUT
 
+
 FieldPath = tuple[str | int, ...]
 
 

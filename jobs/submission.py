@@ -64,7 +64,7 @@ def build_submission(loaded: LoadedSpec, *, beside_agent: bool = True) -> dict[s
 
     Args:
         loaded: a validated spec (``jobs.loader.load_spec``).
-        beside_agent: run the entrypoint beside the agent (``rayjobs_agent.record``, shipped with the job). Only
+        beside_agent: run the entrypoint beside the agent (``rayjobs_agent.supervisor``, shipped with the job). Only
             an export that cannot ship it leaves it out, for a spec that keeps no record.
 
     Returns:
@@ -142,7 +142,7 @@ def ship_agent_package(runtime_env: dict[str, Any]) -> None:
 
 
 def run_under_agent(submission: dict[str, Any]) -> None:
-    """Run the entrypoint under ``rayjobs_agent.record`` (the agent's package, a few dozen KiB, is shipped with the
+    """Run the entrypoint under ``rayjobs_agent.supervisor`` (the agent's package, a few dozen KiB, is shipped with the
     job, once per cluster): it reads the job's output, decides why an attempt failed and whether it runs again,
     keeps the record when there is one, and gives a queued job's slot back the moment its entrypoint ends."""
     ship_agent_package(submission.setdefault("runtime_env", {}))
@@ -150,7 +150,7 @@ def run_under_agent(submission: dict[str, Any]) -> None:
 
 
 def add_run_record(submission: dict[str, Any], loaded: LoadedSpec, hash_of_spec: str) -> None:
-    """Have the job keep its run record: its entrypoint runs under ``rayjobs_agent.record``, told where and what.
+    """Have the job keep its run record: its entrypoint runs under ``rayjobs_agent.supervisor``, told where and what.
 
     The record's folder is the workload's run folder (``<storage_path>/<run_name>``) when it has one,
     else a folder under ``record_path`` named after the job. Secrets are masked in the spec it holds.

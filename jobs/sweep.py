@@ -4,7 +4,7 @@ The block is checked on the client like the rest of the spec, before anything ru
 names a field of the workload that may be swept, and every value its distribution can produce is a
 valid value of that field (a sweep that could produce ``batch_size: 0`` is refused before trial 1,
 not discovered at trial 5). The job receives the checked block in ``RAYJOBS_SWEEP`` and runs it
-with Ray Tune (see :mod:`workloads.training.sweep`). Like the rest of ``jobs``, this imports
+with Ray Tune (see :mod:`workloads.ray_train.sweep`). Like the rest of ``jobs``, this imports
 pydantic only, so a spec is checked without ray or torch.
 """
 

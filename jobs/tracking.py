@@ -1,8 +1,8 @@
 """A spec's ``tracking`` block: where the job records its training runs for people to find them (MLflow).
 
 Checked on the client like the rest of the spec. The job receives it in ``RAYJOBS_TRACKING``. A built-in
-workload records through :mod:`workloads.training.tracking`; a user's own Ray Train script through the
-callback rayjobs ships with its code (``rayjobs_agent/tracking_callback.py``), which runs in
+workload records through :mod:`workloads.ray_train.tracking`; a user's own Ray Train script through the
+callback rayjobs ships with its code (``rayjobs_agent/train_hooks/tracking_callback.py``), which runs in
 the Train controller. Imports pydantic only.
 """
 
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
+from rayjobs_agent.masking import mask_url_userinfo
 from rayjobs_agent.storage_location import uri_scheme
 from jobs.strict import StrictModel
 
@@ -31,7 +33,13 @@ class MlflowTracking(StrictModel):
     @classmethod
     def _served(cls, value: str) -> str:
         if uri_scheme(value) not in ("http", "https"):
-            raise ValueError(f"{value!r} is not a tracking server's address: write http(s)://HOST:PORT")
+            raise ValueError(f"{mask_url_userinfo(value)!r} is not a tracking server's address: write "
+                             "http(s)://HOST:PORT")
+        if "@" in urlsplit(value).netloc:
+            # The address travels in the job's variables and in Ray's own driver log, where no mask reaches.
+            raise ValueError(f"{mask_url_userinfo(value)!r} carries credentials in the address; write "
+                             "http(s)://HOST:PORT and give them in runtime_env.env_vars as MLFLOW_TRACKING_TOKEN, or "
+                             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (masked like every secret)")
         if importlib.util.find_spec("mlflow") is None:
             raise ValueError(f"needs MLflow's client, which is not installed here: {INSTALL_MLFLOW} (the cluster "
                              "needs it as well, e.g. in runtime_env.pip)")

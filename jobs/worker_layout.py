@@ -5,7 +5,7 @@ the same reservation, so a layout fits when each node holds a whole number of wo
 together hold them all, not merely when the cluster's sums are large enough: three workers of 2 CPUs
 never fit two nodes of 3 CPUs, though the cluster has 6.
 
-An ``auto`` CPU count is resolved on the cluster when training starts (``workloads/training/config.py``),
+An ``auto`` CPU count is resolved on the cluster when training starts (``workloads/ray_train/config.py``),
 from the CPUs free then; before that, on the client, only the least it takes is known: one whole CPU a
 worker. Like the rest of ``jobs``, this imports nothing of Ray.
 """

@@ -134,7 +134,7 @@ CAUSES: tuple[Cause, ...] = (
           "add nodes that have it; `rayjobs cluster status` lists each node's CPUs"),
     Cause("workers_not_placed",
           # A built-in workload's words once Ray Train's tries at placing its workers are used up
-          # (workloads/training/restarts.py), and Ray Train's own for a try that timed out (a script's own run).
+          # (workloads/ray_train/restarts.py), and Ray Train's own for a try that timed out (a script's own run).
           re.compile(r"((WorkerGroupStartupTimeoutError|WorkersNotPlaced): .*(could not be placed|held fewer than)|"
                      r"worker group startup timed out after [\d.]+ seconds waiting for \d+ workers)"),
           "The training workers could not be placed on the nodes up ({detail})",

@@ -1,7 +1,7 @@
 """The agent's decisions about a running job, from its whole output: why an attempt failed, whether it waits for
 resources, whether it has stalled.
 
-The wrapper (``record.py``) runs the entrypoint; the :class:`Judge` reads the driver log as it grows (a handle of its
+The wrapper (``supervisor.py``) runs the entrypoint; the :class:`Judge` reads the driver log as it grows (a handle of its
 own, apart from the record's copy, so that storage that hangs never delays a decision) and says each decision once,
 as an event in the log and a line of its own beside it. Standard library only, but for Ray's GCS client, imported
 when the cluster is asked what it has pending.

@@ -1,8 +1,8 @@
 """What every writer of a job's MLflow runs shares: the spec's settings, the run's parameters and tags, and the
 requests that open a run and log metrics.
 
-Two writers use it: the built-in workloads (``workloads/training/tracking.py``) and, for a user's own
-Ray Train script, the callback in the Train controller (:mod:`.tracking_callback`). It runs on the
+Two writers use it: the built-in workloads (``workloads/ray_train/tracking.py``) and, for a user's own
+Ray Train script, the callback in the Train controller (:mod:`.train_hooks.tracking_callback`). It runs on the
 cluster without the rest of rayjobs, so it needs the standard library alone: MLflow's client is
 imported inside the calls that use it, and a cluster without it is said once by the caller.
 """

@@ -1,6 +1,6 @@
 """Word of how a job went, sent by the job itself: its spec's ``notify`` targets, through Apprise.
 
-The run record's keeper (``record.py``) calls these as the job starts, while it runs and when it has
+The run record's keeper (``supervisor.py``) calls these as the job starts, while it runs and when it has
 ended, so the news goes out with nobody following the job (``--no-wait``, CI that has gone away, a
 KubeRay RayJob). Every send is bounded (``SEND_BOUND_S`` for all targets of one event together) and
 fail-soft: Apprise missing on the cluster, a closed port or a slow service cost the job that bound at
@@ -160,7 +160,7 @@ def send(config: dict[str, Any] | None, event: str, title: str, body: str, *,
 class JobNotifier:
     """The notify settings of the job this process runs, tied to its run record's keeper (``recorder.Recorder``).
 
-    ``record.py`` calls :meth:`started` once the record has read the earlier attempts (and as each retry in
+    ``supervisor.py`` calls :meth:`started` once the record has read the earlier attempts (and as each retry in
     place starts), :meth:`stalled` when the agent's watch says so, and :meth:`ended` before the record's final
     uploads. A failed send is also kept in ``run.json``'s notes.
     """

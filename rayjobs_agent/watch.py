@@ -1,6 +1,6 @@
 """The agent's watch over a running job: when it waits for resources, and when it has stalled.
 
-The wrapper (``record.py``) feeds every line of the job's driver log here as it is written, and asks
+The wrapper (``supervisor.py``) feeds every line of the job's driver log here as it is written, and asks
 :meth:`JobWatch.decide` every second or so. Each decision is said once, as an event in the log (and so
 in the record): ``wait`` when Ray says the job cannot get resources (in rayjobs' words, with the
 numbers), ``stall`` when nothing of the job's own has been written for the stall limit. The follower,

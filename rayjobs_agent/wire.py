@@ -20,8 +20,8 @@ SUBMISSION_ID_KEY = "job_submission_id"
 # cluster's store and a folder's name in the run record, so it holds no "/" and nothing a shell would read.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
-# How a job's entrypoint runs under the run record's keeper (``record.py``): this, then the quoted entrypoint.
-RECORD_COMMAND = "python -m rayjobs_agent.record --"
+# How a job's entrypoint runs under the run record's keeper (``supervisor.py``): this, then the quoted entrypoint.
+RECORD_COMMAND = "python -m rayjobs_agent.supervisor --"
 
 # The variables that carry a spec's checked sections to the job (JSON): its workload's parameters, its sweep, its
 # tracking, what its run record keeps and where.
@@ -35,8 +35,8 @@ RETRY_ENV_VAR = "RAYJOBS_RETRY"
 WATCH_ENV_VAR = "RAYJOBS_WATCH"
 # Ray Train builds the callbacks this variable names in every TorchTrainer of the job: the agent's own are these.
 TRAIN_CALLBACKS_ENV_VAR = "RAY_TRAIN_CALLBACKS"
-PROGRESS_CALLBACK = "rayjobs_agent.train_callback.ProgressCallback"
-TRACKING_CALLBACK = "rayjobs_agent.tracking_callback.TrackingCallback"
+PROGRESS_CALLBACK = "rayjobs_agent.train_hooks.progress_callback.ProgressCallback"
+TRACKING_CALLBACK = "rayjobs_agent.train_hooks.tracking_callback.TrackingCallback"
 
 # The notification targets in full (their URLs hold tokens): a variable every output masks.
 NOTIFY_ENV_VAR = "RAYJOBS_NOTIFY_SECRET"

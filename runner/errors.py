@@ -8,7 +8,10 @@ from __future__ import annotations
 from jobs.errors import BadInput, ExitCode, RayJobsError
 from jobs.infra.status import JobStatus
 
-__all__ = ["BadInput", "ExitCode", "RayJobsError"]  # defined with the spec's errors, which a workload imports too
+# BadInput, ExitCode and RayJobsError are defined with the spec's errors, which a workload imports too.
+__all__ = ["AuthFailed", "BadInput", "ClusterRequestFailed", "ClusterUnreachable", "ExitCode", "JobNotFound",
+           "NoCluster", "NoLogApi", "NotADashboard", "ProfilingDisabled", "RayJobsError", "TERMINAL_STATUS_CODES",
+           "exit_code_for_status"]
 
 
 TERMINAL_STATUS_CODES = {

@@ -31,7 +31,7 @@ def layout_rows() -> list[tuple[str, str]]:
 
 
 def named_files(text: str) -> list[str]:
-    """The file and folder names a row's words name: ``record.py``, ``sources/``."""
+    """The file and folder names a row's words name: ``supervisor.py``, ``sources/``."""
     return re.findall(r"(?<![\w./])([a-z_]+\.py|[a-z_]+/)(?![\w])", text)
 
 

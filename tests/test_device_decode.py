@@ -11,7 +11,7 @@ import torch
 
 from tests.support.images import photo_like_jpeg, write_tiny_dataset
 from tests.support.tiny_run import dataset_info, tiny_params
-from workloads.training.metrics import read_metrics_csv
+from workloads.ray_train.metrics import read_metrics_csv
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout, augment_batch, decode_batch, decode_jpegs_on, square_jpeg_from_bytes
 from workloads.vision.reading.torch_dataset import EncodedCollate

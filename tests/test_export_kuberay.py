@@ -378,12 +378,12 @@ def test_upload_to_packages_as_ray_does_and_references_the_zip(project_spec, s3_
     assert "excludes" not in runtime_env  # applied when packaging
     assert f"uploaded working_dir {project_spec.parent / 'project'}" in stderr
     # The job keeps its own run record in the pod: KubeRay's cluster goes, so the export says where to keep it.
-    assert manifest["spec"]["entrypoint"] == "python -m rayjobs_agent.record -- 'python main.py'"
+    assert manifest["spec"]["entrypoint"] == "python -m rayjobs_agent.supervisor -- 'python main.py'"
     (keeper,) = [module for module in runtime_env["py_modules"]
                  if re.fullmatch(rf"s3://{BUCKET}/team/jobs/_ray_pkg_[0-9a-f]+-module\.zip", module)]
     # Ray drops the single top folder of a remote zip: the package's own folder must sit one level down.
     keeper_zip = _s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=keeper.split(f"{BUCKET}/", 1)[1])["Body"].read()
-    assert "module/rayjobs_agent/record.py" in zipfile.ZipFile(io.BytesIO(keeper_zip)).namelist()
+    assert "module/rayjobs_agent/supervisor.py" in zipfile.ZipFile(io.BytesIO(keeper_zip)).namelist()
     assert "the run record goes to ~/rayjobs-results in the head pod" in stderr
 
     # The name is the one Ray's own upload path gives the same directory with the same excludes.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workloads.training.config import NodeCapacity, RayTrainSettings
+from workloads.ray_train.config import NodeCapacity, RayTrainSettings
 
 
 def settings(**values) -> RayTrainSettings:
@@ -177,7 +177,7 @@ def test_fewer_workers_than_planned_keep_the_global_batch_and_say_so():
 
 
 def test_an_auto_layout_keeps_within_what_its_queue_let_its_workers_take():
-    from workloads.training.config import NodeCapacity, WorkerScaling, within_grant
+    from workloads.ray_train.config import NodeCapacity, WorkerScaling, within_grant
 
     nodes = [NodeCapacity("here", 4.0), NodeCapacity("there", 4.0)]
     assert [node.free_cpus for node in within_grant(nodes, None)] == [4, 4]

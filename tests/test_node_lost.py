@@ -86,8 +86,8 @@ def test_an_attempt_that_lost_a_node_runs_again_in_place_when_retry_on_names_it(
 
 def test_the_workloads_max_failures_reaches_ray_train(tmp_path):
     from workloads.storage import storage_path
-    from workloads.training.config import RayTrainSettings
-    from workloads.training.trainer import run_config
+    from workloads.ray_train.config import RayTrainSettings
+    from workloads.ray_train.trainer import run_config
 
     for max_failures in (0, 3, -1):
         config = run_config(storage_path(str(tmp_path)), "run", RayTrainSettings(max_failures=max_failures),
@@ -97,9 +97,9 @@ def test_the_workloads_max_failures_reaches_ray_train(tmp_path):
 
 def test_ray_train_gets_a_bounded_number_of_tries_at_placing_a_runs_workers(tmp_path):
     from workloads.storage import storage_path
-    from workloads.training.config import RayTrainSettings
-    from workloads.training.restarts import START_TRIES
-    from workloads.training.trainer import run_config
+    from workloads.ray_train.config import RayTrainSettings
+    from workloads.ray_train.restarts import START_TRIES
+    from workloads.ray_train.trainer import run_config
 
     config = run_config(storage_path(str(tmp_path)), "run", RayTrainSettings(max_failures=-1), "val_accuracy")
     # Ray Train's own default is -1: a worker group the nodes up cannot hold is tried for ever.
@@ -120,7 +120,7 @@ class RunningState:
 @pytest.fixture
 def quick_tries(monkeypatch):
     """Tries of 0.05 s each (patience 0.5 s), and a guard that does not slow its loop."""
-    from workloads.training import restarts
+    from workloads.ray_train import restarts
 
     monkeypatch.setenv(restarts.START_TIMEOUT_ENV_VAR, "0.05")
     monkeypatch.setattr(restarts, "WAIT_STEP_S", 0.0)
@@ -164,7 +164,7 @@ def test_a_worker_group_never_placed_is_said_in_words_the_cause_table_names():
     import ray.train
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 
-    from workloads.training.trainer import failure_text
+    from workloads.ray_train.trainer import failure_text
 
     # As fit() meets it: raised in the controller, pickled to the driver, its __cause__ gone on the way.
     error = pickle.loads(pickle.dumps(ray.train.ControllerError(WorkerGroupStartupTimeoutError(num_workers=3))))
@@ -179,7 +179,7 @@ def test_a_workers_own_error_is_still_its_root_cause():
 
     import ray.train
 
-    from workloads.training.trainer import failure_text
+    from workloads.ray_train.trainer import failure_text
 
     error = pickle.loads(pickle.dumps(ray.train.WorkerGroupError("rank 0 failed", {0: ValueError("bad input")})))
     assert failure_text(error) == "ValueError: bad input"
@@ -191,9 +191,9 @@ def test_an_elastic_run_the_nodes_up_cannot_hold_ends_with_its_cause_instead_of_
     """Ray Train's elastic controller, real: nothing on the cluster holds even one worker (a resource no node has),
     so it decides again and again to start nothing; the guard ends that wait after the tries' time."""
     from workloads.storage import storage_path
-    from workloads.training.config import RayTrainSettings
-    from workloads.training.restarts import START_TIMEOUT_ENV_VAR
-    from workloads.training.trainer import TrainingError, fit
+    from workloads.ray_train.config import RayTrainSettings
+    from workloads.ray_train.restarts import START_TIMEOUT_ENV_VAR
+    from workloads.ray_train.trainer import TrainingError, fit
 
     monkeypatch.setenv(START_TIMEOUT_ENV_VAR, "0.3")  # read by the controller: the driver's value reaches it
     settings = RayTrainSettings(num_workers=2, min_workers=1, cpus_per_worker=1,

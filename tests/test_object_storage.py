@@ -149,7 +149,7 @@ def test_an_unreachable_endpoint_fails_without_hanging(aws_env, monkeypatch):
 @pytest.mark.processes
 def test_metrics_loss_curve_and_tensorboard_events_are_written_to_s3(bucket, s3_endpoint, tmp_path):
     from tests.support.tensorboard_events import tensorboard_scalars
-    from workloads.training.metrics import read_metrics_csv, write_run_metrics
+    from workloads.ray_train.metrics import read_metrics_csv, write_run_metrics
 
     run_dir = ObjectPath(f"s3://{bucket}/runs/curve")
     rows = [{"epoch": e, "train_loss": 2.0 / e, "val_loss": 2.5 / e, "val_accuracy": 0.2 * e} for e in (1, 2)]

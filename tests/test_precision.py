@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from workloads.training.precision import Precision, agreed_precision, choose_precision, cpu_bf16_flags
+from workloads.ray_train.precision import Precision, agreed_precision, choose_precision, cpu_bf16_flags
 
 # Trimmed /proc/cpuinfo texts: an AMD EPYC (Zen 4) with avx512_bf16, a Sapphire Rapids with AMX, and an AVX2
 # CPU whose "vmx flags" line must not be read as its flags.
@@ -202,7 +202,7 @@ def test_inference_under_bf16_hands_numpy_fp32_probabilities(tmp_path, one_threa
 def test_the_precision_reported_as_text_is_left_out_of_tensorboard(tmp_path):
     from tests.support.tensorboard_events import tensorboard_scalars
     from workloads import storage
-    from workloads.training.metrics import write_tensorboard_events
+    from workloads.ray_train.metrics import write_tensorboard_events
 
     write_tensorboard_events(storage.storage_path(str(tmp_path)),
                              [{"epoch": 1, "val_accuracy": 0.5, "precision": "bf16"}])

@@ -173,7 +173,7 @@ def test_a_sweep_the_pre_flight_lets_through_is_one_the_workloads_own_check_runs
     from jobs.sweep import sweep_concurrency
     from jobs.worker_layout import workers_that_fit
     from runner.run.preflight import check_sweep_fits
-    from workloads.training.config import NodeCapacity, shared_by
+    from workloads.ray_train.config import NodeCapacity, shared_by
 
     loaded = _quickstart_sweep(tmp_path, f"workload.train.num_workers={num_workers}",
                                f"sweep.max_concurrent={max_concurrent}")

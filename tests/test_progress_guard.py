@@ -1,5 +1,5 @@
 """The progress channel cannot fail a run: its hooks are guarded, its import cannot break ``fit``, and it is
-installed only on the Ray versions it is tested on (rayjobs_agent/guard.py, train_setup.py)."""
+installed only on the Ray versions it is tested on (rayjobs_agent/guard.py, train_hooks/install.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 from jobs.loader import load_spec
 from rayjobs_agent.wire import RECORD_ENV_VAR
 from jobs.submission import PROGRESS_CALLBACK, build_submission
-from rayjobs_agent import record, train_setup
+from rayjobs_agent import supervisor
+from rayjobs_agent.train_hooks import install
 from rayjobs_agent.guard import guarded
 
-OURS = train_setup.PROGRESS_CALLBACK
+OURS = install.PROGRESS_CALLBACK
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,32 +69,32 @@ def test_a_log_that_cannot_be_written_does_not_reach_the_run_either(monkeypatch)
 
 
 def test_the_callback_is_named_after_the_jobs_own_only_on_a_tested_ray():
-    low, high = train_setup.TESTED_RAY_RANGE
+    low, high = install.TESTED_RAY_RANGE
     tested = f"{high[0]}.{high[1]}.0"
-    assert train_setup.train_callbacks({}, tested) == (OURS, None)
-    assert train_setup.train_callbacks({"RAY_TRAIN_CALLBACKS": "mine.A, mine.B"}, tested) == (
+    assert install.train_callbacks({}, tested) == (OURS, None)
+    assert install.train_callbacks({"RAY_TRAIN_CALLBACKS": "mine.A, mine.B"}, tested) == (
         f"mine.A,mine.B,{OURS}", None)
-    assert train_setup.train_callbacks({"RAY_TRAIN_CALLBACKS": OURS}, tested) == (OURS, None)
+    assert install.train_callbacks({"RAY_TRAIN_CALLBACKS": OURS}, tested) == (OURS, None)
 
-    value, reason = train_setup.train_callbacks({"RAY_TRAIN_CALLBACKS": "mine.A"}, f"{high[0]}.{high[1] + 1}.0")
-    assert value is None and f"tested on Ray {train_setup.tested_range_text()}" in reason
-    assert train_setup.train_callbacks({}, f"{low[0]}.{low[1] - 1}.3")[0] is None
-    assert train_setup.train_callbacks({}, None)[0] is None
+    value, reason = install.train_callbacks({"RAY_TRAIN_CALLBACKS": "mine.A"}, f"{high[0]}.{high[1] + 1}.0")
+    assert value is None and f"tested on Ray {install.tested_range_text()}" in reason
+    assert install.train_callbacks({}, f"{low[0]}.{low[1] - 1}.3")[0] is None
+    assert install.train_callbacks({}, None)[0] is None
 
-    value, reason = train_setup.train_callbacks({"RAY_TRAIN_V2_ENABLED": "0"}, tested)
+    value, reason = install.train_callbacks({"RAY_TRAIN_V2_ENABLED": "0"}, tested)
     assert value is None and "unavailable under Ray Train V1" in reason
 
 
 def test_the_keeper_gives_the_entrypoint_the_callback_only_when_the_record_asks_for_progress(monkeypatch):
-    monkeypatch.setattr(train_setup, "TESTED_RAY_RANGE", ((2, 60), (2, 60)))
-    monkeypatch.setattr(record, "ray_version", lambda: "2.60.0")
-    env, note = record.entrypoint_environment({"RAY_TRAIN_CALLBACKS": "mine.A", "PATH": "/bin"}, {"progress": True})
+    monkeypatch.setattr(install, "TESTED_RAY_RANGE", ((2, 60), (2, 60)))
+    monkeypatch.setattr(supervisor, "ray_version", lambda: "2.60.0")
+    env, note = supervisor.entrypoint_environment({"RAY_TRAIN_CALLBACKS": "mine.A", "PATH": "/bin"}, {"progress": True})
     assert env == {"RAY_TRAIN_CALLBACKS": f"mine.A,{OURS}", "PATH": "/bin"} and note is None
-    env, note = record.entrypoint_environment({"RAY_TRAIN_CALLBACKS": "mine.A"}, {"name": "no-progress"})
+    env, note = supervisor.entrypoint_environment({"RAY_TRAIN_CALLBACKS": "mine.A"}, {"name": "no-progress"})
     assert env == {"RAY_TRAIN_CALLBACKS": "mine.A"} and note is None
 
-    monkeypatch.setattr(record, "ray_version", lambda: "3.1.0")
-    env, note = record.entrypoint_environment({}, {"progress": True})
+    monkeypatch.setattr(supervisor, "ray_version", lambda: "3.1.0")
+    env, note = supervisor.entrypoint_environment({}, {"progress": True})
     assert "RAY_TRAIN_CALLBACKS" not in env and "this cluster runs Ray 3.1.0" in note
 
 
@@ -124,7 +125,7 @@ import os
 from ray.train.v2._internal.callbacks.env_callback import _initialize_env_callbacks
 from ray.train.v2._internal.execution import callback as interfaces
 del interfaces.ControllerCallback  # as in a Ray that renamed or moved it
-os.environ["RAY_TRAIN_CALLBACKS"] = "rayjobs_agent.train_callback.ProgressCallback"
+os.environ["RAY_TRAIN_CALLBACKS"] = "rayjobs_agent.train_hooks.progress_callback.ProgressCallback"
 (callback,) = _initialize_env_callbacks()  # what TorchTrainer does in the user's script
 callback.after_report(None, [{"loss": 1.0}])  # no interface of Ray's: not called by Ray, and harmless if it were
 print("built:", type(callback).__name__, "off:", bool(callback.unavailable))

@@ -25,7 +25,7 @@ def _keeper(store: DictStore, clock: Clock | None = None) -> tuple[kp.Keeper, Fa
 
 
 def _end(store: DictStore, job_id: str) -> None:
-    """The job ended and its wrapper gave its slot back, as record.py does."""
+    """The job ended and its wrapper gave its slot back, as supervisor.py does."""
     store.set_job_status(job_id, "SUCCEEDED")
     for key in store.keys("slot/"):
         holder = json.loads(store.get(key))
@@ -260,7 +260,7 @@ def test_a_stop_asked_while_the_job_waits_ends_it_without_running_through_a_ligh
 def test_a_stand_ins_entrypoint_is_always_the_wrapper_never_the_jobs_own_command():
     request = {"submission_id": "x", "entrypoint": "rm -rf /data", "runtime_env": {}}
     stand_in = kp.stand_in(request, {}, q.Admission("team-a", outcome="STOPPED"))
-    assert stand_in["entrypoint"].startswith("python -m rayjobs_agent.record -- ")
+    assert stand_in["entrypoint"].startswith("python -m rayjobs_agent.supervisor -- ")
     assert "rm -rf" not in stand_in["entrypoint"]
 
 

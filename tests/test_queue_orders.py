@@ -30,7 +30,7 @@ def _enqueue_order(store: DictStore, job_id: str, *, at_ms: float, queue: str = 
                    spec_hash: str = "hash-1") -> str:
     order = {"verb": "enqueue", "queue": queue, "id": job_id, "name": job_id, "priority": priority,
              "needs": {"CPU": 1.0},
-             "request": {"submission_id": job_id, "entrypoint": "python -m rayjobs_agent.record -- 'true'",
+             "request": {"submission_id": job_id, "entrypoint": "python -m rayjobs_agent.supervisor -- 'true'",
                          "metadata": {METADATA_SPEC_HASH: spec_hash}}}
     order_id = q.enqueue_order_id(job_id)
     store.order(order_id, order, start_time_ms=at_ms, metadata={"rayjobs.enqueues": queue})
@@ -286,8 +286,8 @@ def test_a_submission_that_times_out_after_ray_created_the_job_keeps_its_slot():
 
 
 def _retried_job(store: DictStore, job_id: str, *, status: str = "RUNNING", node: str = "node-gone",
-                 max_retries: int = 2, queue: str | None = None, **metadata: str) -> None:
-    policy = RetryPolicy(max_retries, ("JOB_SUPERVISOR_ACTOR_DIED",), 5.0, 300.0)
+                 max_retries: int = 2, queue: str | None = None, backoff_s: float = 5.0, **metadata: str) -> None:
+    policy = RetryPolicy(max_retries, ("JOB_SUPERVISOR_ACTOR_DIED",), backoff_s, 300.0)
     store.set_job_status(job_id, status, driver_node_id=node, start_time=900_000, entrypoint="python -m x",
                          entrypoint_num_cpus=1,
                          runtime_env={"working_dir": "gcs://_ray_pkg_code.zip",
@@ -357,6 +357,42 @@ def test_a_queued_job_lost_whole_goes_back_into_its_queue_at_its_first_place():
     waiting = snapshot["queues"][0]["waiting"]
     assert [job["id"] for job in waiting] == ["nightly-1-attempt2", "later"]
     assert waiting[0]["priority"] == 3 and waiting[0]["needs"] == {"CPU": 2.0}
+
+
+def _lost_by_ray_while_holding_the_only_slot(**retry: float) -> tuple[DictStore, Clock, kp.Keeper, FakeRayJobs]:
+    """A queue of one: "nightly-1" let in, "later" waiting, then "nightly-1" ended FAILED as lost by Ray's job
+    manager (its supervisor died with the head) before the keeper looked (``retry``: its retry rule's settings)."""
+    store = DictStore()
+    clock = Clock(1000.0)
+    qs.set_limits(store, "team-a", 1)
+    enter(store, "nightly-1", submitted=900.0)
+    enter(store, "later", submitted=950.0)
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()
+    assert jobs.ids() == ["nightly-1"]
+    _retried_job(store, "nightly-1", queue="team-a", **retry)
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=clock.now * 1000)
+    return store, clock, keeper, jobs
+
+
+def test_a_queued_job_ray_ends_as_lost_keeps_its_slot_until_its_next_attempt_takes_it():
+    # The job behind must not take the slot before the keeper decides, or the next attempt waits behind it, first
+    # place and all.
+    store, clock, keeper, jobs = _lost_by_ray_while_holding_the_only_slot(backoff_s=0.0)
+    clock.now += ql.WATCH_EVERY_S / 4  # a step between two of the keeper's looks at lost jobs
+    snapshot = keeper.step()
+    assert jobs.ids() == ["nightly-1"], snapshot["queues"]
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    assert jobs.ids() == ["nightly-1", "nightly-1-attempt2"]
+    assert [job_id for job_id, _ in qs.waiting(store, "team-a")] == ["later"]
+
+
+def test_a_slot_whose_job_was_lost_and_will_not_run_again_is_free_for_the_next_in_line():
+    _, clock, keeper, jobs = _lost_by_ray_while_holding_the_only_slot(max_retries=0)
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    assert jobs.ids() == ["nightly-1", "later"]
 
 
 def test_a_stop_of_a_lost_job_waiting_for_its_next_attempt_submits_none():
@@ -864,6 +900,19 @@ def test_a_head_clock_behind_the_orders_sending_keeps_the_time_a_keeper_first_st
     assert qs.stepped_aside_since(store, {"order-1": sent}, now=1990.0) == {"order-1": sent}
     assert qs.stepped_aside_since(store, {"order-1": sent}, now=1995.0) == {"order-1": sent}
     assert qs.stepped_aside_since(store, {"order-1": sent}, now=2100.0) == {"order-1": sent}
+
+
+def test_a_sending_just_beyond_the_clock_skew_keeps_the_time_first_stepped_aside_as_the_clock_comes_near():
+    store = DictStore()
+    now = 1000.0
+    sent = now + qs.ORDER_CLOCK_SKEW_S + 1  # far ahead at the first look: counted from the head's present
+    assert qs.stepped_aside_since(store, {"order-1": sent}, now=now) == {"order-1": now}
+    for later in (now + 2, now + qs.ORDER_CLOCK_SKEW_S, sent + 10):
+        assert qs.stepped_aside_since(store, {"order-1": sent}, now=later) == {"order-1": now}
+    # A time no keeper writes (written by another hand, or by a clock that stepped back) is replaced.
+    for written in (sent - 50, sent + 500):
+        store.put("aside/order-1", json.dumps({"sent": sent, "since": written}).encode())
+        assert qs.stepped_aside_since(store, {"order-1": sent}, now=now + 10) == {"order-1": sent}
 
 
 def test_keepers_step_aside_for_a_bounded_number_of_orders_of_other_code_and_refuse_the_rest_at_once():

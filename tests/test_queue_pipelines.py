@@ -39,7 +39,7 @@ def _enter(store: DictStore, name: str, after: list[str], *, at_ms: float, queue
     order = {"verb": "enqueue", "queue": queue, "id": job_id, "name": name, "priority": priority,
              "needs": {"CPU": 1.0}, "pipeline": run, "pipeline_job": name,
              "after": [f"{run}-{other}" for other in after],
-             "request": {"submission_id": job_id, "entrypoint": "python -m rayjobs_agent.record -- 'true'",
+             "request": {"submission_id": job_id, "entrypoint": "python -m rayjobs_agent.supervisor -- 'true'",
                          "metadata": {METADATA_SPEC_HASH: "hash"}}}
     store.order(q.enqueue_order_id(job_id), order, start_time_ms=at_ms, metadata={"rayjobs.enqueues": queue})
 

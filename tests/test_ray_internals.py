@@ -60,7 +60,7 @@ ON_CLUSTER_INTERNALS = REPO_ROOT / "rayjobs_agent" / "ray_internals.py"
 
 
 def test_the_progress_callbacks_interfaces_are_where_ray_keeps_them():
-    from rayjobs_agent.train_callback import ProgressCallback
+    from rayjobs_agent.train_hooks.progress_callback import ProgressCallback
 
     from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 

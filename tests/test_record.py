@@ -1,4 +1,4 @@
-"""The run record's keeper (rayjobs_agent/record.py), run as Ray runs an entrypoint: a shell
+"""The run record's keeper (rayjobs_agent/supervisor.py), run as Ray runs an entrypoint: a shell
 command whose stdout and stderr are the job's driver log file. No Ray here: what the keeper reads from
 Ray (its job's metadata and runtime_env) is given in the same variable Ray sets."""
 
@@ -21,9 +21,9 @@ from rayjobs_agent.vocabulary import EVENT_MARKER
 from rayjobs_agent.wire import METADATA_ATTEMPT, METADATA_PARENT, RAY_JOB_CONFIG_ENV_VAR, RECORD_ENV_VAR
 from runner.records.store import Folder, attempt_events, attempt_log, list_runs, read_run
 from tests.support.waiting import HANG_GUARD_S, wait_for_condition
-from rayjobs_agent import record
+from rayjobs_agent import supervisor
 
-OBSERVE_PARENT = Path(record.__file__).resolve().parents[1]
+OBSERVE_PARENT = Path(supervisor.__file__).resolve().parents[1]
 PACKAGE = "_ray_pkg_0123456789abcdef.zip"
 
 
@@ -41,7 +41,7 @@ def keeper_env(config: dict, submission_id: str = "raysubmit_one", **metadata: s
 def run_keeper(entrypoint: str, log: Path, env: dict[str, str], **popen: object) -> subprocess.Popen:
     """Start the keeper on ``entrypoint`` with stdout and stderr appended to ``log``, as Ray's job supervisor does."""
     with open(log, "ab") as handle:
-        return subprocess.Popen([sys.executable, "-m", "rayjobs_agent.record", "--", entrypoint],
+        return subprocess.Popen([sys.executable, "-m", "rayjobs_agent.supervisor", "--", entrypoint],
                                 stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True, **popen)
 
 
@@ -119,7 +119,7 @@ def test_the_record_holds_the_spec_as_the_client_masked_it(tmp_path):
             DATABASE_URL: https://me:{password}@db.invalid/x
         tracking:
           mlflow:
-            tracking_uri: https://me:{password}@mlflow.invalid
+            tracking_uri: https://mlflow.invalid
             experiment: rec
         """))
     submission = build_submission(load_spec(spec))
@@ -134,7 +134,7 @@ def test_the_record_holds_the_spec_as_the_client_masked_it(tmp_path):
     shown = read_run(Folder(str(tmp_path / "run")))["spec"]
     assert shown["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "***"
     assert shown["entrypoint"] == "python train.py --token *** --db https://me:***@db.invalid/x"
-    assert shown["tracking"]["mlflow"]["tracking_uri"] == "https://me:***@mlflow.invalid"
+    assert shown["tracking"]["mlflow"]["tracking_uri"] == "https://mlflow.invalid"
 
 
 @pytest.mark.processes

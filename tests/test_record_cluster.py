@@ -70,7 +70,7 @@ def test_a_record_in_s3_survives_the_head_nodes_death_complete_to_its_last_uploa
                              Path(cluster.temp_dir).glob(f"session_*/logs/job-driver-{job_id}.log")}
 
             victims = _cluster_processes(cluster)
-            assert any("rayjobs_agent.record" in " ".join(p.cmdline()) for p in victims), "the keeper dies too"
+            assert any("rayjobs_agent.supervisor" in " ".join(p.cmdline()) for p in victims), "the keeper dies too"
             kill_processes(victims)
             psutil.wait_procs(victims, timeout=HANG_GUARD_S)
             written = driver_log.read_bytes()

@@ -24,9 +24,9 @@ from runner.errors import ExitCode
 from runner.records.report import LOST, run_status
 from tests.support.cli import cli_env, rayjobs_in_process, run_rayjobs
 from tests.support.waiting import HANG_GUARD_S
-from rayjobs_agent import record
+from rayjobs_agent import supervisor
 
-OBSERVE_PARENT = Path(record.__file__).resolve().parents[1]
+OBSERVE_PARENT = Path(supervisor.__file__).resolve().parents[1]
 
 
 def reporting_job(losses: list[float]) -> str:
@@ -46,7 +46,7 @@ def keep_record(run_dir: Path, submission_id: str, entrypoint: str, spec: dict |
     env["PYTHONPATH"] = str(OBSERVE_PARENT)
     log = run_dir.parent / f"{submission_id}.log"
     with open(log, "ab") as handle:
-        subprocess.run([sys.executable, "-m", "rayjobs_agent.record", "--", entrypoint], stdout=handle,
+        subprocess.run([sys.executable, "-m", "rayjobs_agent.supervisor", "--", entrypoint], stdout=handle,
                        stderr=subprocess.STDOUT, env=env, timeout=HANG_GUARD_S, check=False)
 
 

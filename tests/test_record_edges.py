@@ -1,6 +1,6 @@
 """The wrapper around every job at its edges: a kill, a stop that lands as the entrypoint starts, storage that never answers.
 
-Each runs the real keeper (``python -m rayjobs_agent.record``) as Ray's job supervisor does, in a session of
+Each runs the real keeper (``python -m rayjobs_agent.supervisor``) as Ray's job supervisor does, in a session of
 its own, on a real process tree.
 """
 
@@ -86,13 +86,13 @@ def _keeper_stopped_at(moment: str, tmp_path: Path) -> tuple[subprocess.Popen, P
     entrypoint = f"{shlex.quote(sys.executable)} -c {shlex.quote(STARTS)} {shlex.quote(str(marker))}"
     driver = textwrap.dedent(f"""
         import os, signal, subprocess, sys
-        from rayjobs_agent import record
-        real = {'record.queue_admission' if moment == 'before' else 'subprocess.Popen'}
+        from rayjobs_agent import supervisor
+        real = {'supervisor.queue_admission' if moment == 'before' else 'subprocess.Popen'}
         def stopped_now(*args, **kwargs):
             os.killpg(os.getpgrp(), signal.SIGTERM)  # Ray's stop, to the whole process group
             return real(*args, **kwargs)
-        {'record.queue_admission' if moment == 'before' else 'record.subprocess.Popen'} = stopped_now
-        sys.exit(record.main(["--", {entrypoint!r}]))
+        {'supervisor.queue_admission' if moment == 'before' else 'supervisor.subprocess.Popen'} = stopped_now
+        sys.exit(supervisor.main(["--", {entrypoint!r}]))
     """)
     env = keeper_env(config_for(tmp_path / "run"))
     with open(log, "ab") as out:
@@ -121,7 +121,7 @@ def test_storage_that_never_answers_delays_neither_the_notification_nor_the_jobs
     """The end of a job with its record in an S3 endpoint that takes connections and never answers (a black hole)."""
     from tests.support.fault_proxy import FaultProxy
     from tests.support.s3_server import create_bucket
-    from rayjobs_agent import notify, record
+    from rayjobs_agent import notify, supervisor
 
     create_bucket(s3_endpoint, "blackhole")
     flag = tmp_path / "go-on"
@@ -146,7 +146,7 @@ def test_storage_that_never_answers_delays_neither_the_notification_nor_the_jobs
         text = log.read_text()
         assert keeper.returncode == 0, text
         assert [body["title"] for _, body in hook.received] == ["rayjobs: rec SUCCEEDED"]
-        assert f"did not finish within {record.END_DEADLINE_S:g}s" in text
+        assert f"did not finish within {supervisor.END_DEADLINE_S:g}s" in text
 
 
 def test_a_secret_of_the_nodes_own_environment_never_reaches_the_record(tmp_path):

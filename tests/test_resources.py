@@ -419,7 +419,7 @@ def test_without_psutil_the_agent_takes_the_copy_ray_ships_without_importing_ray
 
 
 def test_without_psutil_or_ray_the_job_runs_unsampled_and_says_so_once(tmp_path):
-    done = _run_bare("from types import SimpleNamespace\nfrom rayjobs_agent.record import resource_sampler\n"
+    done = _run_bare("from types import SimpleNamespace\nfrom rayjobs_agent.supervisor import resource_sampler\n"
                      "keeping = SimpleNamespace(recorder=None, add_event=None)\n"
                      "print(resource_sampler({}, SimpleNamespace(), keeping))\n")
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""Retries in place: the agent beside the job (``rayjobs_agent.record``) decides why an attempt failed and runs
+"""Retries in place: the agent beside the job (``rayjobs_agent.supervisor``) decides why an attempt failed and runs
 the entrypoint again inside the same job, whoever follows it. Run as Ray runs an entrypoint (a shell command
 whose output is the driver log file), with the retry policy in the variable the client sets; no Ray here."""
 

@@ -163,7 +163,7 @@ def test_the_record_keeper_starts_a_job_without_importing_ray():
     import subprocess
     import sys
 
-    probe = "import sys; import rayjobs_agent.record; print('ray' in sys.modules)"
+    probe = "import sys; import rayjobs_agent.supervisor; print('ray' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT / "workloads", capture_output=True,
                            text=True, check=True)
     assert shown.stdout.strip() == "False", shown.stderr

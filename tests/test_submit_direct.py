@@ -174,7 +174,7 @@ def test_a_job_that_only_keeps_a_record_ships_the_observer_without_rays_client(t
     assert [request["runtime_env"]["py_modules"] for request in sent] == [[f"gcs://{name}"]] * 2
     assert [call for call, _ in rest.calls].count("ensure_package") == 2 and len(rest.packages) == 1
     names = zipfile.ZipFile(io.BytesIO(rest.packages[name])).namelist()
-    assert "rayjobs_agent/record.py" in names and not any("__pycache__" in entry for entry in names)
+    assert "rayjobs_agent/supervisor.py" in names and not any("__pycache__" in entry for entry in names)
 
 
 def test_the_agent_ships_one_package_under_one_content_addressed_name():

@@ -23,7 +23,7 @@ import yaml
 
 from tests.support.cli import REPO_ROOT
 from tests.support.waiting import wait_for_condition
-from workloads.training.metrics import read_metrics_csv
+from workloads.ray_train.metrics import read_metrics_csv
 
 EPOCHS = 1
 # The second learning rate makes the loss non-finite in the first epoch: that trial fails for real.
@@ -179,7 +179,7 @@ def test_asha_stops_a_trial_that_is_behind_at_its_first_rung(workload_ray, tmp_p
     from jobs.sweep import SweepSpec
     from jobs.workload_contract import Demand
     from tests.support.sweep_trials import EPOCHS, report_the_learning_rate
-    from workloads.training.sweep import run_sweep
+    from workloads.ray_train.sweep import run_sweep
 
     # One trial at a time, so the first has reached every rung when the second meets the first one.
     sweep = SweepSpec.model_validate({
@@ -285,7 +285,7 @@ def test_an_optuna_sweep_draws_each_trial_from_the_results_before_it(workload_ra
     from jobs.sweep import SweepSpec
     from jobs.workload_contract import Demand
     from tests.support.sweep_trials import EPOCHS, report_the_learning_rate
-    from workloads.training.sweep import run_sweep
+    from workloads.ray_train.sweep import run_sweep
 
     # Three trials: one drawn at random, then two by TPE, the last from two results that differ.
     bounds, samples = (1e-4, 1.0), 3
@@ -315,7 +315,7 @@ def test_a_random_sweep_draws_every_parameter_from_its_distribution(workload_ray
     from jobs.sweep import SweepSpec
     from jobs.workload_contract import Demand
     from tests.support.sweep_trials import EPOCHS, report_the_learning_rate
-    from workloads.training.sweep import run_sweep
+    from workloads.ray_train.sweep import run_sweep
 
     sweep = SweepSpec.model_validate({
         "metric": "val_accuracy", "mode": "max", "search": "random", "samples": 3, "seed": 5,
@@ -338,7 +338,7 @@ def test_a_sweep_refits_its_best_values_and_refuses_an_edited_definition_unless_
     from jobs.workload_contract import Demand
     from tests.support.sweep_trials import EPOCHS, refit_at_half_the_learning_rate, report_the_learning_rate
     from jobs.errors import BadInput
-    from workloads.training.sweep import check_definition, run_sweep
+    from workloads.ray_train.sweep import check_definition, run_sweep
 
     definition = {"metric": "val_accuracy", "mode": "max", "search": "grid",
                   "parameters": {"workload.train.lr": {"choice": [0.3, 0.6]}}}

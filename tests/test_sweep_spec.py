@@ -246,7 +246,7 @@ def test_a_stored_sweep_and_an_edited_one_differ_by_each_changed_field_and_refit
 
 
 def test_a_sweep_without_refit_trains_nothing_more(tmp_path):
-    from workloads.training.sweep import SweepOutcome, TrialOutcome, refit_best
+    from workloads.ray_train.sweep import SweepOutcome, TrialOutcome, refit_best
 
     sweep = SweepSpec.model_validate({**a_sweep(**{"workload.train.lr": {"choice": [0.1]}}), "refit": False})
     best = TrialOutcome("trial-0000", {"workload.train.lr": 0.1}, "FINISHED", 1, 0.5, tmp_path / "trials" / "t")

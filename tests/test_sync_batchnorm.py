@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from workloads.training.sync_batchnorm import SyncedBatchNorm, synchronise_batch_norm
+from workloads.ray_train.sync_batchnorm import SyncedBatchNorm, synchronise_batch_norm
 
 BATCH, CHANNELS, SIDE = 8, 3, 5
 

@@ -1,4 +1,4 @@
-"""Recording runs in MLflow (workloads/training/tracking.py) against a real tracking server on loopback.
+"""Recording runs in MLflow (workloads/ray_train/tracking.py) against a real tracking server on loopback.
 
 What a training run sends is the sweep test's (tests/test_sweep.py, one MLflow run per trial with two
 workers); here, what must hold whatever the server does: a server down at start is one line and the
@@ -30,7 +30,7 @@ QUICKSTART = REPO_ROOT / "specs" / "quickstart.yaml"
 
 
 def test_a_server_down_at_start_is_one_line_and_the_run_goes_on_untracked(tmp_path, capsys):
-    from workloads.training.tracking import MlflowRun
+    from workloads.ray_train.tracking import MlflowRun
 
     down = f"http://127.0.0.1:{free_port()}"
     assert MlflowRun.open(tmp_path / "run", "run", {"train": {"lr": 0.1}},
@@ -41,7 +41,7 @@ def test_a_server_down_at_start_is_one_line_and_the_run_goes_on_untracked(tmp_pa
 
 def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_the_run(mlflow_tracking_server,
                                                                                         tmp_path, capsys):
-    from workloads.training.tracking import UNSENT_FILE, MlflowRun
+    from workloads.ray_train.tracking import UNSENT_FILE, MlflowRun
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -89,6 +89,12 @@ def test_the_tracking_block_is_checked_and_reaches_the_job():
     document["tracking"] = {"mlflow": {"tracking_uri": "mlflow.internal:5000", "experiment": "food"}}
     with pytest.raises(SpecError, match="is not a tracking server's address: write http"):
         validate_spec_data(dict(document), QUICKSTART)
+    for with_credentials in ("https://me:pw-4f1c@mlflow.internal:5000", "https://tok-9a2e@mlflow.internal"):
+        document["tracking"]["mlflow"]["tracking_uri"] = with_credentials
+        with pytest.raises(SpecError, match="carries credentials in the address") as refused:
+            validate_spec_data(dict(document), QUICKSTART)
+        assert "pw-4f1c" not in str(refused.value) and "tok-9a2e" not in str(refused.value)
+        assert "MLFLOW_TRACKING_USERNAME" in str(refused.value)
     document["tracking"]["mlflow"]["tracking_uri"] = "http://mlflow.internal:5000/"
     loaded = validate_spec_data(document, QUICKSTART)
     submission = build_submission(loaded)
@@ -104,7 +110,7 @@ def test_the_tracking_block_is_checked_and_reaches_the_job():
 
 def test_a_report_mlflow_refuses_is_dropped_and_the_reports_after_it_are_sent(mlflow_tracking_server, tmp_path,
                                                                              capsys):
-    from workloads.training.tracking import MlflowRun
+    from workloads.ray_train.tracking import MlflowRun
 
     run = MlflowRun.open(tmp_path / "run", "refused", {"train": {"lr": 0.1}},
                          settings={"tracking_uri": mlflow_tracking_server.uri, "experiment": f"refused-{tmp_path.name}"})
@@ -122,7 +128,7 @@ def test_a_report_mlflow_refuses_is_dropped_and_the_reports_after_it_are_sent(ml
 
 
 def test_a_jobs_secrets_reach_mlflow_masked_in_its_parameters(mlflow_tracking_server, tmp_path, monkeypatch):
-    from workloads.training.tracking import MlflowRun
+    from workloads.ray_train.tracking import MlflowRun
 
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop0123")
     run = MlflowRun.open(tmp_path / "run", "masked", {"train_loop_config": {"token": "hf_abcdefghijklmnop0123",

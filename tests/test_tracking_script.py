@@ -1,5 +1,5 @@
 """``tracking: mlflow:`` for a user's own Ray Train script, through the callback shipped with its code
-(rayjobs_agent/tracking_callback.py): the specs refused because nothing would record them, what is
+(rayjobs_agent/train_hooks/tracking_callback.py): the specs refused because nothing would record them, what is
 shipped, and a callback that never raises. On the session cluster (test_tracking_script_cluster.py), a plain
 script's reports reach MLflow.
 """
@@ -52,7 +52,7 @@ def test_tracking_is_refused_where_nothing_would_record_it_and_shipped_where_som
 
 @pytest.mark.parametrize("mlflow_installed", [True, False])
 def test_the_callback_says_once_why_nothing_is_recorded_and_never_raises(mlflow_installed, monkeypatch, capsys):
-    from rayjobs_agent.tracking_callback import TrackingCallback
+    from rayjobs_agent.train_hooks.tracking_callback import TrackingCallback
 
     if not mlflow_installed:
         monkeypatch.setitem(sys.modules, "mlflow", None)

@@ -27,7 +27,7 @@ USER_CALLBACKS = '''
 from ray.train.v2._internal.execution.callback import ReportCallback
 
 from rayjobs_agent.guard import guarded
-from rayjobs_agent.train_callback import ProgressCallback
+from rayjobs_agent.train_hooks.progress_callback import ProgressCallback
 
 
 class CountingCallback(ReportCallback):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.images import write_tiny_dataset
 from tests.support.tiny_run import dataset_info, tiny_params
-from workloads.training.metrics import read_metrics_csv
+from workloads.ray_train.metrics import read_metrics_csv
 
 # 18 training rows on two workers of 4 images a batch: 9 a rank under either ingest path, a last batch of one.
 CLASSES = ["red", "green"]

@@ -26,7 +26,7 @@ def test_worker_resources_add_a_gpu_unless_one_is_given():
 
 
 def test_root_cause_reaches_the_innermost_error():
-    from workloads.training.trainer import first_line, root_cause
+    from workloads.ray_train.trainer import first_line, root_cause
 
     try:
         try:
@@ -39,7 +39,7 @@ def test_root_cause_reaches_the_innermost_error():
 
 
 def test_final_metrics_line_prints_the_epoch_as_a_whole_number():
-    from workloads.training.metrics import final_metrics_line
+    from workloads.ray_train.metrics import final_metrics_line
 
     final = {"epoch": 3.0, "train_loss": 0.123456, "val_accuracy": 0.5}
     assert final_metrics_line(final) == "Final metrics: epoch=3, train_loss=0.1235, val_accuracy=0.5"
@@ -58,7 +58,7 @@ def test_tensorboard_shows_every_epoch_and_a_reload_sees_each_new_epoch_once(tmp
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.support.tensorboard_events import tensorboard_scalars
-    from workloads.training.metrics import write_tensorboard_events
+    from workloads.ray_train.metrics import write_tensorboard_events
 
     rows = [{"epoch": epoch, "train_loss": 2.0 / epoch, "val_accuracy": 0.25 * epoch} for epoch in (1, 2)]
     written = write_tensorboard_events(tmp_path, rows)

@@ -24,7 +24,7 @@ from tests.support.cli import submit_spec as submit
 from tests.support.s3_server import aws_variables, create_bucket
 from tests.support.waiting import wait_for_condition
 from workloads import storage
-from workloads.training.metrics import read_metrics_csv
+from workloads.ray_train.metrics import read_metrics_csv
 
 BUCKET = "rayjobs-vision"
 EPOCHS = 4  # the first submission asks for one fewer

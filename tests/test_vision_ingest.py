@@ -13,7 +13,7 @@ from tests.support.arrays import write_cifar_batches, write_digits_as_mnist
 from tests.support.s3_server import create_bucket
 from workloads import storage
 from tests.support.tiny_run import run_spec_in_process
-from workloads.training.metrics import read_metrics_csv
+from workloads.ray_train.metrics import read_metrics_csv
 
 TINY_VIT = ["workload.train.vit.num_layers=2", "workload.train.vit.num_heads=2", "workload.train.vit.hidden_dim=32",
             "workload.train.vit.mlp_dim=64", "workload.train.use_gpu=false", "workload.infer.use_gpu=false",

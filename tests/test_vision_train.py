@@ -14,7 +14,7 @@ import pytest
 from tests.support.tensorboard_events import tensorboard_scalars
 from tests.support.tiny_run import CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS, copy_run, dataset_info, tiny_params
 from tests.support.tiny_run import write_tiny_data
-from workloads.training.metrics import read_metrics_csv
+from workloads.ray_train.metrics import read_metrics_csv
 
 
 def _params(dataset: Path, storage: Path, run_name: str, **train):
@@ -101,7 +101,7 @@ def test_learning_rate_schedule_warmup_and_cosine():
 
 
 def test_missing_or_invalid_weights_and_missing_dataset_are_clear_errors(tmp_path, tiny_dataset):
-    from workloads.training.trainer import TrainingError
+    from workloads.ray_train.trainer import TrainingError
     from workloads.vision.errors import DatasetMissingError
     from workloads.vision.training.stage import run_training
 
@@ -284,7 +284,7 @@ def test_an_exploding_validation_loss_at_chance_two_epochs_in_a_row_is_a_warning
 
 
 def test_imagenet_weights_missing_offline_name_the_cache_and_how_to_seed_it(tmp_path, monkeypatch):
-    from workloads.training.trainer import TrainingError
+    from workloads.ray_train.trainer import TrainingError
     from workloads.vision.training import model
     from workloads.vision.config import TrainConfig
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping
 
-from ..queueing import ORDER_PREFIX, TERMINAL, Admission
+from ..queueing import DECIDE_WITHIN_S, ORDER_PREFIX, TERMINAL, Admission
 from ..retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry
 from ..wire import (METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT, METADATA_PRIORITY, METADATA_QUEUE,
                     METADATA_SPEC_HASH)
@@ -30,10 +30,6 @@ PENDING_GRACE_S = 10.0
 
 # Decisions about jobs lost whole stay in the snapshot this long, for a follower to find the next attempt.
 DECISION_SHOWN_S = 600.0
-
-# A job lost whole is submitted again only when it was lost less than this long ago (a keeper that starts on a
-# cluster does not resubmit what was lost there last week).
-DECIDE_WITHIN_S = 3600.0
 
 
 def decision_for_lost_job(job_id: str, info: Mapping[str, Any], attempts_made: int, now: float,

@@ -41,8 +41,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
-from ..queueing import (MOST_STEP_ASIDES, NAMESPACE, STEP_ASIDE_WINDOW_S, TERMINAL, TOO_MANY_STEP_ASIDES,
-                        UNPLACEABLE_ORDER, checked_queue_name, entered_job, is_order, never_placed)
+from ..queueing import (DECIDE_WITHIN_S, MOST_STEP_ASIDES, NAMESPACE, STEP_ASIDE_WINDOW_S, TERMINAL,
+                        TOO_MANY_STEP_ASIDES, UNPLACEABLE_ORDER, awaits_next_attempt, checked_queue_name, entered_job,
+                        is_order, never_placed)
 from ..wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
 
 # Ray's job manager keeps each submission's record here (ray.dashboard.modules.job.common.JobInfoStorageClient).
@@ -281,12 +282,15 @@ def _aside_horizon(sent: float, now: float) -> float:
 
 
 def _kept_aside(raw: bytes | None, sent: float, now: float) -> float | None:
-    """The time kept under an ``aside/`` key, when it was kept for the order sent at ``sent`` and lies between then
-    and ``now`` (None: it was not)."""
+    """The time kept under an ``aside/`` key, when it was kept for the order sent at ``sent`` and is a time a keeper
+    writes (:func:`_aside_horizon`: the sending or later, or a present well before a sending far ahead) no later than
+    the horizon now (None: it was not)."""
     try:
         kept = json.loads(raw) if raw else None
         since = float(kept["since"])
-        after_sending = sent <= since or sent > now + ORDER_CLOCK_SKEW_S
+        # A time kept while the sending lay far ahead stays kept once the clock comes within the skew of it: replaced
+        # then by the sending time, the order would be stepped aside for that much longer.
+        after_sending = sent <= since or since < sent - ORDER_CLOCK_SKEW_S
         return since if float(kept["sent"]) == sent and after_sending and since <= _aside_horizon(sent, now) else None
     except (ValueError, TypeError, KeyError, OverflowError):
         return None
@@ -330,9 +334,9 @@ def queues_in(store: KeyValue) -> list[str]:
 def slots(store: KeyValue, queue: str, now: float) -> dict[int, Slot]:
     """Every slot of ``queue`` that has been taken, with its newest generation and its holder, if it still has one.
 
-    A holder is gone when it said so (``done``), when Ray's job table says its job ended, or when Ray
-    does not know its job and its claim is older than :data:`UNKNOWN_HOLDER_GRACE_S` (``now`` is the
-    head's clock, which wrote ``since``).
+    A holder is gone when it said so (``done``), when Ray's job table says its job ended (but for a job lost whole
+    whose next attempt the keeper has yet to decide), or when Ray does not know its job and its claim is older than
+    :data:`UNKNOWN_HOLDER_GRACE_S` (``now`` is the head's clock, which wrote ``since`` and Ray's end times).
     """
     newest: dict[int, int] = {}
     for key in store.keys(f"slot/{queue}/"):
@@ -347,13 +351,25 @@ def slots(store: KeyValue, queue: str, now: float) -> dict[int, Slot]:
         holder = json.loads(raw) if raw else None
         if holder is None:
             continue
-        status = job_status(store, str(holder.get("id")))
-        if status in TERMINAL:
+        info = ray_job_info(store, str(holder.get("id")))
+        status = str(info.get("status") or "") or None if info else None
+        if status in TERMINAL and not _next_attempt_undecided(store, str(holder.get("id")), info, now):
             continue
         if status is None and now - float(holder.get("since") or 0) > UNKNOWN_HOLDER_GRACE_S:
             continue
         found[index].holder = holder
     return found
+
+def _next_attempt_undecided(store: KeyValue, job_id: str, info: Mapping[str, Any], now: float) -> bool:
+    """Whether job ``job_id`` (``info``: Ray's record of it) was lost whole and the keeper has not decided yet
+    whether it runs again. Its slot waits for that decision: a next attempt goes back to the job's first place, and
+    the job behind it must not take the slot meanwhile (Ray's job manager may end a lost job before the keeper looks).
+    """
+    if store.get(f"lost/{job_id}") is not None:
+        return False
+    if now - float(info.get("end_time") or 0) / 1000 > DECIDE_WITHIN_S:
+        return False  # lost before any keeper looked: none will decide
+    return awaits_next_attempt(info, None)
 
 def held(slot_map: dict[int, Slot]) -> dict[int, dict[str, Any]]:
     """Slot → holder, for the slots that are held."""

@@ -285,7 +285,7 @@ def _parsed(data: bytes, folder: Folder) -> dict[str, Any]:
 def record_location(info: dict[str, Any]) -> str | None:
     """Where a job keeps its run record, from its Ray job record (None for a job that keeps none).
 
-    The same rule as the job's own (``rayjobs_agent/record.py``): the run's folder when the spec
+    The same rule as the job's own (``rayjobs_agent/supervisor.py``): the run's folder when the spec
     named one, else ``<base>/<name>-<first submission id>``.
     """
     text = ((info.get("runtime_env") or {}).get("env_vars") or {}).get(RECORD_ENV_VAR)

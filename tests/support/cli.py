@@ -137,7 +137,7 @@ def submit_spec(home: Path, spec: str, *overrides: str, timeout: float = 600) ->
 
 def read_metrics_csv(run_dir: Path) -> list[dict[str, float]]:
     """A training run's metrics.csv, every field as a number."""
-    from workloads.training.metrics import METRICS_CSV, read_metrics_csv as read_rows
+    from workloads.ray_train.metrics import METRICS_CSV, read_metrics_csv as read_rows
 
     return read_rows(run_dir / METRICS_CSV)
 

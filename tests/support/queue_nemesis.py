@@ -11,7 +11,7 @@ for ``plan.client_s`` seconds:
   them.
 - **the nemesis**, at seeded moments: the keeper SIGKILLed (found through Ray's state API), once the moment it
   claims a slot (a process watching the store's slot keys kills it then, between its claim and its job's submission
-  or during the submission), a job's wrapper SIGKILLed (``python -m rayjobs_agent.record`` of a running job), the
+  or during the submission), a job's wrapper SIGKILLed (``python -m rayjobs_agent.supervisor`` of a running job), the
   clients' connections cut, a ``rayjobs submit`` SIGKILLed mid-submission, and the head killed whole (every process
   of its session) and started again on its ports with its Redis.
 
@@ -426,7 +426,7 @@ def kill_keeper_at_claim(shared: _Shared, within_s: float = 20.0) -> None:
 
 
 def kill_wrapper(shared: _Shared, rng: random.Random) -> None:
-    """SIGKILL the wrapper (``python -m rayjobs_agent.record``) of a running job of ours."""
+    """SIGKILL the wrapper (``python -m rayjobs_agent.supervisor``) of a running job of ours."""
     import psutil
 
     from rayjobs_agent.queueing import submission_id_from
@@ -437,7 +437,7 @@ def kill_wrapper(shared: _Shared, rng: random.Random) -> None:
         for process in cluster_processes(shared.cluster) + job_processes(shared.cluster):
             with contextlib.suppress(psutil.Error):
                 command = " ".join(process.cmdline())
-                if "rayjobs_agent.record" in command and "qh-job started" in command and process.children():
+                if "rayjobs_agent.supervisor" in command and "qh-job started" in command and process.children():
                     found.append((process, submission_id_from(process.environ())))
         return found
 

@@ -143,7 +143,7 @@ def enter(store: DictStore, job_id: str, *, queue: str = "team-a", priority: int
     entry = {"name": job_id, "priority": priority, "submitted": submitted,
              "needs": needs if needs is not None else {"CPU": 1.0}}
     store.put(f"request/{job_id}", json.dumps({"submission_id": job_id, "entrypoint": f"python -m rayjobs_agent."
-                                               f"record -- 'echo {job_id}'", "metadata": {}}).encode())
+                                               f"supervisor -- 'echo {job_id}'", "metadata": {}}).encode())
     store.put(f"waiting/{queue}/{job_id}", json.dumps(entry).encode())
 
 

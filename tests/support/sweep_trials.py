@@ -1,8 +1,8 @@
-"""Trials for the Ray Tune tests of :mod:`workloads.training.sweep` that report set figures instead of training.
+"""Trials for the Ray Tune tests of :mod:`workloads.ray_train.sweep` that report set figures instead of training.
 
 What Tune's scheduler does with a trial then depends on nothing but the figures; the trial a killed driver
 interrupts runs a real Ray Train trainer of one worker, so that its resuming from a checkpoint is Ray Train's.
-Each is a ``run_trial`` as :func:`workloads.training.sweep.run_sweep` calls it, importable by the Ray workers
+Each is a ``run_trial`` as :func:`workloads.ray_train.sweep.run_sweep` calls it, importable by the Ray workers
 that run trials.
 """
 
@@ -33,7 +33,7 @@ def report_the_learning_rate(values: dict[str, Any], name: str, trials_root: Any
 
 
 def refit_at_half_the_learning_rate(values: dict[str, Any], name: str, storage_root: Any) -> None:
-    """A refit run as :func:`workloads.training.sweep.run_sweep` calls it: ``EPOCHS`` epochs whose ``val_accuracy`` is
+    """A refit run as :func:`workloads.ray_train.sweep.run_sweep` calls it: ``EPOCHS`` epochs whose ``val_accuracy`` is
     half the learning rate, written to ``<storage_root>/<name>/metrics.csv``; each call is a line in its ``calls``."""
     from workloads import storage
 
@@ -48,7 +48,7 @@ def refit_at_half_the_learning_rate(values: dict[str, Any], name: str, storage_r
 def train_with_checkpoints_stalling_once(values: dict[str, Any], name: str, trials_root: Any,
                                          callbacks: list[Any]) -> None:
     """The trial of learning rate 0.8 is a real ``TorchTrainer`` of one worker
-    (:func:`workloads.training.trainer.fit`), reporting ``val_accuracy`` = its learning rate with a checkpoint
+    (:func:`workloads.ray_train.trainer.fit`), reporting ``val_accuracy`` = its learning rate with a checkpoint
     every epoch, and resuming from Ray Train's checkpoint when there is one; the first time, it reports its first
     epoch and then waits to be killed in its second (touching ``$SWEEP_STALLED``). Any other trial reports its
     figures to Tune without a trainer: that it is not run again is Tune's doing, and a trainer of its own would
@@ -63,8 +63,8 @@ def train_with_checkpoints_stalling_once(values: dict[str, Any], name: str, tria
         report_the_learning_rate(values, name, trials_root, callbacks)
         return
 
-    from workloads.training.config import RayTrainSettings
-    from workloads.training.trainer import fit
+    from workloads.ray_train.config import RayTrainSettings
+    from workloads.ray_train.trainer import fit
 
     settings = RayTrainSettings(num_workers=1, cpus_per_worker=1, max_failures=0, num_to_keep=1)
     config = {"name": name, "lr": lr, "run_dir": str(trials_root / name)}
@@ -111,7 +111,7 @@ from jobs.sweep import SweepSpec
 from jobs.workload_contract import Demand
 from tests.support.sweep_trials import EPOCHS, train_with_checkpoints_stalling_once
 from workloads.storage import storage_path
-from workloads.training.sweep import run_sweep
+from workloads.ray_train.sweep import run_sweep
 
 sweep = SweepSpec.model_validate({"metric": "val_accuracy", "mode": "max", "search": "grid", "max_concurrent": 1,
                                   "parameters": {"workload.train.lr": {"choice": [0.9, 0.8]}}})

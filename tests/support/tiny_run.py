@@ -99,7 +99,7 @@ def train_tiny_run(directory: Path) -> TinyRun:
     import contextlib
     import io
 
-    from workloads.training.metrics import read_metrics_csv
+    from workloads.ray_train.metrics import read_metrics_csv
     from workloads.vision.__main__ import run_stages
     from workloads.vision.training.stage import run_training
 

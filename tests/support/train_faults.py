@@ -144,7 +144,7 @@ def fail_workers_at_epoch(monkeypatch, epoch: int) -> None:
     Ray Train starts its workers with ``RunConfig.worker_runtime_env``; the variable set
     there reaches :func:`install` in those processes only.
     """
-    from workloads.training import trainer
+    from workloads.ray_train import trainer
 
     run_config = trainer.run_config
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from workloads.entry import BadInput, on_cluster, workload_main
+from jobs.errors import BadInput
+from workloads.entry import on_cluster, workload_main
 from workloads.hf_vit.config import HFViTParams
 from workloads.hf_vit.train import HFWorkloadError, run
 from workloads.params import parse_command_line
 from workloads.storage import check_storage, storage_path
-from workloads.training.trainer import TrainingError
+from workloads.ray_train.trainer import TrainingError
 
 HF_EXTRA = ("transformers", "datasets", "accelerate")
 

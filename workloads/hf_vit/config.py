@@ -15,7 +15,7 @@ from jobs.paths import SpecPath
 from jobs.strict import StrictModel
 from jobs.workload_contract import WorkloadNeeds
 from workloads.params import LocalWeights
-from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
+from workloads.ray_train.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # "google/vit-base-patch16-224": what a Hugging Face hub model id looks like.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from workloads import storage
 from workloads.hf_vit.config import HFDataConfig, HFModelConfig, HFTrainConfig, HFViTParams
-from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, write_run_metrics
-from workloads.training.trainer import first_line, fit, resolved_layout
+from workloads.ray_train.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, write_run_metrics
+from workloads.ray_train.trainer import first_line, fit, resolved_layout
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 RAY_CHECKPOINT_DIR = "checkpoint"  # RayTrainReportCallback's folder inside each Ray checkpoint
@@ -279,7 +279,7 @@ def run(params: HFViTParams) -> dict:
     params = params.model_copy(update={"train": resolved_layout(params.train)})
     run_dir = params.run_dir
     scratch = tempfile.mkdtemp(prefix="rayjobs-hf-")
-    from workloads.training.tracking import tracked_training
+    from workloads.ray_train.tracking import tracked_training
 
     with tracked_training(run_dir, params.run_name, params.model_dump(mode="json")) as tracked:
         try:

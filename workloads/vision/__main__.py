@@ -15,11 +15,12 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from workloads.entry import BadInput, on_cluster, workload_main
+from jobs.errors import BadInput
+from workloads.entry import on_cluster, workload_main
 from workloads.params import load_sweep, parse_command_line
 from rayjobs_agent import EventKind, emit
 from workloads.storage import check_storage, storage_path
-from workloads.training.trainer import TrainingError
+from workloads.ray_train.trainer import TrainingError
 from workloads.vision.config import VisionParams
 from workloads.vision.errors import DatasetMissingError, DataSourceError, InferenceError
 

@@ -14,7 +14,7 @@ from jobs.paths import SpecPath, SpecStoragePath
 from jobs.strict import StrictModel
 from jobs.workload_contract import Demand, WorkloadNeeds
 from workloads.params import LocalWeights
-from workloads.training.config import RayTrainSettings, TrainingRunParams, run_name_field
+from workloads.ray_train.config import RayTrainSettings, TrainingRunParams, run_name_field
 
 # The ten Food-101-Lite classes, by their display names.
 FOOD101_LITE_CLASSES = [

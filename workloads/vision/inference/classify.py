@@ -16,7 +16,7 @@ import ray
 
 from workloads import storage
 from workloads.storage import StoragePath
-from workloads.training.precision import AmpSetting, Precision, choose_precision
+from workloads.ray_train.precision import AmpSetting, Precision, choose_precision
 from workloads.vision.errors import InferenceError
 from workloads.vision.training.model import STATE_FILE, best_checkpoint, model_from_state, read_checkpoint_state
 

@@ -1,6 +1,6 @@
 """The confusion matrix of batch inference, as a chart and as a text table.
 
-Training's ``metrics.csv`` and loss curve are drawn by :mod:`workloads.training.metrics`.
+Training's ``metrics.csv`` and loss curve are drawn by :mod:`workloads.ray_train.metrics`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from workloads.storage import StoragePath
-from workloads.training.metrics import pyplot, save_figure
+from workloads.ray_train.metrics import pyplot, save_figure
 
 
 def plot_confusion_matrix(matrix: Sequence[Sequence[int]], classes: Sequence[str],

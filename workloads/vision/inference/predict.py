@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from jobs.errors import BadInput
 from workloads import storage
-from workloads.entry import BadInput, on_cluster, workload_main
+from workloads.entry import on_cluster, workload_main
 from workloads.params import add_params_argument, read_params
 from workloads.vision.config import VisionParams
 from workloads.vision.errors import InferenceError

@@ -17,9 +17,9 @@ import ray
 from workloads import storage
 from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath
-from workloads.training.config import NodeCapacity
-from workloads.training.precision import AmpSetting
-from workloads.training.trainer import cluster_capacity
+from workloads.ray_train.config import NodeCapacity
+from workloads.ray_train.precision import AmpSetting
+from workloads.ray_train.trainer import cluster_capacity
 from workloads.vision.config import InferConfig, VisionParams
 from workloads.vision.errors import InferenceError
 from workloads.vision.inference.classify import (classify_tensors, load_checkpoint_model, load_classes,

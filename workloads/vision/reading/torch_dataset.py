@@ -86,8 +86,8 @@ class EncodedCollate:
     """
 
     def __call__(self, samples: list[tuple[bytes, int]]) -> tuple[EncodedFiles, torch.Tensor]:
-        joined = b"".join(data for data, _ in samples)
-        files = EncodedFiles(torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
+        joined = bytearray().join(data for data, _ in samples)  # one copy, writable: torch wraps it as it is
+        files = EncodedFiles(torch.frombuffer(joined, dtype=torch.uint8) if joined
                              else torch.zeros(0, dtype=torch.uint8),
                              torch.tensor([len(data) for data, _ in samples], dtype=torch.int64))
         return files, torch.tensor([label for _, label in samples], dtype=torch.int64)

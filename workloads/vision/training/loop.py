@@ -21,10 +21,10 @@ from typing import Any
 from workloads import storage
 from rayjobs_agent import EventKind, emit
 from workloads.storage import StoragePath
-from workloads.training.metrics import (METRICS_CSV, read_metrics_csv, write_metrics_csv,
+from workloads.ray_train.metrics import (METRICS_CSV, read_metrics_csv, write_metrics_csv,
                                        write_tensorboard_events)
-from workloads.training.precision import Precision, agreed_precision
-from workloads.training.trainer import TrainingError
+from workloads.ray_train.precision import Precision, agreed_precision
+from workloads.ray_train.trainer import TrainingError
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout, normalize
 from workloads.vision.reading.batches import RayDataBatches, TorchBatches
@@ -162,7 +162,7 @@ def setup_worker(config: dict) -> Worker:
     del pretrained
     model = model.to(memory_format=memory_format)
     if cfg.syncs_batch_norm(world_size):
-        from workloads.training.sync_batchnorm import synchronise_batch_norm
+        from workloads.ray_train.sync_batchnorm import synchronise_batch_norm
 
         model = synchronise_batch_norm(model, device.type)
         if rank == 0:

@@ -15,7 +15,7 @@ from pathlib import Path
 from jobs.infra import ray_internals
 from workloads import storage
 from workloads.storage import StoragePath
-from workloads.training.trainer import TrainingError, first_line
+from workloads.ray_train.trainer import TrainingError, first_line
 from workloads.vision.config import TrainConfig
 from workloads.vision.images import ImageLayout
 

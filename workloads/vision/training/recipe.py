@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workloads.training.precision import Precision, choose_precision
+from workloads.ray_train.precision import Precision, choose_precision
 from workloads.vision.config import TrainConfig
 from workloads.vision.training.model import HEAD_PREFIXES
 

@@ -29,8 +29,8 @@ from jobs.infra import ray_internals
 from workloads import storage
 from workloads.placement import nodes_phrase
 from workloads.storage import StoragePath
-from workloads.training.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, plot_loss_curve, read_metrics_csv
-from workloads.training.trainer import TrainingError, fit, resolved_layout
+from workloads.ray_train.metrics import LOSS_CURVE, METRICS_CSV, final_metrics_line, plot_loss_curve, read_metrics_csv
+from workloads.ray_train.trainer import TrainingError, fit, resolved_layout
 from workloads.vision.config import TrainConfig, VisionParams
 from workloads.vision.training.loop import METRIC_FIELDS, train_loop_per_worker
 from workloads.vision.training.model import best_checkpoint, list_checkpoints, load_pretrained_state
@@ -38,8 +38,8 @@ from workloads.vision.training.recipe import divergence_message
 
 if TYPE_CHECKING:
     from jobs.sweep import SweepSpec
-    from workloads.training.tracking import MlflowRun
-    from workloads.training.sweep import SweepOutcome
+    from workloads.ray_train.tracking import MlflowRun
+    from workloads.ray_train.sweep import SweepOutcome
     from workloads.vision.reading.manifest import DatasetInfo
 
 @dataclass
@@ -141,7 +141,7 @@ def run_training(params: VisionParams, info: DatasetInfo, callbacks: list[Any] |
             raise TrainingError(shortfall)
         data_options = {"datasets": training_datasets(dataset_root, layout, cfg),
                         "dataset_config": ExactValidationDataConfig()}
-    from workloads.training.tracking import tracked_training
+    from workloads.ray_train.tracking import tracked_training
 
     with tracked_training(run_dir, params.run_name, params.model_dump(mode="json"), tracking_parent) as tracked:
         result = fit(train_loop_per_worker, loop_config, params.storage_root, params.run_name, cfg, score[0],
@@ -189,8 +189,8 @@ def run_training_sweep(params: VisionParams, info: DatasetInfo, sweep: SweepSpec
 
     Raises :class:`TrainingError` when every trial failed.
     """
-    from workloads.training.sweep import TRIALS_DIR, check_definition, refit_line, run_sweep, trial_table
-    from workloads.training.tracking import MlflowRun
+    from workloads.ray_train.sweep import TRIALS_DIR, check_definition, refit_line, run_sweep, trial_table
+    from workloads.ray_train.tracking import MlflowRun
     from workloads.vision.training.selection import carve_selection_split
 
     # Resolved once, before the trials: each trial then asks Tune for the same workers, and as many trials as the

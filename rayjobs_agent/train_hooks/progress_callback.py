@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import emit, plain_metrics
-from .guard import guarded, turn_off
-from .train_setup import is_tested, ray_version, tested_range_text
-from .vocabulary import EventKind
+from ..events import emit, plain_metrics
+from ..guard import guarded, turn_off
+from .install import is_tested, ray_version, tested_range_text
+from ..vocabulary import EventKind
 
-from .ray_internals import INTERFACES_MISSING as _INTERFACES_MISSING
-from .ray_internals import ControllerCallback, ReportCallback, WorkerGroupCallback, callback_bases
+from ..ray_internals import INTERFACES_MISSING as _INTERFACES_MISSING
+from ..ray_internals import ControllerCallback, ReportCallback, WorkerGroupCallback, callback_bases
 
 _INTERFACES = callback_bases(ControllerCallback, WorkerGroupCallback, ReportCallback)
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from importlib import metadata
 
-from .wire import PROGRESS_CALLBACK, TRAIN_CALLBACKS_ENV_VAR
+from ..wire import PROGRESS_CALLBACK, TRAIN_CALLBACKS_ENV_VAR
 
 TRAIN_V2_ENV_VAR = "RAY_TRAIN_V2_ENABLED"
 # (major, minor) of the oldest and newest Ray the callback is tested on, both included.

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from workloads import storage
 from workloads.storage import StoragePath
-from workloads.training.config import NodeCapacity, RayTrainSettings, WorkerScaling, shared_by, within_grant
+from workloads.ray_train.config import NodeCapacity, RayTrainSettings, WorkerScaling, shared_by, within_grant
 
 
 class TrainingError(RuntimeError):
@@ -100,7 +100,7 @@ def run_config(storage_root: StoragePath, run_name: str, settings: RayTrainSetti
     import ray.train
 
     from jobs.infra.ray_internals import train_v2_enabled
-    from workloads.training.restarts import START_TRIES
+    from workloads.ray_train.restarts import START_TRIES
 
     path, filesystem = storage.arrow_path(storage_root)
     # Train V2 retries a worker group that could not be placed for ever by default: a run gets START_TRIES.
@@ -127,12 +127,12 @@ def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: Stor
     the best by ``score_attribute`` in ``score_order`` (a sweep's metric and mode); ``trainer_options`` to
     ``TorchTrainer`` as they are (``datasets``, ``dataset_config``). A range of workers (an ``auto`` layout's)
     restarts on the nodes left after one is lost, and waits no longer for nodes than a fixed layout does
-    (:mod:`workloads.training.restarts`).
+    (:mod:`workloads.ray_train.restarts`).
     Raises :class:`TrainingError` naming the run and the root cause when the run fails.
     """
     from ray.train.torch import TorchTrainer
 
-    from workloads.training.restarts import PlacementGuard
+    from workloads.ray_train.restarts import PlacementGuard
 
     scaling = settings.scaling_config()
     if getattr(scaling, "elasticity_enabled", False):
@@ -155,6 +155,6 @@ def fit(train_loop: Callable[[dict], Any], loop_config: dict, storage_root: Stor
 
 def failure_text(exc: BaseException) -> str:
     """Why a run failed, in one line: workers that could not be placed in words, else the root cause."""
-    from workloads.training.restarts import placement_failure
+    from workloads.ray_train.restarts import placement_failure
 
     return placement_failure(innermost(exc)) or root_cause(exc)

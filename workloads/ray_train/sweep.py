@@ -28,7 +28,7 @@ from workloads import storage
 from jobs.errors import BadInput
 from rayjobs_agent import EventKind, emit
 from workloads.storage import StoragePath
-from workloads.training.metrics import METRICS_CSV, pyplot, read_metrics_csv, save_figure
+from workloads.ray_train.metrics import METRICS_CSV, pyplot, read_metrics_csv, save_figure
 
 TRIALS_CSV = "trials.csv"
 TRIALS_PLOT = "trials.png"
@@ -286,7 +286,7 @@ def _planned_epochs(values: dict[str, Any], epochs: int) -> int:
 
 
 def _first_line(error: BaseException) -> str:
-    from workloads.training.trainer import root_cause
+    from workloads.ray_train.trainer import root_cause
 
     return root_cause(error)[:300]
 

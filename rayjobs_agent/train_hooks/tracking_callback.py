@@ -20,11 +20,11 @@ import queue
 import threading
 from typing import Any
 
-from .mlflow_tracking import first_line, job_tags, mlflow_client, mlflow_settings, numeric_metrics, open_run, \
+from ..mlflow_tracking import first_line, job_tags, mlflow_client, mlflow_settings, numeric_metrics, open_run, \
     send_pending
 
-from .ray_internals import ControllerCallback, ReportCallback, callback_bases
-from .wire import say
+from ..ray_internals import ControllerCallback, ReportCallback, callback_bases
+from ..wire import say
 
 _INTERFACES = callback_bases(ControllerCallback, ReportCallback)
 

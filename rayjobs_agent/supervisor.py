@@ -1,4 +1,4 @@
-"""The run record, kept by the job itself: ``python -m rayjobs_agent.record -- ENTRYPOINT``.
+"""The run record, kept by the job itself: ``python -m rayjobs_agent.supervisor -- ENTRYPOINT``.
 
 ``rayjobs submit`` wraps the entrypoint of every job that uploads code in this module. It runs the
 entrypoint as Ray would (a shell command, in this process group, writing to the same log file), and
@@ -16,7 +16,7 @@ there with nobody following (``--no-wait``, a KubeRay RayJob) and survives the c
 that dies mid-run leaves the log complete up to the last upload.
 
 Before the entrypoint starts, it also decides whether the job's Ray Train runs get the progress
-callback (train_setup.py): only on the Ray versions the callback is tested on, after any callbacks
+callback (train_hooks/install.py): only on the Ray versions the callback is tested on, after any callbacks
 the job names itself.
 
 Nothing here can fail the job: a record that cannot be written is said once in the log, writes that
@@ -46,7 +46,7 @@ from .record_store import reason
 from .resources import ResourceSampler, local_addresses
 from .recorder import ATTEMPT_KEY, Recorder, open_own_log, say
 from .retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry, retries_whole_jobs
-from .train_setup import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
+from .train_hooks.install import TRAIN_CALLBACKS_ENV_VAR, ray_version, train_callbacks
 from .vocabulary import RETRY_STARTED, RETRY_WAITING, EventKind
 from .wire import METADATA_PARENT as PARENT_KEY
 from .wire import RECORD_COMMAND, job_metadata
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     """Run ``argv`` (``-- ENTRYPOINT``) beside the agent; returns (or dies of) what the entrypoint did last."""
     args = argv[1:] if argv and argv[0] == "--" else argv
     if len(args) != 1:
-        print("usage: python -m rayjobs_agent.record -- 'ENTRYPOINT'", file=sys.stderr)
+        print("usage: python -m rayjobs_agent.supervisor -- 'ENTRYPOINT'", file=sys.stderr)
         return 2
     stop_signal: list[int] = []
     for signum in _STOP_SIGNALS:

@@ -14,7 +14,7 @@ for ever, without a controller failure to count. :class:`PlacementGuard` bounds 
 time, and slows the controller's loop meanwhile. It implements Ray Train's own controller interface
 (from :mod:`rayjobs_agent.ray_internals`); a Ray without it leaves the guard inert, never the run broken.
 
-Imported where a run starts (:func:`workloads.training.trainer.fit`), not with the trainer: it imports Ray.
+Imported where a run starts (:func:`workloads.ray_train.trainer.fit`), not with the trainer: it imports Ray.
 """
 
 from __future__ import annotations
