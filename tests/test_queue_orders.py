@@ -395,6 +395,17 @@ def test_a_slot_whose_job_was_lost_and_will_not_run_again_is_free_for_the_next_i
     assert jobs.ids() == ["nightly-1", "later"]
 
 
+def test_a_slot_of_a_job_the_keeper_never_retries_is_free_at_once_when_ray_ends_it_as_lost():
+    # Its entry came with no spec (another hand's): no keeper decides about it, so nothing is waited for.
+    store, clock, keeper, jobs = _lost_by_ray_while_holding_the_only_slot()
+    info = qs.ray_job_info(store, "nightly-1")
+    metadata = {key: value for key, value in info["metadata"].items() if key != METADATA_SPEC_HASH}
+    store.set_job_status("nightly-1", "FAILED", metadata=metadata)
+    clock.now += ql.WATCH_EVERY_S / 4
+    keeper.step()
+    assert jobs.ids() == ["nightly-1", "later"]
+
+
 def test_a_stop_of_a_lost_job_waiting_for_its_next_attempt_submits_none():
     store = DictStore()
     clock = Clock(1000.0)

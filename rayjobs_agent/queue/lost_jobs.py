@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping
 
-from ..queueing import DECIDE_WITHIN_S, ORDER_PREFIX, TERMINAL, Admission
+from ..queueing import DECIDE_WITHIN_S, TERMINAL, Admission
 from ..retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry
-from ..wire import (METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT, METADATA_PRIORITY, METADATA_QUEUE,
-                    METADATA_SPEC_HASH)
+from ..wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT, METADATA_PRIORITY, METADATA_QUEUE
 from .ray_jobs import AlreadySubmitted, Refused, last_line
-from .store import RAY_JOB_INFO_PREFIX, enqueue, noted_attempt, RAY_JOB_NAMESPACE, KeyValue, job_info_from, ray_job_info
+from .store import (RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, KeyValue, enqueue, job_info_from, noted_attempt,
+                    ray_job_info, retried_by_keeper)
 
 # Ray's table is read for jobs lost whole this often.
 WATCH_EVERY_S = 2.0
@@ -128,8 +128,7 @@ class LostJobs:
         for key, raw in self.store.multi_get(keys, namespace=RAY_JOB_NAMESPACE).items():
             info = {**job_info_from(raw), "submission_id": key[len(RAY_JOB_INFO_PREFIX):]}
             job_id = info["submission_id"]
-            metadata = info.get("metadata") or {}
-            if job_id.startswith(ORDER_PREFIX) or METADATA_SPEC_HASH not in metadata:
+            if not retried_by_keeper(job_id, info):
                 continue  # not a job of rayjobs: its retry rule is not the keeper's to apply
             status = info.get("status")
             if status == "RUNNING" and info.get("driver_node_id"):

@@ -360,12 +360,17 @@ def slots(store: KeyValue, queue: str, now: float) -> dict[int, Slot]:
         found[index].holder = holder
     return found
 
+def retried_by_keeper(job_id: str, info: Mapping[str, Any]) -> bool:
+    """Whether the keeper applies the retry rule of job ``job_id`` (``info``: Ray's record of it) when it is lost
+    whole: a job of rayjobs (submitted from a spec), not an order nor a job of other hands."""
+    return not is_order(job_id, info) and METADATA_SPEC_HASH in (info.get("metadata") or {})
+
 def _next_attempt_undecided(store: KeyValue, job_id: str, info: Mapping[str, Any], now: float) -> bool:
     """Whether job ``job_id`` (``info``: Ray's record of it) was lost whole and the keeper has not decided yet
     whether it runs again. Its slot waits for that decision: a next attempt goes back to the job's first place, and
     the job behind it must not take the slot meanwhile (Ray's job manager may end a lost job before the keeper looks).
     """
-    if store.get(f"lost/{job_id}") is not None:
+    if not retried_by_keeper(job_id, info) or store.get(f"lost/{job_id}") is not None:
         return False
     if now - float(info.get("end_time") or 0) / 1000 > DECIDE_WITHIN_S:
         return False  # lost before any keeper looked: none will decide
