@@ -66,5 +66,26 @@ def masked_strings(document: Any, mask: SecretMask) -> Any:
     return document
 
 
+def without_credentials(address: str) -> str:
+    """``address`` as an error message may show it: whatever comes before its last ``@`` (``user:password@``,
+    ``token@``) is ``***``, the scheme kept, and so is its query (``?token=…``). Stricter than the log's masking,
+    which must end a URL at a space: an error repeats what was typed, whole."""
+    if "?" in address:
+        address = f"{address.partition('?')[0]}?{MASK}"
+    if "@" not in address:
+        return address
+    scheme, separator, rest = address.partition("://")
+    if not separator:
+        scheme, rest = "", address
+    return f"{scheme}{separator}{MASK}@{rest.rpartition('@')[2]}"
+
+
+def shown_setting(key: str, value: str) -> str:
+    """A ``KEY=VALUE`` setting as an error message may show it: the value masked when its key looks secret, an
+    address's credentials hidden otherwise."""
+    name = key.strip().rpartition(".")[2]
+    return f"{key}={MASK if value and looks_secret(name) else without_credentials(value)}"
+
+
 __all__ = ["MASK", "SecretMask", "is_masked", "job_mask", "looks_secret", "marked_secrets", "mask_url_userinfo",
-           "masked", "masked_runtime_env", "masked_strings", "secret_names"]
+           "masked", "masked_runtime_env", "masked_strings", "secret_names", "shown_setting", "without_credentials"]

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from rayjobs_agent.masking import mask_url_userinfo
 from rayjobs_agent.storage_location import uri_scheme
+from jobs.secrets import without_credentials
 from jobs.strict import StrictModel
 
 INSTALL_MLFLOW = "pip install 'rayjobs[mlflow]'"
@@ -33,13 +33,15 @@ class MlflowTracking(StrictModel):
     @classmethod
     def _served(cls, value: str) -> str:
         if uri_scheme(value) not in ("http", "https"):
-            raise ValueError(f"{mask_url_userinfo(value)!r} is not a tracking server's address: write "
+            raise ValueError(f"{without_credentials(value)!r} is not a tracking server's address: write "
                              "http(s)://HOST:PORT")
-        if "@" in urlsplit(value).netloc:
+        address = urlsplit(value)
+        if "@" in value or address.query or address.fragment:
             # The address travels in the job's variables and in Ray's own driver log, where no mask reaches.
-            raise ValueError(f"{mask_url_userinfo(value)!r} carries credentials in the address; write "
-                             "http(s)://HOST:PORT and give them in runtime_env.env_vars as MLFLOW_TRACKING_TOKEN, or "
-                             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (masked like every secret)")
+            raise ValueError("the address carries more than a server's (credentials, a query or a fragment): write "
+                             "http(s)://HOST:PORT[/PATH] and give credentials in runtime_env.env_vars as "
+                             "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (masked "
+                             "like every secret)")
         if importlib.util.find_spec("mlflow") is None:
             raise ValueError(f"needs MLflow's client, which is not installed here: {INSTALL_MLFLOW} (the cluster "
                              "needs it as well, e.g. in runtime_env.pip)")

@@ -139,10 +139,6 @@ ORDER_FORMAT = 1
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
-# A job lost whole is submitted again only when it was lost less than this long ago (a keeper that starts on a
-# cluster does not resubmit what was lost there last week).
-DECIDE_WITHIN_S = 3600.0
-
 # Where a stop found its job, as the keeper answers it (``was``): the client's words for the stop follow from it.
 STOP_FOUND_WAITING = "waiting"
 STOP_FOUND_RUNNING = "running"

@@ -22,6 +22,9 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 # How a job's entrypoint runs under the run record's keeper (``supervisor.py``): this, then the quoted entrypoint.
 RECORD_COMMAND = "python -m rayjobs_agent.supervisor --"
+# The same wrapper in jobs an earlier rayjobs submitted (its module was then named record.py): read, never written.
+# Such a job carries the agent's package of its own time, which has that module.
+FORMER_RECORD_COMMANDS = ("python -m rayjobs_agent.record --",)
 
 # The variables that carry a spec's checked sections to the job (JSON): its workload's parameters, its sweep, its
 # tracking, what its run record keeps and where.
@@ -94,10 +97,16 @@ def ray_env_json(document: Any) -> str:
 CPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_CPU_HOUR"
 GPU_PRICE_ENV_VAR = "RAYJOBS_PRICE_GPU_HOUR"
 
+def wrapper_command(entrypoint: str) -> str | None:
+    """The wrapper command ``entrypoint`` runs under (this rayjobs' or an earlier one's), or None: a job without it."""
+    return next((command for command in (RECORD_COMMAND, *FORMER_RECORD_COMMANDS) if entrypoint.startswith(command)),
+                None)
+
 def user_entrypoint(entrypoint: str) -> str:
     """The spec's own entrypoint inside one that runs under the run record's keeper (any other as it is)."""
-    prefix = RECORD_COMMAND + " "
-    if not entrypoint.startswith(prefix):
+    command = wrapper_command(entrypoint)
+    prefix = f"{command} "
+    if command is None or not entrypoint.startswith(prefix):
         return entrypoint
     try:
         words = shlex.split(entrypoint[len(prefix):])
@@ -106,7 +115,7 @@ def user_entrypoint(entrypoint: str) -> str:
     return words[0] if len(words) == 1 else entrypoint
 
 
-__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "job_config", "job_metadata", "ray_env_json", "say", "user_entrypoint"]
+__all__ = ["CPU_PRICE_ENV_VAR", "GPU_PRICE_ENV_VAR", "AFTER_ENV_VAR", "METADATA_AGENT_VERSION", "METADATA_PIPELINE", "METADATA_ATTEMPT", "METADATA_ENQUEUES", "METADATA_NAME", "METADATA_PARENT", "METADATA_PRIORITY", "METADATA_QUEUE", "METADATA_QUEUED_ID", "METADATA_RERUN_OF", "METADATA_SECRETS", "METADATA_SPEC_HASH", "NOTIFY_ENV_VAR", "PROGRESS_CALLBACK", "RAY_JOB_CONFIG_ENV_VAR", "FORMER_RECORD_COMMANDS", "RECORD_COMMAND", "RECORD_ENV_VAR", "RETRY_ENV_VAR", "RUN_PER_SUBMISSION_ENV_VAR", "SUBMISSION_ID_KEY", "SWEEP_ENV_VAR", "TRACKING_CALLBACK", "TRACKING_ENV_VAR", "TRAIN_CALLBACKS_ENV_VAR", "WORKLOAD_ENV_VAR", "after_variable", "job_config", "job_metadata", "ray_env_json", "say", "user_entrypoint", "wrapper_command"]
 
 # How every line rayjobs writes of its own begins: the client's on the terminal and the agent's in the job's log
 # (which the follower shows among its own, apart from the job's output).

@@ -264,6 +264,17 @@ def test_a_stand_ins_entrypoint_is_always_the_wrapper_never_the_jobs_own_command
     assert "rm -rf" not in stand_in["entrypoint"]
 
 
+def test_a_job_an_earlier_rayjobs_entered_keeps_its_own_wrapper_which_its_agent_package_has():
+    # Its package is the earlier agent's, whose wrapper module had another name: the stand-in runs that one.
+    former = "python -m rayjobs_agent.record -- 'python train.py'"
+    request = {"submission_id": "x", "entrypoint": former, "runtime_env": {}}
+    stand_in = kp.stand_in(request, {"agent_modules": ["gcs://earlier.zip"]}, q.Admission("team-a", outcome="STOPPED"))
+    assert stand_in["entrypoint"] == former and stand_in["runtime_env"]["py_modules"] == ["gcs://earlier.zip"]
+    from rayjobs_agent.wire import user_entrypoint
+
+    assert user_entrypoint(former) == "python train.py"
+
+
 def test_a_stop_asked_once_the_job_runs_is_passed_to_ray():
     store = DictStore()
     enter(store, "job")

@@ -388,6 +388,42 @@ def test_a_queued_job_ray_ends_as_lost_keeps_its_slot_until_its_next_attempt_tak
     assert [job_id for job_id, _ in qs.waiting(store, "team-a")] == ["later"]
 
 
+def test_a_lost_jobs_slot_waits_through_its_backoff_for_the_attempt_that_goes_back_to_its_place():
+    store, clock, keeper, jobs = _lost_by_ray_while_holding_the_only_slot(backoff_s=5.0)
+    clock.now += ql.WATCH_EVERY_S
+    decided = keeper.step()["retries"]["nightly-1"]
+    assert decided["retry"] and decided["due"] == clock.now + 5.0
+    clock.now += 4.0  # within its backoff: the slot stays with the run
+    keeper.step()
+    assert jobs.ids() == ["nightly-1"]
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    assert jobs.ids() == ["nightly-1", "nightly-1-attempt2"]
+    assert [job_id for job_id, _ in qs.waiting(store, "team-a")] == ["later"]
+
+
+def test_a_lost_jobs_slot_frees_if_no_keeper_decides_about_it_within_the_hold():
+    store, clock, keeper, _ = _lost_by_ray_while_holding_the_only_slot()
+    ended = clock.now
+    assert qs.held(qs.slots(store, "team-a", ended + qs.LOST_UNDECIDED_HOLD_S))
+    assert not qs.held(qs.slots(store, "team-a", ended + qs.LOST_UNDECIDED_HOLD_S + 1))
+
+
+def test_an_id_deleted_from_rays_table_and_submitted_again_is_looked_at_again_when_lost():
+    store = DictStore()
+    clock = Clock(1000.0)
+    _retried_job(store, "nightly-1", status="SUCCEEDED")
+    keeper, jobs, _ = _keeper(store, clock)
+    keeper.step()  # ended: the keeper no longer reads it
+    store.set_job_status("nightly-1", None)  # `rayjobs delete nightly-1`
+    clock.now += ql.WATCH_EVERY_S
+    keeper.step()
+    _retried_job(store, "nightly-1", status="FAILED")  # the same id submitted again, lost whole
+    store.set_job_status("nightly-1", "FAILED", error_type="JOB_SUPERVISOR_ACTOR_DIED", end_time=clock.now * 1000)
+    clock.now += ql.WATCH_EVERY_S
+    assert keeper.step()["retries"]["nightly-1"]["retry"] is True
+
+
 def test_a_slot_whose_job_was_lost_and_will_not_run_again_is_free_for_the_next_in_line():
     _, clock, keeper, jobs = _lost_by_ray_while_holding_the_only_slot(max_retries=0)
     clock.now += ql.WATCH_EVERY_S

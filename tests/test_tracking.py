@@ -17,7 +17,7 @@ import yaml
 
 from jobs.errors import SpecError
 from rayjobs_agent.wire import TRACKING_ENV_VAR
-from jobs.loader import validate_spec_data
+from jobs.loader import load_spec, validate_spec_data
 from tests.support.cli import REPO_ROOT
 from tests.support.fault_proxy import FaultProxy
 from tests.support.mlflow_server import free_port
@@ -27,6 +27,15 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
                                 reason="MLflow's client comes with the dev extra (rayjobs[mlflow])")
 
 QUICKSTART = REPO_ROOT / "specs" / "quickstart.yaml"
+
+
+def QUICKSTART_WITH_TRACKING(folder):  # noqa: N802 - a spec file, named as the constant above
+    """The quickstart spec with a tracking block, written into ``folder``."""
+    document = yaml.safe_load(QUICKSTART.read_text())
+    document["tracking"] = {"mlflow": {"tracking_uri": "http://mlflow.internal:5000", "experiment": "food"}}
+    path = folder / "tracked.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
 
 
 def test_a_server_down_at_start_is_one_line_and_the_run_goes_on_untracked(tmp_path, capsys):
@@ -82,19 +91,27 @@ def test_a_server_out_of_reach_mid_run_loses_no_metric_and_an_attempt_continues_
     assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 1
 
 
-def test_the_tracking_block_is_checked_and_reaches_the_job():
+def test_the_tracking_block_is_checked_and_reaches_the_job(tmp_path):
     from jobs.submission import build_submission
 
     document = yaml.safe_load(QUICKSTART.read_text())
     document["tracking"] = {"mlflow": {"tracking_uri": "mlflow.internal:5000", "experiment": "food"}}
     with pytest.raises(SpecError, match="is not a tracking server's address: write http"):
         validate_spec_data(dict(document), QUICKSTART)
-    for with_credentials in ("https://me:pw-4f1c@mlflow.internal:5000", "https://tok-9a2e@mlflow.internal"):
-        document["tracking"]["mlflow"]["tracking_uri"] = with_credentials
-        with pytest.raises(SpecError, match="carries credentials in the address") as refused:
+    with_credentials = ["https://me:pw-4f1c@mlflow.internal:5000", "https://tok-9a2e@mlflow.internal",
+                        "https://me:pw 4f1c@mlflow.internal", "https://mlflow.internal/?token=tok-9a2e",
+                        "ftp://me:pw-4f1c@mlflow.internal"]
+    for address in with_credentials:
+        document["tracking"]["mlflow"]["tracking_uri"] = address
+        with pytest.raises(SpecError) as refused:
             validate_spec_data(dict(document), QUICKSTART)
-        assert "pw-4f1c" not in str(refused.value) and "tok-9a2e" not in str(refused.value)
-        assert "MLFLOW_TRACKING_USERNAME" in str(refused.value)
+        assert "4f1c" not in str(refused.value) and "9a2e" not in str(refused.value), refused.value
+        assert "MLFLOW_TRACKING_USERNAME" in str(refused.value) or address.startswith("ftp"), refused.value
+        # Given on the command line, the setting is named in the error without them too.
+        with pytest.raises(SpecError) as refused:
+            load_spec(QUICKSTART_WITH_TRACKING(tmp_path), [f"tracking.mlflow.tracking_uri={address}"])
+        assert "4f1c" not in str(refused.value) and "9a2e" not in str(refused.value), refused.value
+        assert "(from --set tracking.mlflow.tracking_uri=" in str(refused.value), refused.value
     document["tracking"]["mlflow"]["tracking_uri"] = "http://mlflow.internal:5000/"
     loaded = validate_spec_data(document, QUICKSTART)
     submission = build_submission(loaded)

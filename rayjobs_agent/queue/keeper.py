@@ -42,7 +42,7 @@ from ..notify import send
 from ..queueing import (ADMISSION_ENV_VAR, ORDER_FORMAT, ORDER_PREFIX, STOP_FOUND_ENDED, STOP_FOUND_RETRY_DUE,
                         STOP_FOUND_RUNNING, STOP_FOUND_WAITING, TERMINAL, Admission, agent_version,
                         answer_text, order_from, order_problem)
-from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND
+from ..wire import METADATA_AGENT_VERSION, RECORD_COMMAND, wrapper_command
 from .lost_jobs import PENDING_GRACE_S, WATCH_EVERY_S, LostJobs
 from .pipelines import FAILED as PIPELINE_FAILED
 from .pipelines import (UNSEALED_KEPT_S, blocked_by, claim_notification, forget_old_runs, is_sealed, note_not_run,
@@ -99,7 +99,7 @@ def stand_in(request: dict[str, Any], entry: Mapping[str, Any], admission: Admis
     if entry.get("agent_modules"):
         light["py_modules"] = list(entry["agent_modules"])
     kept = {key: request[key] for key in ("entrypoint", "submission_id", "metadata") if key in request}
-    if not str(kept.get("entrypoint") or "").startswith(RECORD_COMMAND):
+    if wrapper_command(str(kept.get("entrypoint") or "")) is None:
         kept["entrypoint"] = f"{RECORD_COMMAND} true"  # the wrapper alone reads the outcome: never the job's own command
     return with_admission({**kept, "runtime_env": light}, admission)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping
 
-from ..queueing import DECIDE_WITHIN_S, TERMINAL, Admission
+from ..queueing import TERMINAL, Admission
 from ..retries import ENTRYPOINT_FAILED, Failure, RetryPolicy, decide_retry
 from ..wire import METADATA_ATTEMPT, METADATA_NAME, METADATA_PARENT, METADATA_PRIORITY, METADATA_QUEUE
 from .ray_jobs import AlreadySubmitted, Refused, last_line
@@ -23,6 +23,10 @@ from .store import (RAY_JOB_INFO_PREFIX, RAY_JOB_NAMESPACE, KeyValue, enqueue, j
 
 # Ray's table is read for jobs lost whole this often.
 WATCH_EVERY_S = 2.0
+
+# A job lost whole is submitted again only when it was lost less than this long ago (a keeper that starts on a
+# cluster does not resubmit what was lost there last week).
+DECIDE_WITHIN_S = 3600.0
 
 # A PENDING job whose supervisor does not exist this long after Ray took it is lost (Ray creates the supervisor as it
 # takes the job: a moment without one is the job being submitted).
@@ -123,8 +127,10 @@ class LostJobs:
         """
         alive: set[str] | None = None
         missing: dict[str, float] = {}
-        keys = [key for key in self.store.keys(RAY_JOB_INFO_PREFIX, namespace=RAY_JOB_NAMESPACE)
-                if key[len(RAY_JOB_INFO_PREFIX):] not in self._settled]
+        listed = self.store.keys(RAY_JOB_INFO_PREFIX, namespace=RAY_JOB_NAMESPACE)
+        # A job deleted from Ray's table is forgotten: its id may be submitted again, and is then looked at again.
+        self._settled &= {key[len(RAY_JOB_INFO_PREFIX):] for key in listed}
+        keys = [key for key in listed if key[len(RAY_JOB_INFO_PREFIX):] not in self._settled]
         for key, raw in self.store.multi_get(keys, namespace=RAY_JOB_NAMESPACE).items():
             info = {**job_info_from(raw), "submission_id": key[len(RAY_JOB_INFO_PREFIX):]}
             job_id = info["submission_id"]

@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
-from ..queueing import (DECIDE_WITHIN_S, MOST_STEP_ASIDES, NAMESPACE, STEP_ASIDE_WINDOW_S, TERMINAL,
+from ..queueing import (MOST_STEP_ASIDES, NAMESPACE, STEP_ASIDE_WINDOW_S, TERMINAL,
                         TOO_MANY_STEP_ASIDES, UNPLACEABLE_ORDER, awaits_next_attempt, checked_queue_name, entered_job,
                         is_order, never_placed)
 from ..wire import METADATA_ENQUEUES, METADATA_PRIORITY, METADATA_QUEUED_ID, METADATA_SPEC_HASH
@@ -72,6 +72,10 @@ STEPPED_ASIDE_PREFIX = "aside/"
 
 # How far ahead of the head's clock an order's sending time may lie and still be believed (clocks that disagree).
 ORDER_CLOCK_SKEW_S = 300.0
+
+# A job lost whole keeps its slot this long after it ended while the keeper (which looks every few seconds) has not
+# decided about it: a keeper that never does (down, or blind to that job) holds up its queue no longer.
+LOST_UNDECIDED_HOLD_S = 30.0
 
 # The orders of other code keepers first stepped aside for lately ({order id: when}), to bound how often.
 STEP_ASIDE_LOG_KEY = "aside-log"
@@ -258,8 +262,9 @@ def stepped_aside_since(store: KeyValue, other_code: Mapping[str, float], now: f
     """When a keeper first stepped aside for each order of other code in ``other_code`` (order id -> when Ray took
     it, by the head's clock): ``now`` for one no keeper has. The order's time to be placed counts from then, not from
     when it was sent, for it may have been sent while a helper or a keeper being replaced held the head. A time kept
-    for an earlier order of the same id, or one that is no time between the order's sending and now (written by
-    another hand, or a clock that stepped back), is replaced; what was kept of orders that wait no more is forgotten."""
+    for an earlier order of the same id, or one no keeper writes for this one (:func:`_kept_aside`: written by
+    another hand, or by a clock that stepped back), is replaced; what was kept of orders that wait no more is
+    forgotten."""
     for key in store.keys(STEPPED_ASIDE_PREFIX):
         if key[len(STEPPED_ASIDE_PREFIX):] not in other_code:
             store.delete(key)
@@ -335,7 +340,7 @@ def slots(store: KeyValue, queue: str, now: float) -> dict[int, Slot]:
     """Every slot of ``queue`` that has been taken, with its newest generation and its holder, if it still has one.
 
     A holder is gone when it said so (``done``), when Ray's job table says its job ended (but for a job lost whole
-    whose next attempt the keeper has yet to decide), or when Ray does not know its job and its claim is older than
+    whose slot waits for its next attempt), or when Ray does not know its job and its claim is older than
     :data:`UNKNOWN_HOLDER_GRACE_S` (``now`` is the head's clock, which wrote ``since`` and Ray's end times).
     """
     newest: dict[int, int] = {}
@@ -353,7 +358,7 @@ def slots(store: KeyValue, queue: str, now: float) -> dict[int, Slot]:
             continue
         info = ray_job_info(store, str(holder.get("id")))
         status = str(info.get("status") or "") or None if info else None
-        if status in TERMINAL and not _next_attempt_undecided(store, str(holder.get("id")), info, now):
+        if status in TERMINAL and not _slot_waits_for_next_attempt(store, str(holder.get("id")), info, now):
             continue
         if status is None and now - float(holder.get("since") or 0) > UNKNOWN_HOLDER_GRACE_S:
             continue
@@ -365,16 +370,17 @@ def retried_by_keeper(job_id: str, info: Mapping[str, Any]) -> bool:
     whole: a job of rayjobs (submitted from a spec), not an order nor a job of other hands."""
     return not is_order(job_id, info) and METADATA_SPEC_HASH in (info.get("metadata") or {})
 
-def _next_attempt_undecided(store: KeyValue, job_id: str, info: Mapping[str, Any], now: float) -> bool:
-    """Whether job ``job_id`` (``info``: Ray's record of it) was lost whole and the keeper has not decided yet
-    whether it runs again. Its slot waits for that decision: a next attempt goes back to the job's first place, and
-    the job behind it must not take the slot meanwhile (Ray's job manager may end a lost job before the keeper looks).
-    """
-    if not retried_by_keeper(job_id, info) or store.get(f"lost/{job_id}") is not None:
+def _slot_waits_for_next_attempt(store: KeyValue, job_id: str, info: Mapping[str, Any], now: float) -> bool:
+    """Whether the slot of job ``job_id``, which ended (``info``: Ray's record of it), waits for the job's next
+    attempt: the job was lost whole, and the keeper has not decided yet (for :data:`LOST_UNDECIDED_HOLD_S` after its
+    end at most) or has decided to run it again and not yet put that attempt back into its queue (its backoff). The
+    attempt goes back to the job's first place; the job behind must not take the slot meanwhile, which it would when
+    Ray's job manager ends a lost job before the keeper looks."""
+    if not retried_by_keeper(job_id, info) or not awaits_next_attempt(info, None):
         return False
-    if now - float(info.get("end_time") or 0) / 1000 > DECIDE_WITHIN_S:
-        return False  # lost before any keeper looked: none will decide
-    return awaits_next_attempt(info, None)
+    if store.get(f"lost/{job_id}") is None:
+        return now - float(info.get("end_time") or 0) / 1000 <= LOST_UNDECIDED_HOLD_S
+    return store.get(f"retry/{job_id}") is not None
 
 def held(slot_map: dict[int, Slot]) -> dict[int, dict[str, Any]]:
     """Slot → holder, for the slots that are held."""

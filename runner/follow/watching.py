@@ -18,7 +18,7 @@ from rayjobs_agent.causes import FailureReader
 from rayjobs_agent.vocabulary import EventKind, kind_of
 from rayjobs_agent.waits import demand_in_cluster_status
 from rayjobs_agent.watch import WAIT_OVER, JobWatch, StallDecision, WaitDecision
-from rayjobs_agent.wire import OWN_LINE_PREFIX, RECORD_COMMAND
+from rayjobs_agent.wire import OWN_LINE_PREFIX, wrapper_command
 from runner.follow.display import LiveProgress, PlainProgress, wants_live_view
 from runner.follow.log_view import LogView
 from runner.follow.progress import RunProgress
@@ -78,7 +78,7 @@ class FollowedJob:
     def job_info(self, info: dict[str, Any]) -> None:
         """The job's status, as the follower reads it: whether the agent decides its waits and stalls."""
         if self.beside_agent is None and info.get("entrypoint"):
-            self.beside_agent = str(info["entrypoint"]).startswith(RECORD_COMMAND)
+            self.beside_agent = wrapper_command(str(info["entrypoint"])) is not None
         if info.get("status") == "RUNNING" and not self._seen_running:
             if self.beside_agent is None:
                 self.beside_agent = False  # a cluster that names no entrypoint: no agent is known to judge it
