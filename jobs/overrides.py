@@ -15,8 +15,8 @@ def parse_override(text: str) -> tuple[FieldPath, Any]:
     Raises:
         SpecError: no ``=``, an empty key part, or a value that is not valid YAML.
     """
+    source = f"--set {shown_setting(text)}"
     key, sep, raw_value = text.partition("=")
-    source = f"--set {shown_setting(key, raw_value)}"
     key = key.strip()
     if not sep or not key:
         raise SpecError.single(source, "expected KEY=VALUE, e.g. --set workload.train.epochs=3")
@@ -39,7 +39,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[FieldPat
     applied: dict[FieldPath, str] = {}
     for text in overrides:
         path, value = parse_override(text)
-        source = f"--set {shown_setting(*text.partition('=')[::2])}"
+        source = f"--set {shown_setting(text)}"
         target: Any = data
         for depth, part in enumerate(path[:-1]):
             target = _step(target, part, path[: depth + 1], source)

@@ -68,9 +68,9 @@ def masked_strings(document: Any, mask: SecretMask) -> Any:
 
 def without_credentials(address: str) -> str:
     """``address`` as an error message may show it: whatever comes before its last ``@`` (``user:password@``,
-    ``token@``) is ``***``, the scheme kept, and so is its query (``?token=…``). Stricter than the log's masking,
-    which must end a URL at a space: an error repeats what was typed, whole."""
-    if "?" in address:
+    ``token@``) is ``***``, the scheme kept, and so is a URL's query (``?token=…``). Stricter than the log's
+    masking, which must end a URL at a space: an error repeats what was typed, whole."""
+    if "://" in address and "?" in address:
         address = f"{address.partition('?')[0]}?{MASK}"
     if "@" not in address:
         return address
@@ -80,9 +80,12 @@ def without_credentials(address: str) -> str:
     return f"{scheme}{separator}{MASK}@{rest.rpartition('@')[2]}"
 
 
-def shown_setting(key: str, value: str) -> str:
-    """A ``KEY=VALUE`` setting as an error message may show it: the value masked when its key looks secret, an
-    address's credentials hidden otherwise."""
+def shown_setting(text: str) -> str:
+    """A ``KEY=VALUE`` setting (``--set``) as an error message may show it: the value masked when its key looks
+    secret, an address's credentials hidden otherwise (text without ``=`` as an address)."""
+    key, separator, value = text.partition("=")
+    if not separator:
+        return without_credentials(text)
     name = key.strip().rpartition(".")[2]
     return f"{key}={MASK if value and looks_secret(name) else without_credentials(value)}"
 

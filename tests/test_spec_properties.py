@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from jobs.errors import SpecError
 from jobs.loader import load_spec
 from jobs.overrides import apply_overrides, parse_override
+from jobs.secrets import shown_setting
 from jobs.spec import parse_size
 
 # Generated cases must stay inside the suite's time budget; a slow example is a finding. Every run of the
@@ -188,7 +189,7 @@ def test_override_puts_the_parsed_value_at_the_path(path, value):
     assert parse_override(text) == (tuple(path), value)
     data: dict[str, Any] = {"name": "demo"}
     applied = apply_overrides(data, [text])
-    assert applied == {tuple(path): f"--set {text}"}
+    assert applied == {tuple(path): f"--set {shown_setting(text)}"}
     assert _read_path(data, path) == value
 
 
@@ -198,7 +199,7 @@ def test_arbitrary_override_text_raises_only_spec_error(text):
     try:
         parse_override(text)
     except SpecError as exc:
-        assert str(exc).startswith(f"--set {text}")
+        assert str(exc).startswith(f"--set {shown_setting(text)}")
 
 
 @BOUNDED

@@ -96,13 +96,15 @@ def create_package(directory: Path, target: Path, excludes: list[str], include_p
 
 
 def job_client_noting_job_request(on_job_request: Callable[[], None],
-                                  deliver: Callable[[dict[str, Any]], None] | None = None) -> type:
+                                  deliver: Callable[[dict[str, Any]], None] | None = None,
+                                  before_request: Callable[[], None] = lambda: None) -> type:
     """A ``JobSubmissionClient`` subclass that calls ``on_job_request`` as the job-creating request goes out.
 
     Uploads of the working_dir go to ``/api/packages/`` first; only the POST to ``/api/jobs`` creates
     the job, so Ctrl-C before it leaves nothing behind, and after it leaves a job to report. With
     ``deliver``, that request is not sent at all: its body goes to ``deliver`` (a queue keeps it to send
-    later), and the client reads it as accepted.
+    later), and the client reads it as accepted. ``before_request`` is called before every request, the
+    uploads' included (it may raise to send nothing more).
     """
     from ray.job_submission import JobSubmissionClient
 
@@ -117,6 +119,7 @@ def job_client_noting_job_request(on_job_request: Callable[[], None],
 
     class NotingClient(JobSubmissionClient):
         def _do_request(self, method: str, endpoint: str, *args: Any, **kwargs: Any) -> Any:
+            before_request()
             if method == "POST" and endpoint.rstrip("/") == "/api/jobs":
                 if deliver is not None:
                     body = kwargs.get("json_data")

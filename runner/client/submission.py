@@ -11,15 +11,18 @@ Reached through the cluster client, ``runner.client.jobs_api.JobsApi.submit``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import re
 import secrets
+import signal
 import string
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from jobs.infra import ray_internals
 from jobs.infra.ray_env import prepare_ray_env
@@ -92,6 +95,53 @@ class SubmitInterrupted(Exception):
 @dataclass
 class _JobRequestWatch:
     sent: bool = False
+    interrupted: bool = False  # a Ctrl-C came, whether or not its KeyboardInterrupt reached this code
+
+    def refuse_if_interrupted(self) -> None:
+        """Raise the KeyboardInterrupt of a Ctrl-C that Python dropped: nothing more is sent after it."""
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+
+# A Ctrl-C whose KeyboardInterrupt has not ended the submission yet is sent again this often.
+INTERRUPT_AGAIN_S = 1.0
+
+
+@contextlib.contextmanager
+def _interrupts_noted(watch: _JobRequestWatch) -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as ever, is noted in ``watch``, and is sent again every
+    :data:`INTERRUPT_AGAIN_S` until the submission has ended: Python drops a KeyboardInterrupt raised while a module
+    is being imported (in importlib's lock callback), and Ray's SDK imports as it packages the working_dir, so an
+    interrupt could otherwise be lost, and the job submitted after all or the command left waiting on a file."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # ignored, or the default (the process ends): left as it is
+        yield
+        return
+    ended = threading.Event()
+    guard = threading.Lock()
+
+    def again() -> None:
+        while not ended.wait(INTERRUPT_AGAIN_S):
+            with guard:
+                if not ended.is_set():
+                    os.kill(os.getpid(), signal.SIGINT)
+
+    def noted(signum: int, frame: Any) -> None:
+        if not watch.interrupted:
+            watch.interrupted = True
+            threading.Thread(target=again, name="rayjobs-interrupt-again", daemon=True).start()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        with guard:
+            ended.set()
+        signal.signal(signal.SIGINT, previous)
 
 
 def new_submission_id() -> str:
@@ -128,9 +178,10 @@ def submit_job(connection: Connection, submission: dict[str, Any],
     submission = {**submission, "submission_id": submission.get("submission_id") or new_submission_id()}
     watch = _JobRequestWatch()
     try:
-        if rest is not None and not needs_ray_client(submission):
-            return _submit_directly(rest, connection.address, submission, watch, deliver)
-        return _submit(connection, submission, warn, progress, watch, deliver)
+        with _interrupts_noted(watch):
+            if rest is not None and not needs_ray_client(submission):
+                return _submit_directly(rest, connection.address, submission, watch, deliver)
+            return _submit(connection, submission, warn, progress, watch, deliver)
     except KeyboardInterrupt:
         raise SubmitInterrupted(submission["submission_id"] if watch.sent else None) from None
 
@@ -182,6 +233,7 @@ def _submit_directly(rest: JobRequests, address: str, submission: dict[str, Any]
                 raise ClusterRequestFailed(f"submitting to {address} failed: Ray version {running} is running on the "
                                            f"cluster. {refusal}. Please ensure the cluster is running Ray "
                                            f"{since[0]}.{since[1]} or higher")
+    watch.refuse_if_interrupted()
     if deliver is not None:
         deliver(request)
         return request["submission_id"]
@@ -253,7 +305,7 @@ def _job_client(connection: Connection, watch: _JobRequestWatch,
     def sent() -> None:
         watch.sent = True
 
-    client_class = ray_internals.job_client_noting_job_request(sent, deliver)
+    client_class = ray_internals.job_client_noting_job_request(sent, deliver, watch.refuse_if_interrupted)
     # Ray's client goes through `requests`, which reads the proxy variables itself.
     bypass_proxy_for_loopback()
 
