@@ -25,7 +25,13 @@ def parse_override(text: str) -> tuple[FieldPath, Any]:
         if not part:
             raise SpecError.single(source, f"{key!r} has an empty part; write dotted keys like workload.train.epochs")
         parts.append(int(part) if part.isdigit() else part)
-    return tuple(parts), parse_yaml_value(raw_value, source)
+    try:
+        return tuple(parts), parse_yaml_value(raw_value, source)
+    except SpecError:
+        if source == f"--set {text}":
+            raise
+        # YAML's own message may quote the value, which the source masks: a secret's error says nothing of it.
+        raise SpecError.single(source, "the value is not a plain YAML value (not shown: it looks secret)") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[FieldPath, str]:

@@ -70,14 +70,14 @@ def without_credentials(address: str) -> str:
     """``address`` as an error message may show it: whatever comes before its last ``@`` (``user:password@``,
     ``token@``) is ``***``, the scheme kept, and so is a URL's query (``?token=…``). Stricter than the log's
     masking, which must end a URL at a space: an error repeats what was typed, whole."""
+    if "@" in address:  # first: a password may hold a "?"
+        scheme, separator, rest = address.partition("://")
+        if not separator:
+            scheme, rest = "", address
+        address = f"{scheme}{separator}{MASK}@{rest.rpartition('@')[2]}"
     if "://" in address and "?" in address:
         address = f"{address.partition('?')[0]}?{MASK}"
-    if "@" not in address:
-        return address
-    scheme, separator, rest = address.partition("://")
-    if not separator:
-        scheme, rest = "", address
-    return f"{scheme}{separator}{MASK}@{rest.rpartition('@')[2]}"
+    return address
 
 
 def shown_setting(text: str) -> str:

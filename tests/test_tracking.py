@@ -100,6 +100,7 @@ def test_the_tracking_block_is_checked_and_reaches_the_job(tmp_path):
         validate_spec_data(dict(document), QUICKSTART)
     with_credentials = ["https://me:pw-4f1c@mlflow.internal:5000", "https://tok-9a2e@mlflow.internal",
                         "https://me:pw 4f1c@mlflow.internal", "https://mlflow.internal/?token=tok-9a2e",
+                        "https://me:pw?4f1c@mlflow.internal",
                         "ftp://me:pw-4f1c@mlflow.internal"]
     for address in with_credentials:
         document["tracking"]["mlflow"]["tracking_uri"] = address
@@ -112,6 +113,11 @@ def test_the_tracking_block_is_checked_and_reaches_the_job(tmp_path):
             load_spec(QUICKSTART_WITH_TRACKING(tmp_path), [f"tracking.mlflow.tracking_uri={address}"])
         assert "4f1c" not in str(refused.value) and "9a2e" not in str(refused.value), refused.value
         assert "(from --set tracking.mlflow.tracking_uri=" in str(refused.value), refused.value
+    # A value YAML refuses is not quoted back when its key looks secret.
+    for refused_value in ("!Hunter2", "*hunter2"):
+        with pytest.raises(SpecError) as refused:
+            load_spec(QUICKSTART_WITH_TRACKING(tmp_path), [f"runtime_env.env_vars.DB_PASSWORD={refused_value}"])
+        assert "unter2" not in str(refused.value) and "DB_PASSWORD=***" in str(refused.value), refused.value
     document["tracking"]["mlflow"]["tracking_uri"] = "http://mlflow.internal:5000/"
     loaded = validate_spec_data(document, QUICKSTART)
     submission = build_submission(loaded)

@@ -103,45 +103,64 @@ class _JobRequestWatch:
             raise KeyboardInterrupt
 
 
-# A Ctrl-C whose KeyboardInterrupt has not ended the submission yet is sent again this often.
-INTERRUPT_AGAIN_S = 1.0
-
-
 @contextlib.contextmanager
 def _interrupts_noted(watch: _JobRequestWatch) -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt as ever, is noted in ``watch``, and is sent again every
-    :data:`INTERRUPT_AGAIN_S` until the submission has ended: Python drops a KeyboardInterrupt raised while a module
-    is being imported (in importlib's lock callback), and Ray's SDK imports as it packages the working_dir, so an
-    interrupt could otherwise be lost, and the job submitted after all or the command left waiting on a file."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous):  # ignored, or the default (the process ends): left as it is
-        yield
-        return
-    ended = threading.Event()
-    guard = threading.Lock()
+    """Ctrl-C raises KeyboardInterrupt as ever, and is noted in ``watch`` too, so that it is never lost: Python drops
+    a KeyboardInterrupt raised while a module is being imported (in importlib's lock callback), and Ray's SDK imports
+    as it packages the working_dir. A noted Ctrl-C sends no request after it and ends the submission as interrupted.
 
-    def again() -> None:
-        while not ended.wait(INTERRUPT_AGAIN_S):
-            with guard:
-                if not ended.is_set():
-                    os.kill(os.getpid(), signal.SIGINT)
+    Only Python's own handler is wrapped: a program with a handler of its own (asyncio's, one that ignores the
+    signal) keeps it as it is, in the main thread as in any other.
+    """
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    later: list[threading.Timer] = []
 
     def noted(signum: int, frame: Any) -> None:
-        if not watch.interrupted:
-            watch.interrupted = True
-            threading.Thread(target=again, name="rayjobs-interrupt-again", daemon=True).start()
-        previous(signum, frame)
+        watch.interrupted = True
+        if _drops_exceptions(frame):
+            # Raised here, the interrupt would be printed as ignored and lost: it comes again in a moment.
+            again = threading.Timer(INTERRUPT_AGAIN_S, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            later.append(again)
+            again.start()
+            return
+        signal.default_int_handler(signum, frame)
 
     signal.signal(signal.SIGINT, noted)
     try:
         yield
     finally:
-        with guard:
-            ended.set()
-        signal.signal(signal.SIGINT, previous)
+        for again in later:
+            again.cancel()
+        _restore_python_interrupts()
+
+
+# A Ctrl-C that lands where Python would drop its KeyboardInterrupt is raised again after this long.
+INTERRUPT_AGAIN_S = 0.05
+
+
+def _drops_exceptions(frame: Any) -> bool:
+    """Whether ``frame`` is one whose exceptions Python prints as ignored: importlib's module-lock callback, which
+    the garbage collector runs at any moment of an import."""
+    code = getattr(frame, "f_code", None)
+    return code is not None and code.co_name == "cb" and code.co_filename.startswith("<frozen importlib")
+
+
+def _restore_python_interrupts() -> None:
+    """Give SIGINT back to Python's own handler, even when a Ctrl-C lands meanwhile (``signal.signal`` runs a
+    pending handler before it changes it): that Ctrl-C is raised once the handler is back."""
+    interrupted = False
+    while signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def new_submission_id() -> str:
@@ -180,10 +199,14 @@ def submit_job(connection: Connection, submission: dict[str, Any],
     try:
         with _interrupts_noted(watch):
             if rest is not None and not needs_ray_client(submission):
-                return _submit_directly(rest, connection.address, submission, watch, deliver)
-            return _submit(connection, submission, warn, progress, watch, deliver)
+                job_id = _submit_directly(rest, connection.address, submission, watch, deliver)
+            else:
+                job_id = _submit(connection, submission, warn, progress, watch, deliver)
     except KeyboardInterrupt:
         raise SubmitInterrupted(submission["submission_id"] if watch.sent else None) from None
+    if watch.interrupted:  # a Ctrl-C Python dropped after the last request went out: said as if it had not been
+        raise SubmitInterrupted(job_id if watch.sent else None, answered=watch.sent)
+    return job_id
 
 
 def needs_ray_client(submission: dict[str, Any]) -> bool:
