@@ -178,6 +178,18 @@ def _unmarked_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[Non
 
 
 @pytest.fixture(autouse=True)
+def _ctrl_c_handler_given_back() -> Iterator[None]:
+    """A test leaves the process's Ctrl-C handler as it found it: Ray Train's ``fit()`` installs its own in the
+    driver and keeps it, and a later test in the same test process would otherwise run (and judge) under it."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before and before is not None:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture(autouse=True)
 def _follow_fault_scenarios_start_with_the_cluster_tier(request: pytest.FixtureRequest) -> None:
     """The first test of the fault group starts the follower's fault scenarios, when tests/test_follow_faults_cluster.py
     will check them (in the same test process)."""

@@ -20,6 +20,13 @@ from runner.client import submission
 from runner.client.submission import SubmitInterrupted, _interrupts_noted, _JobRequestWatch
 
 
+@pytest.fixture(autouse=True)
+def _pythons_own_ctrl_c_handler() -> None:
+    """Each test starts under Python's own handler, as a fresh `rayjobs` process does, whatever an earlier test in
+    this test process installed (Ray Train's ``fit()`` installs one in the driver)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _ctrl_c_dropped() -> None:
     """A Ctrl-C whose KeyboardInterrupt a callback swallows, as importlib's module-lock callback does."""
     try:
