@@ -63,7 +63,7 @@ def test_a_ctrl_c_landing_where_python_would_drop_it_comes_again_a_moment_later_
         signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)  # returns: raised there, it would be lost
         assert watch.interrupted
         try:
-            time.sleep(60)  # held, as packaging is at a named pipe: only the interrupt that comes again ends this
+            time.sleep(10)  # held, as packaging is at a named pipe: only the interrupt that comes again ends this
         except KeyboardInterrupt:
             came_again.append(True)
     assert came_again
